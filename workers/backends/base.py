@@ -1,0 +1,66 @@
+"""The contract between the worker loop and a framework backend.
+
+A backend sees numpy arrays and returns numpy arrays; it never touches sockets or
+shared memory. The worker loop builds the arrays (views on shared memory) and writes
+the outputs back, so every backend gets zero-copy inputs for free.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class InstanceInfo:
+    """Where this backend instance runs and what it serves."""
+    model_name: str
+    model_version: int
+    model_dir: str          # <repo>/<model>
+    version_dir: str        # <repo>/<model>/<version>
+    instance_name: str      # e.g. "<model>_0_0"
+    kind: str = "CPU"       # CPU | GPU | MODEL
+    device_id: int = 0
+    model_repository: str = ""
+
+
+@dataclass
+class WorkerRequest:
+    """One inference request inside a batch, as the backend sees it."""
+    inputs: dict[str, np.ndarray]          # BYTES tensors are numpy object arrays of bytes
+    requested_outputs: list[str]           # empty: every output of the model
+    request_id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    correlation_id: int | str = 0
+    flags: int = 0
+    timeout_us: int = 0
+
+
+@dataclass
+class WorkerResponse:
+    """Outputs for one request, or an error (code is a Triton code name, e.g. INTERNAL)."""
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    error: tuple[str, str] | None = None
+
+
+class Backend:
+    """Base class: load once, execute batches, close on exit."""
+
+    def __init__(self, config: dict, instance: InstanceInfo) -> None:
+        self.config = config          # Triton config JSON (as GET /config renders it)
+        self.instance = instance
+
+    def auto_complete(self) -> dict | None:
+        """Return a completed config dict when this backend fills in config (python), else None."""
+        return None
+
+    def load(self) -> None:
+        raise NotImplementedError
+
+    def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
+        """One response per request, same order. Raising fails the whole batch."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release framework resources (python: calls finalize())."""
