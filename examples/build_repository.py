@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Build the example model repository: copy examples/model_repository and add the ONNX files.
+
+Usage: python examples/build_repository.py DEST
+
+The ONNX binaries are generated rather than committed (*.onnx is git-ignored); fixed seeds
+make every build byte-identical. Models are saved with IR version 10 and opset 17 because
+onnx 1.23 would write IR 14 by default, which onnxruntime 1.31 refuses to load.
+"""
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+SOURCE = Path(__file__).resolve().parent / "model_repository"
+IR_VERSION = 10
+OPSET = 17
+MLP_DIMS = (256, 1024, 1024, 256)
+ADD_SUB_WIDTH = 16
+
+
+def _finish(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tritond-examples")
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def mlp_model(seed: int = 0) -> onnx.ModelProto:
+    """Gemm+Relu MLP 256->1024->1024->256 with a dynamic batch dimension."""
+    rng = np.random.default_rng(seed)
+    nodes, weights = [], []
+    prev = "INPUT0"
+    layers = len(MLP_DIMS) - 1
+    for i, (fan_in, fan_out) in enumerate(zip(MLP_DIMS, MLP_DIMS[1:])):
+        w = (rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)).astype(np.float32)
+        b = (0.01 * rng.standard_normal(fan_out)).astype(np.float32)
+        weights += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(b, f"B{i}")]
+        last = i == layers - 1
+        out = "OUTPUT0" if last else f"gemm{i}"
+        nodes.append(helper.make_node("Gemm", [prev, f"W{i}", f"B{i}"], [out]))
+        if not last:
+            nodes.append(helper.make_node("Relu", [out], [f"relu{i}"]))
+            prev = f"relu{i}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", MLP_DIMS[0]])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", MLP_DIMS[-1]])],
+        weights,
+    )
+    return _finish(graph)
+
+
+def add_sub_model() -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 over FP32 [batch, 16]."""
+    shape = ["batch", ADD_SUB_WIDTH]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        "add_sub",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("INPUT0", "INPUT1")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("OUTPUT0", "OUTPUT1")],
+    )
+    return _finish(graph)
+
+
+def build(dest: str) -> None:
+    """Copy the committed configs and Python models into dest and write the ONNX models."""
+    root = Path(dest)
+    shutil.copytree(SOURCE, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.onnx"))
+    mlp = mlp_model().SerializeToString()
+    onnx_files = {
+        "mlp_onnx": mlp,
+        "mlp_onnx_nobatch": mlp,
+        "add_sub_onnx": add_sub_model().SerializeToString(),
+    }
+    for name, data in onnx_files.items():
+        version = root / name / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        (version / "model.onnx").write_bytes(data)
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    build(sys.argv[1])
+    print(f"model repository written to {sys.argv[1]}")
+
+
+if __name__ == "__main__":
+    main()
