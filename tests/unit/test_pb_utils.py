@@ -1,0 +1,254 @@
+"""pb_utils: tensors, errors, dtype helpers, ModelConfig rules and BLS through the worker hook."""
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from tritond.workers import pb_utils
+
+
+@pytest.fixture(autouse=True)
+def no_bls_handler():
+    yield
+    pb_utils.set_bls_handler(None)
+
+
+def test_tensor_fp32_and_codes():
+    t = pb_utils.Tensor("X", np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert t.name() == "X"
+    assert t.shape() == [2, 3]
+    assert t.triton_dtype() == 11
+    assert t.is_cpu()
+    assert t.as_numpy().dtype == np.float32
+
+
+def test_tensor_strings_become_object_bytes():
+    t = pb_utils.Tensor("S", np.array([["a", "bc"]]))
+    arr = t.as_numpy()
+    assert arr.dtype == np.object_ and arr.shape == (1, 2)
+    assert arr.tolist() == [[b"a", b"bc"]]
+    assert t.triton_dtype() == 13
+    assert pb_utils.Tensor("B", np.array([b"x"])).as_numpy().tolist() == [b"x"]
+
+
+def test_tensor_keeps_scalars_and_makes_views_contiguous():
+    assert pb_utils.Tensor("s", np.float32(2)).shape() == []
+    view = np.arange(12, dtype=np.int16).reshape(3, 4)[:, ::2]
+    t = pb_utils.Tensor("v", view)
+    assert t.as_numpy().flags.c_contiguous and t.shape() == [3, 2]
+    obj = pb_utils.Tensor("o", np.array(["x", b"y"], dtype=object))
+    assert obj.as_numpy().tolist() == [b"x", b"y"]
+
+
+def test_tensor_rejects_empty_name_and_bad_dtype():
+    with pytest.raises(pb_utils.TritonModelException, match="empty string"):
+        pb_utils.Tensor("", np.zeros(1))
+    with pytest.raises(pb_utils.TritonModelException, match="not supported"):
+        pb_utils.Tensor("c", np.zeros(1, dtype=np.complex64))
+
+
+def test_dlpack_round_trip_including_read_only():
+    src = np.frombuffer(np.arange(4, dtype=np.int32).tobytes(), dtype=np.int32)
+    assert not src.flags.writeable
+    t = pb_utils.Tensor("A", src)
+    back = pb_utils.Tensor.from_dlpack("B", t.to_dlpack())
+    np.testing.assert_array_equal(back.as_numpy(), src)
+    via_protocol = pb_utils.Tensor.from_dlpack("C", np.ones(3, dtype=np.float64))
+    assert via_protocol.triton_dtype() == 12
+    with pytest.raises(pb_utils.TritonModelException, match="string"):
+        pb_utils.Tensor("S", np.array([b"x"], dtype=object)).to_dlpack()
+
+
+def test_triton_error_codes():
+    err = pb_utils.TritonError("boom")
+    assert err.code() == pb_utils.TritonError.INTERNAL == 1
+    assert err.code().name == "INTERNAL"
+    err = pb_utils.TritonError("nope", pb_utils.TritonError.NOT_FOUND)
+    assert (err.message(), err.code().name) == ("nope", "NOT_FOUND")
+    assert pb_utils.TritonError("x", 3).code().name == "INVALID_ARG"
+    assert [c.name for c in pb_utils.ErrorCode] == [
+        "UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE",
+        "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED"]
+
+
+def test_dtype_helpers():
+    assert pb_utils.triton_string_to_numpy("TYPE_FP32") is np.float32
+    assert pb_utils.triton_string_to_numpy("TYPE_STRING") is np.object_
+    assert pb_utils.numpy_to_triton_type(np.int64) == 9
+    assert pb_utils.numpy_to_triton_type(np.object_) == 13
+    assert pb_utils.numpy_to_triton_type(np.complex64) is None
+    assert pb_utils.triton_to_numpy_type(1) is np.bool_
+    assert pb_utils.triton_to_numpy_type(14) is None
+    encoded = pb_utils.serialize_byte_tensor(np.array([b"ab", "c"], dtype=object))
+    assert encoded == b"\x02\x00\x00\x00ab\x01\x00\x00\x00c"
+    assert pb_utils.deserialize_bytes_tensor(encoded).tolist() == [b"ab", b"c"]
+    assert pb_utils.serialize_byte_tensor(np.zeros(2)) is None
+
+
+def test_constants():
+    assert pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START == 1
+    assert pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END == 2
+    assert pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL == 1
+    assert pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE == 2
+    assert (pb_utils.TRITONSERVER_MEMORY_GPU, pb_utils.TRITONSERVER_MEMORY_CPU) == (0, 1)
+
+
+def test_lookup_helpers():
+    req = pb_utils.InferenceRequest(
+        model_name="m", inputs=[pb_utils.Tensor("A", np.zeros(1))], requested_output_names=[])
+    assert pb_utils.get_input_tensor_by_name(req, "A").name() == "A"
+    assert pb_utils.get_input_tensor_by_name(req, "Z") is None
+    resp = pb_utils.InferenceResponse([pb_utils.Tensor("O", np.zeros(1))])
+    assert pb_utils.get_output_tensor_by_name(resp, "O") is not None
+    assert pb_utils.get_output_tensor_by_name(resp, "P") is None
+    config = {"input": [{"name": "A", "dims": [1]}], "output": [{"name": "O", "dims": [2]}]}
+    assert pb_utils.get_input_config_by_name(config, "A")["dims"] == [1]
+    assert pb_utils.get_output_config_by_name(config, "O")["dims"] == [2]
+    assert pb_utils.get_input_config_by_name(config, "O") is None
+    assert not pb_utils.using_decoupled_model_transaction_policy(config)
+    config["model_transaction_policy"] = {"decoupled": True}
+    assert pb_utils.using_decoupled_model_transaction_policy(config)
+
+
+def test_request_and_response_accessors():
+    req = pb_utils.InferenceRequest(
+        request_id="r1", correlation_id="seq", model_name="m", inputs=[],
+        requested_output_names=["O"], flags=pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+        timeout=5, parameters={"k": 1, "b": True})
+    assert (req.request_id(), req.correlation_id(), req.flags(), req.timeout()) == ("r1", "seq", 1, 5)
+    assert json.loads(req.parameters()) == {"k": 1, "b": True}
+    assert req.requested_output_names() == ["O"]
+    assert req.model_name == "m"
+    assert req.is_cancelled() is False
+    assert req.trace().get_context() is None
+    req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
+    with pytest.raises(NotImplementedError):
+        req.get_response_sender()
+    with pytest.raises(pb_utils.TritonModelException, match="Correlation ID"):
+        pb_utils.InferenceRequest(correlation_id=1.5, model_name="m", inputs=[], requested_output_names=[])
+    with pytest.raises(pb_utils.TritonModelException, match="bool/int/str"):
+        pb_utils.InferenceResponse(parameters={"k": [1]})
+    resp = pb_utils.InferenceResponse(parameters={"p": "v"})
+    assert not resp.has_error() and resp.error() is None
+    assert json.loads(resp.parameters()) == {"p": "v"}
+
+
+def test_logger_routes_to_python_logging(caplog):
+    with caplog.at_level("DEBUG", logger="tritond.model"):
+        pb_utils.Logger.log_info("hello")
+        pb_utils.Logger.log_verbose("detail")
+        pb_utils.Logger.log("bad", pb_utils.Logger.ERROR)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "hello"), ("DEBUG", "detail"), ("ERROR", "bad")]
+
+
+# ---------------------------------------------------------------- ModelConfig
+
+def _config(**extra):
+    base = {"name": "m", "max_batch_size": 0, "input": [], "output": []}
+    base.update(extra)
+    return pb_utils.ModelConfig(json.dumps(base))
+
+
+def test_model_config_additions():
+    cfg = _config()
+    cfg.set_max_batch_size(8)
+    cfg.set_dynamic_batching()
+    cfg.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [4], "optional": True})
+    cfg.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]})
+    cfg.set_model_transaction_policy({"decoupled": False})
+    d = cfg.as_dict()
+    assert cfg.max_batch_size() == 8
+    assert d["dynamic_batching"] == {}
+    assert d["input"] == [{"name": "IN", "data_type": "TYPE_FP32", "dims": [4], "optional": True}]
+    assert d["output"][0]["name"] == "OUT"
+    assert d["model_transaction_policy"] == {"decoupled": False}
+
+
+def test_model_config_fills_existing_entry():
+    cfg = _config(input=[{"name": "IN", "data_type": "TYPE_INVALID", "dims": [], "optional": False}])
+    cfg.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [2]})
+    assert cfg.as_dict()["input"] == [{"name": "IN", "data_type": "TYPE_INT32", "dims": [2], "optional": False}]
+
+
+@pytest.mark.parametrize("action, message", [
+    (lambda c: c.set_max_batch_size(2), "configuration specified max_batch_size 4"),
+    (lambda c: c.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [4]}),
+     "configuration expects datatype TYPE_FP32 for input 'IN', model provides TYPE_INT32"),
+    (lambda c: c.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [5]}),
+     "the model expects dims [5] but the model configuration specifies dims [4]"),
+    (lambda c: c.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [4], "optional": True}),
+     "the model expects optional True"),
+    (lambda c: c.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [1], "format": "x"}),
+     "contains property other than 'name', 'data_type', 'dims' and 'optional'"),
+    (lambda c: c.add_output({"name": "O", "dims": [1]}), "is missing 'data_type' property"),
+    (lambda c: c.add_output({"data_type": "TYPE_FP32", "dims": [1]}), "is missing 'name' property"),
+    (lambda c: c.set_dynamic_batching(), "scheduling_choice as 'sequence_batching'"),
+    (lambda c: c.set_model_transaction_policy({"decoupled": False}), "already set to 'True'"),
+    (lambda c: c.set_model_transaction_policy({"other": 1}), "contains property other than 'decoupled'"),
+])
+def test_model_config_conflicts(action, message):
+    cfg = _config(max_batch_size=4, sequence_batching={},
+                  input=[{"name": "IN", "data_type": "TYPE_FP32", "dims": [4], "optional": False}],
+                  model_transaction_policy={"decoupled": True})
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        action(cfg)
+
+
+# ---------------------------------------------------------------- BLS
+
+def _bls_request(**kwargs):
+    return pb_utils.InferenceRequest(
+        model_name="target", inputs=[pb_utils.Tensor("IN", np.array([1, 2], dtype=np.int32))],
+        requested_output_names=["OUT"], **kwargs)
+
+
+def test_bls_without_handler_is_an_error_response():
+    resp = _bls_request().exec()
+    assert resp.has_error() and resp.error().message() == "BLS is not available"
+
+
+def test_bls_exec_calls_handler():
+    calls = []
+
+    def handler(*args):
+        calls.append(args)
+        return {"OUT": args[2]["IN"] * 2}, None
+
+    pb_utils.set_bls_handler(handler)
+    resp = _bls_request(request_id="b1", model_version=3, correlation_id=7, flags=2,
+                        timeout=100, parameters={"p": "v"}).exec()
+    assert not resp.has_error()
+    np.testing.assert_array_equal(pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy(), [2, 4])
+    model, version, inputs, outputs, rid, params, corr, flags, timeout = calls[0]
+    assert (model, version, list(inputs), outputs, rid) == ("target", 3, ["IN"], ["OUT"], "b1")
+    assert (params, corr, flags, timeout) == ({"p": "v"}, 7, 2, 100)
+    assert [r.output_tensors()[0].name() for r in _bls_request().exec(decoupled=True)] == ["OUT"]
+
+
+def test_bls_error_propagation():
+    pb_utils.set_bls_handler(lambda *a: ({}, ("NOT_FOUND", "no model 'target'")))
+    resp = _bls_request().exec()
+    assert resp.has_error()
+    assert resp.error().message() == "no model 'target'"
+    assert resp.error().code() == pb_utils.TritonError.NOT_FOUND
+
+    def broken(*a):
+        raise RuntimeError("worker gone")
+
+    pb_utils.set_bls_handler(broken)
+    resp = _bls_request().exec()
+    assert resp.error().message() == "worker gone" and resp.error().code().name == "INTERNAL"
+
+
+def test_bls_async_exec():
+    pb_utils.set_bls_handler(lambda m, v, inputs, *rest: ({"OUT": inputs["IN"] + 1}, None))
+
+    async def run():
+        return await asyncio.gather(_bls_request().async_exec(), _bls_request().async_exec())
+
+    responses = asyncio.run(run())
+    for resp in responses:
+        np.testing.assert_array_equal(resp.output_tensors()[0].as_numpy(), [2, 3])
+

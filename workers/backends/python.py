@@ -1,0 +1,176 @@
+"""Runs a Triton Python-backend model (model.py with TritonPythonModel) inside a worker.
+
+The worker process plays the part of Triton's stub: it imports model.py with pb_utils
+installed under Triton's module name, hands it pb_utils requests and turns the returned
+InferenceResponses back into numpy outputs.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import json
+import os
+import re
+import sys
+import threading
+from types import ModuleType
+from typing import Any
+
+from tritond.workers import pb_utils
+from tritond.workers.backends.base import Backend, InstanceInfo, WorkerRequest, WorkerResponse
+
+_module_ids = itertools.count()
+
+
+class PythonBackend(Backend):
+    """One TritonPythonModel instance; async execute() runs on a loop owned by the backend."""
+
+    def __init__(self, config: dict, instance: InstanceInfo) -> None:
+        super().__init__(config, instance)
+        self._module: ModuleType | None = None
+        self._model: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+
+    @property
+    def _model_path(self) -> str:
+        filename = self.config.get("default_model_filename") or "model.py"
+        return os.path.join(self.instance.version_dir, filename)
+
+    def _import_model(self) -> ModuleType:
+        """Import model.py once, under a name unique to this load so reloads get fresh code."""
+        if self._module is not None:
+            return self._module
+        path = self._model_path
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"Python model file not found in '{path}'")
+        sys.modules["triton_python_backend_utils"] = pb_utils
+        pb_utils.set_model_dir(self.instance.version_dir)
+        for folder in (self.instance.model_dir, self.instance.version_dir):
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+        safe_name = re.sub(r"\W", "_", self.instance.model_name)
+        module_name = f"tritond_model_{safe_name}_{self.instance.model_version}_{next(_module_ids)}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+        if not inspect.isclass(getattr(module, "TritonPythonModel", None)):
+            raise AttributeError(f"Python model '{path}' does not define class TritonPythonModel")
+        self._module = module
+        return module
+
+    def auto_complete(self) -> dict | None:
+        """Config completed by TritonPythonModel.auto_complete_config, or None without that hook."""
+        hook = getattr(self._import_model().TritonPythonModel, "auto_complete_config", None)
+        if hook is None:
+            return None
+        completed = hook(pb_utils.ModelConfig(self.config))
+        if not isinstance(completed, pb_utils.ModelConfig):
+            raise TypeError(
+                f"auto_complete_config function in model '{self.instance.model_name}' "
+                "must return a valid pb.ModelConfig object.")
+        return completed.as_dict()
+
+    def load(self) -> None:
+        self._model = self._import_model().TritonPythonModel()
+        if hasattr(self._model, "initialize"):
+            info = self.instance
+            self._call(self._model.initialize, {
+                "model_config": json.dumps(self.config),
+                "model_instance_kind": info.kind,
+                "model_instance_name": info.instance_name,
+                "model_instance_device_id": str(info.device_id),
+                "model_repository": info.model_dir,
+                "model_version": str(info.model_version),
+                "model_name": info.model_name,
+            })
+
+    def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
+        if not hasattr(self._model, "execute"):
+            raise pb_utils.TritonModelException(
+                f"Python model {self._model_path} does not implement `execute` method.")
+        pb_requests = [self._to_pb_request(r) for r in requests]
+        responses = self._call(self._model.execute, pb_requests)
+        problem = _check_responses(responses, len(pb_requests))
+        if problem is not None:
+            message = (f"Failed to process the request(s) for model "
+                       f"'{self.instance.instance_name}', message: {problem}")
+            return [WorkerResponse(error=("INTERNAL", message)) for _ in requests]
+        return [_to_worker_response(resp, req) for resp, req in zip(responses, pb_requests)]
+
+    def close(self) -> None:
+        try:
+            if self._model is not None and hasattr(self._model, "finalize"):
+                self._call(self._model.finalize)
+        finally:
+            self._model = None
+            self._stop_loop()
+
+    def _to_pb_request(self, request: WorkerRequest) -> pb_utils.InferenceRequest:
+        # Triton's core treats "no outputs requested" as "every configured output".
+        requested = request.requested_outputs or [o["name"] for o in self.config.get("output") or []]
+        return pb_utils.InferenceRequest(
+            request_id=request.request_id,
+            correlation_id=request.correlation_id,
+            inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
+            requested_output_names=requested,
+            model_name=self.instance.model_name,
+            model_version=self.instance.model_version,
+            flags=request.flags,
+            timeout=request.timeout_us,
+            parameters=request.parameters,
+        )
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        """Call a model hook; a coroutine result is awaited on the backend's event loop."""
+        result = fn(*args)
+        if not inspect.iscoroutine(result):
+            return result
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(
+                target=self._loop.run_forever, name=f"{self.instance.instance_name}-asyncio", daemon=True)
+            self._loop_thread.start()
+        return asyncio.run_coroutine_threadsafe(result, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        if self._loop is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join()
+        self._loop.close()
+        self._loop = self._loop_thread = None
+
+
+def _check_responses(responses: Any, count: int) -> str | None:
+    """Why execute()'s return value is unusable (Triton's wording), or None."""
+    if not isinstance(responses, list):
+        return f"Expected a list in the execute return, found type '{type(responses)}'."
+    if len(responses) != count:
+        return ("Number of InferenceResponse objects do not match the number of InferenceRequest "
+                f"objects. InferenceRequest(s) size is:{count}, and InferenceResponse(s) size "
+                f"is:{len(responses)}")
+    for response in responses:
+        if not isinstance(response, pb_utils.InferenceResponse):
+            return ("Expected an 'InferenceResponse' object in the execute function return list, "
+                    f"found type '{type(response)}'.")
+    return None
+
+
+def _to_worker_response(response: pb_utils.InferenceResponse,
+                        request: pb_utils.InferenceRequest) -> WorkerResponse:
+    """Error or outputs, pruned to the requested names as Triton prunes them."""
+    if response.has_error():
+        error = response.error()
+        return WorkerResponse(error=(error.code().name, error.message()))
+    wanted = set(request.requested_output_names())
+    outputs = {t.name(): t.as_numpy() for t in response.output_tensors()
+               if not wanted or t.name() in wanted}
+    return WorkerResponse(outputs=outputs)

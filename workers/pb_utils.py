@@ -1,0 +1,602 @@
+"""tritond's `triton_python_backend_utils`: the API Triton model.py files import as pb_utils.
+
+The Python backend installs this module as sys.modules["triton_python_backend_utils"]
+before importing a model, so unmodified Triton models run here. Names, int codes and
+error texts follow Triton's python_backend, because model code compares and prints them.
+Process-wide hooks (`set_bls_handler`, `set_model_dir`) are filled in by the worker.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import enum
+import json
+import logging
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from tritond.repository.datatypes import deserialize_bytes, numpy_to_wire, serialize_bytes
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+
+class MemoryType(enum.IntEnum):
+    """PreferredMemory kinds, with Triton's values (GPU=0, CPU=1)."""
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+    TRITONSERVER_MEMORY_DEFAULT = 2
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+# TRITONSERVER_DataType codes, returned by Tensor.triton_dtype().
+_WIRE_TO_CODE: dict[str, int] = {
+    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
+    "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
+}
+_CODE_TO_NUMPY: dict[int, type] = {
+    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8,
+    7: np.int16, 8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64,
+    13: np.object_,
+}
+
+TRITON_STRING_TO_NUMPY: dict[str, type] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+
+class ErrorCode(enum.IntEnum):
+    """TRITONSERVER_Error_Code values; `.name` is the code name the worker reports."""
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+
+class TritonModelException(Exception):
+    """Raised by pb_utils calls that fail (Triton raises the same type)."""
+
+
+class TritonError:
+    """An error carried by an InferenceResponse (not an exception, as in Triton)."""
+    UNKNOWN = ErrorCode.UNKNOWN
+    INTERNAL = ErrorCode.INTERNAL
+    NOT_FOUND = ErrorCode.NOT_FOUND
+    INVALID_ARG = ErrorCode.INVALID_ARG
+    UNAVAILABLE = ErrorCode.UNAVAILABLE
+    UNSUPPORTED = ErrorCode.UNSUPPORTED
+    ALREADY_EXISTS = ErrorCode.ALREADY_EXISTS
+    CANCELLED = ErrorCode.CANCELLED
+
+    def __init__(self, message: str, code: int = ErrorCode.INTERNAL) -> None:
+        if message is None or code is None:
+            raise TypeError("TritonError message and code must not be None")
+        self._message = str(message)
+        self._code = ErrorCode(code)
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> ErrorCode:
+        return self._code
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, {self._code.name})"
+
+
+# ---------------------------------------------------------------- datatypes
+
+def triton_string_to_numpy(triton_type_string: str) -> type:
+    """numpy type for a config data_type such as 'TYPE_FP32'."""
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int) -> type | None:
+    """numpy type for a TRITONSERVER_DataType code (None when numpy has none)."""
+    return _CODE_TO_NUMPY.get(int(data_type))
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    """TRITONSERVER_DataType code for a numpy dtype; str/bytes/object map to BYTES (13)."""
+    try:
+        return _WIRE_TO_CODE[numpy_to_wire(np.dtype(data_type))]
+    except (TypeError, ValueError):
+        return None
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | None:
+    """Triton's BYTES encoding of a str/bytes/object array, C order (None for other dtypes)."""
+    if input_tensor.dtype.kind not in "OSU":
+        return None
+    return serialize_bytes(np.ascontiguousarray(input_tensor))
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """Flat object array of bytes from Triton's BYTES encoding."""
+    try:
+        return deserialize_bytes(encoded_tensor)
+    except ValueError as exc:
+        raise TritonModelException(str(exc)) from None
+
+
+def _as_bytes_objects(array: np.ndarray) -> np.ndarray:
+    """str/bytes arrays as object arrays with str encoded to UTF-8: the one BYTES form used."""
+    items = array.reshape(-1).tolist()
+    if array.dtype == np.object_ and not any(isinstance(item, str) for item in items):
+        return array
+    out = np.empty(len(items), dtype=np.object_)
+    out[:] = [item.encode("utf-8") if isinstance(item, str) else item for item in items]
+    return out.reshape(array.shape)
+
+
+class _Capsule:
+    """Lets numpy consume a bare DLPack capsule (np.from_dlpack wants an object)."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU; numpy rejects capsules that point elsewhere
+
+
+# ---------------------------------------------------------------- tensors
+
+class Tensor:
+    """A named CPU tensor backed by a numpy array (zero-copy for contiguous arrays)."""
+
+    def __init__(self, name: str, numpy_array: Any) -> None:
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        array = np.asarray(numpy_array)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        if array.dtype.kind in "OSU":
+            array = _as_bytes_objects(array)
+        if numpy_to_triton_type(array.dtype) is None:
+            raise TritonModelException("NumPy dtype is not supported.")
+        self._name = name
+        self._array = array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int:
+        """TRITONSERVER_DataType code, e.g. 11 for FP32 and 13 for BYTES."""
+        return _WIRE_TO_CODE[numpy_to_wire(self._array.dtype)]
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        """DLPack capsule; read-only arrays are copied since DLPack cannot mark them read-only."""
+        if self._array.dtype == np.object_:
+            raise TritonModelException("DLPack does not have support for string tensors.")
+        array = self._array if self._array.flags.writeable else self._array.copy()
+        return array.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()
+
+    @staticmethod
+    def from_dlpack(name: str, tensor: Any) -> Tensor:
+        """Tensor from a DLPack capsule or an object with __dlpack__ (CPU memory only)."""
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        source = tensor if hasattr(tensor, "__dlpack__") else _Capsule(tensor)
+        try:
+            array = np.from_dlpack(source)
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            raise TritonModelException(f"unable to import DLPack tensor '{name}': {exc}") from None
+        return Tensor(name, array)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
+
+
+# ---------------------------------------------------------------- requests and responses
+
+def _parameters_json(parameters: dict | None) -> str:
+    """Validated JSON text of request/response parameters (Triton allows scalar values only)."""
+    if parameters is None:
+        return "{}"
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, (bool, int, float, str)):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+    return json.dumps(parameters)
+
+
+class InferenceResponse:
+    """Output tensors for one request, or an error."""
+
+    def __init__(self, output_tensors: list[Tensor] | None = None,
+                 error: TritonError | None = None, parameters: dict | None = None) -> None:
+        self._output_tensors = list(output_tensors or [])
+        self._error = error
+        self._parameters = _parameters_json(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        """JSON text, as in Triton."""
+        return self._parameters
+
+
+class PreferredMemory:
+    """Where BLS outputs should live; tritond workers always return CPU memory."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = MemoryType(preferred_memory_type)
+        self.preferred_device_id = preferred_device_id
+
+
+class InferenceTrace:
+    """Trace handle of a request; tritond does not propagate trace contexts to models."""
+
+    def get_context(self) -> str | None:
+        return None
+
+
+class ResponseIterator:
+    """What exec(decoupled=True) returns: the responses of one BLS call."""
+
+    def __init__(self, responses: list[InferenceResponse]) -> None:
+        self._responses = iter(responses)
+
+    def __iter__(self) -> Iterator[InferenceResponse]:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        return next(self._responses)
+
+    def cancel(self) -> None:
+        self._responses = iter(())
+
+
+BlsHandler = Callable[..., tuple]
+_bls_handler: BlsHandler | None = None
+_model_dir = ""
+
+
+def set_bls_handler(handler: BlsHandler | None) -> None:
+    """Install the worker's BLS entry point.
+
+    handler(model_name, model_version, inputs, requested_output_names, request_id,
+    parameters, correlation_id, flags, timeout_us) -> (outputs, error (code_name, message) | None)
+    """
+    global _bls_handler
+    _bls_handler = handler
+
+
+def set_model_dir(path: str) -> None:
+    """Record the directory holding model.py, for get_model_dir()."""
+    global _model_dir
+    _model_dir = path
+
+
+def get_model_dir() -> str:
+    """Directory holding the running model.py (Triton's version directory)."""
+    return _model_dir
+
+
+class InferenceRequest:
+    """A request: received by execute(), or built by the model for BLS (exec/async_exec)."""
+
+    def __init__(self, request_id: str = "", correlation_id: int | str = 0, *,
+                 inputs: list[Tensor], requested_output_names: list[str], model_name: str,
+                 model_version: int = -1, flags: int = 0, timeout: int = 0,
+                 preferred_memory: PreferredMemory | None = None,
+                 trace: InferenceTrace | None = None, parameters: dict | None = None) -> None:
+        if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
+            raise TritonModelException("Correlation ID must be integer or string")
+        self.model_name = model_name
+        self._model_version = int(model_version)
+        self._inputs = list(inputs)
+        self._requested_output_names = list(requested_output_names)
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._flags = int(flags)
+        self._timeout = int(timeout)
+        self._preferred_memory = preferred_memory or PreferredMemory(MemoryType.TRITONSERVER_MEMORY_DEFAULT)
+        self._trace = trace or InferenceTrace()
+        self._parameters = _parameters_json(parameters)
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        self._response_sender: Any = None
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = int(flags)
+
+    def timeout(self) -> int:
+        """Timeout in microseconds (0 = none)."""
+        return self._timeout
+
+    def parameters(self) -> str:
+        """JSON text, as in Triton."""
+        return self._parameters
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested_output_names
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def set_release_flags(self, flags: int) -> None:
+        self._release_flags = int(flags)
+
+    def get_response_sender(self) -> Any:
+        """The sender a backend attached for decoupled delivery."""
+        if self._response_sender is None:
+            raise NotImplementedError("response senders are not supported by this model's worker")
+        return self._response_sender
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
+        """Run this request on another model through the worker (blocking)."""
+        response = self._run_bls()
+        return ResponseIterator([response]) if decoupled else response
+
+    def async_exec(self, decoupled: bool = False) -> asyncio.Future:
+        """Awaitable exec(): the blocking call runs in the running loop's executor."""
+        return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
+
+    def _run_bls(self) -> InferenceResponse:
+        handler = _bls_handler
+        if handler is None:
+            return InferenceResponse(error=TritonError("BLS is not available"))
+        inputs = {t.name(): t.as_numpy() for t in self._inputs}
+        try:
+            outputs, error = handler(
+                self.model_name, self._model_version, inputs, list(self._requested_output_names),
+                self._request_id, json.loads(self._parameters), self._correlation_id,
+                self._flags, self._timeout)
+        except TritonModelException:
+            raise
+        except Exception as exc:  # the caller gets an error response, as from Triton's Exec
+            return InferenceResponse(error=TritonError(str(exc)))
+        if error is not None:
+            code_name, message = error
+            code = ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL)
+            return InferenceResponse(error=TritonError(message, code))
+        return InferenceResponse([Tensor(name, array) for name, array in outputs.items()])
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+# ---------------------------------------------------------------- model config
+
+def _config_dict(model_config: dict | ModelConfig) -> dict:
+    return model_config.as_dict() if isinstance(model_config, ModelConfig) else model_config
+
+
+def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
+    for entry in _config_dict(model_config).get("input") or []:
+        if entry.get("name") == name:
+            return entry
+    return None
+
+
+def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
+    for entry in _config_dict(model_config).get("output") or []:
+        if entry.get("name") == name:
+            return entry
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
+    policy = _config_dict(model_config).get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
+
+
+class ModelConfig:
+    """The config auto_complete_config may extend: batching, inputs, outputs, decoupling.
+
+    Changes that contradict what config.pbtxt already says raise ValueError, which fails
+    the load with that message, as in Triton.
+    """
+
+    def __init__(self, model_config: str | dict) -> None:
+        if isinstance(model_config, str):
+            self._model_config = json.loads(model_config)
+        else:
+            self._model_config = copy.deepcopy(model_config)
+        self._model_config.setdefault("input", [])
+        self._model_config.setdefault("output", [])
+        self._model_config.setdefault("max_batch_size", 0)
+
+    @property
+    def _name(self) -> str:
+        return self._model_config.get("name", "")
+
+    def as_dict(self) -> dict:
+        return self._model_config
+
+    def max_batch_size(self) -> int:
+        return self._model_config["max_batch_size"]
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        configured = self._model_config["max_batch_size"]
+        if configured > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {configured}, but in auto-complete-config "
+                f"function for model '{self._name}' specified max_batch_size {max_batch_size}")
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for scheduler in ("sequence_batching", "ensemble_scheduling"):
+            if scheduler in self._model_config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{scheduler}', but "
+                    f"auto-complete-config function for model '{self._name}' tries to set "
+                    "scheduling_choice as 'dynamic_batching'")
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: dict) -> None:
+        self._add_tensor("input", input, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, output: dict) -> None:
+        self._add_tensor("output", output, ("name", "data_type", "dims"))
+
+    def _add_tensor(self, kind: str, tensor: dict, allowed: tuple[str, ...]) -> None:
+        model = self._name
+        label = f"{kind} '{tensor.get('name')}' in auto-complete-config function for model '{model}'"
+        if any(key not in allowed for key in tensor):
+            quoted = [f"'{key}'" for key in allowed]
+            raise ValueError(
+                f"{label} contains property other than {', '.join(quoted[:-1])} and {quoted[-1]}.")
+        if "name" not in tensor:
+            raise ValueError(
+                f"{kind} in auto-complete-config function for model '{model}' is missing 'name' property.")
+        for key in ("data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(f"{label} is missing '{key}' property.")
+
+        name = tensor["name"]
+        for current in self._model_config[kind]:
+            if current.get("name") != name:
+                continue
+            current_type = current.get("data_type", "TYPE_INVALID")
+            if current_type != "TYPE_INVALID" and current_type != tensor["data_type"]:
+                raise ValueError(
+                    f"unable to load model '{model}', configuration expects datatype {current_type} "
+                    f"for {kind} '{name}', model provides {tensor['data_type']}")
+            current_dims = list(current.get("dims") or [])
+            if current_dims and current_dims != list(tensor["dims"]):
+                raise ValueError(
+                    f"model '{model}', tensor '{name}': the model expects dims {list(tensor['dims'])} "
+                    f"but the model configuration specifies dims {current_dims}")
+            if "optional" in current and "optional" in tensor and current["optional"] != tensor["optional"]:
+                raise ValueError(
+                    f"model '{model}', tensor '{name}': the model expects optional {tensor['optional']} "
+                    f"but the model configuration specifies optional {current['optional']}")
+            current.update(tensor)
+            return
+        self._model_config[kind].append(dict(tensor))
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:
+        if any(key != "decoupled" for key in transaction_policy_dict):
+            raise ValueError(
+                f"model transaction property in auto-complete-config function for model "
+                f"'{self._name}' contains property other than 'decoupled'.")
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = transaction_policy_dict["decoupled"]
+            if "decoupled" in policy and policy["decoupled"] != wanted:
+                raise ValueError(
+                    f"trying to change decoupled property in auto-complete-config for model "
+                    f"'{self._name}', which is already set to '{policy['decoupled']}'.")
+            policy["decoupled"] = wanted
+
+
+# ---------------------------------------------------------------- logging
+
+class LogLevel(enum.IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_PY_LEVELS = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
+              LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
+_logger = logging.getLogger("tritond.model")
+
+
+class Logger:
+    """Model logging, routed to the Python logger 'tritond.model' (VERBOSE is DEBUG)."""
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message: str, level: int = LogLevel.INFO) -> None:
+        _logger.log(_PY_LEVELS[LogLevel(level)], "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _logger.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _logger.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _logger.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _logger.debug("%s", message)
