@@ -1,0 +1,94 @@
+"""What the repository offers: one ModelSpec per model, loadable or with the reason it is not.
+
+A bad model never raises out of here; it becomes a spec with `error` set so the
+server can list it as UNAVAILABLE and keep serving the others.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from tritonclient.grpc import model_config_pb2
+
+from .advice import config_advice
+from .backends import ENSEMBLE_PLATFORM
+from .config import OVERRIDE_FILE, config_path, load_model_config, validate_config
+from .ensemble import validate_ensemble
+from .errors import ConfigError
+from .layout import ModelSource, scan, validate_model_name, version_dirs
+from .versions import select_versions
+
+NO_VERSION = "no version is available"
+
+
+@dataclass
+class ModelSpec:
+    """A model ready to load (`config` set, `error` empty) or the reason it is unavailable."""
+
+    name: str
+    path: str
+    config: model_config_pb2.ModelConfig | None
+    versions: list[int]
+    error: str = ""
+    advice: list[str] = field(default_factory=list)
+
+
+def load_spec(
+    source: ModelSource,
+    *,
+    autocomplete: bool = True,
+    default_max_batch_size: int = 4,
+    config_name: str = "",
+    override: model_config_pb2.ModelConfig | None = None,
+) -> ModelSpec:
+    """Load, validate and pick the versions of one model; failures land in `error`."""
+
+    def failed(error: str) -> ModelSpec:
+        return ModelSpec(source.name, source.path, None, [], error)
+
+    if source.error:
+        return failed(source.error)
+    bad_name = validate_model_name(source.name)
+    if bad_name:
+        return failed(bad_name)
+    try:
+        cfg = load_model_config(
+            source,
+            autocomplete=autocomplete,
+            default_max_batch_size=default_max_batch_size,
+            config_name=config_name,
+            override=override,
+        )
+        versions = select_versions(cfg, version_dirs(source.path))
+        config_file = OVERRIDE_FILE if override is not None else config_path(source.path, config_name)
+        validate_config(cfg, model_path=source.path, config_file=config_file, versions=versions)
+    except ConfigError as e:
+        return failed(str(e))
+    if not versions:
+        return failed(NO_VERSION)
+    return ModelSpec(source.name, source.path, cfg, versions, advice=config_advice(cfg))
+
+
+def check_repository(
+    repos: list[str], autocomplete: bool = True, *, default_max_batch_size: int = 4, config_name: str = ""
+) -> list[ModelSpec]:
+    """Every model of the repositories, ensembles checked against their composing models, sorted by name."""
+    specs = {
+        name: load_spec(
+            source,
+            autocomplete=autocomplete,
+            default_max_batch_size=default_max_batch_size,
+            config_name=config_name,
+        )
+        for name, source in scan([os.fspath(r) for r in repos]).items()
+    }
+    changed = True
+    while changed:  # an ensemble failing can fail an ensemble built on it
+        changed = False
+        for spec in specs.values():
+            if spec.config is not None and spec.config.platform == ENSEMBLE_PLATFORM:
+                error = validate_ensemble(spec.config, specs)
+                if error:
+                    spec.config, spec.versions, spec.error, spec.advice = None, [], error, []
+                    changed = True
+    return sorted(specs.values(), key=lambda s: s.name)

@@ -1,0 +1,137 @@
+"""Loading a model's config.pbtxt into Triton's own ModelConfig message, completed and normalized.
+
+The file is parsed with protobuf's text format against the schema that ships in
+tritonclient, so exactly what Triton accepts is accepted. Then, in Triton's
+order: core autofill (name, backend, platform), backend auto-complete (ONNX
+graphs), normalization. Validation is `validate_config`.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from .autofill import autofill_backend
+from .backends import ONNXRUNTIME
+from .devices import gpu_count
+from .errors import ConfigError
+from .layout import ModelSource, version_dirs
+from .normalize import normalize_config
+from .onnx_autocomplete import autocomplete_onnx
+from .validation import validate_config
+
+__all__ = [
+    "CONFIG_FILE",
+    "OVERRIDE_FILE",
+    "config_path",
+    "gpu_count",
+    "load_model_config",
+    "normalize_config",
+    "parse_config_text",
+    "validate_config",
+]
+
+ModelConfig = model_config_pb2.ModelConfig
+
+CONFIG_FILE = "config.pbtxt"
+OVERRIDE_FILE = "<config given with the load request>"
+
+_PARSE_LOCATION = re.compile(r"^\d+:\d+ : ")
+_PARSE_FIELD = re.compile(r'(?:field named|Field) "(\w+)"')
+_FIELD_BEFORE_VALUE = re.compile(r"([A-Za-z_]\w*)\s*[:{\[]")
+
+
+def config_path(model_path: str, config_name: str = "") -> str:
+    """`configs/<config_name>.pbtxt` when named and present (as --model-config-name), else config.pbtxt."""
+    if config_name:
+        custom = os.path.join(model_path, "configs", config_name + ".pbtxt")
+        if os.path.isfile(custom):
+            return custom
+    return os.path.join(model_path, CONFIG_FILE)
+
+
+def parse_config_text(text: str, model: str, file: str) -> ModelConfig:
+    """Parse text-format ModelConfig; a syntax or schema error becomes a ConfigError with its line."""
+    cfg = ModelConfig()
+    try:
+        text_format.Parse(text, cfg)
+    except text_format.ParseError as e:
+        detail = _PARSE_LOCATION.sub("", str(e))
+        where = f"line {e.GetLine()}, column {e.GetColumn()}: " if e.GetLine() else ""
+        raise ConfigError(model, file, _parse_error_field(text, e, detail), where + detail) from None
+    return cfg
+
+
+def _parse_error_field(text: str, e: text_format.ParseError, detail: str) -> str:
+    """The field a parse error is about: named in the message, else the last `name:` before the error."""
+    named = _PARSE_FIELD.search(detail)
+    if named:
+        return named.group(1)
+    lines = text.splitlines()
+    if not 0 < e.GetLine() <= len(lines):
+        return ""
+    before = lines[e.GetLine() - 1][: e.GetColumn()]
+    keys = _FIELD_BEFORE_VALUE.findall(before)
+    return keys[-1] if keys else ""
+
+
+def _read_config(path: str, model: str) -> ModelConfig:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise ConfigError(model, path, "", f"not UTF-8 text: {e.reason} at byte {e.start}") from None
+    except OSError as e:
+        raise ConfigError(model, path, "", f"cannot read: {e.strerror}") from None
+    return parse_config_text(text, model, path)
+
+
+def load_model_config(
+    source: ModelSource,
+    *,
+    autocomplete: bool = True,
+    default_max_batch_size: int = 4,
+    config_name: str = "",
+    override: ModelConfig | None = None,
+) -> ModelConfig:
+    """The completed, normalized (not yet validated) config of a model directory.
+
+    `override` replaces the file, as a load request's `config` parameter does.
+    Without a config file the model loads only if auto-complete is on and the
+    backend can be told from the files. A missing model file is left for
+    `validate_config` to report. Python models keep empty inputs and
+    outputs here; their worker runs `auto_complete_config`. Raises ConfigError.
+    """
+    file = config_path(source.path, config_name)
+    if override is not None:
+        file = OVERRIDE_FILE
+        cfg = ModelConfig()
+        cfg.CopyFrom(override)
+    elif os.path.isfile(file):
+        cfg = _read_config(file, source.name)
+    elif autocomplete:
+        cfg = ModelConfig()
+    else:
+        raise ConfigError(source.name, file, "", "the model has no configuration file and auto-complete is disabled")
+
+    if not cfg.name:
+        cfg.name = source.name
+    elif cfg.name != source.name:
+        raise ConfigError(
+            source.name,
+            file,
+            "name",
+            f"unexpected directory name '{source.name}' for model '{cfg.name}', directory name must equal model name",
+        )
+
+    versions = version_dirs(source.path)
+    first_version = os.path.join(source.path, str(versions[0])) if versions else None
+    autofill_backend(cfg, source.name, first_version, file)
+    if autocomplete and cfg.backend == ONNXRUNTIME and first_version is not None:
+        model_file = os.path.join(first_version, cfg.default_model_filename)
+        if os.path.exists(model_file):
+            autocomplete_onnx(cfg, model_file, file, default_max_batch_size)
+    normalize_config(cfg)
+    return cfg

@@ -1,0 +1,187 @@
+"""Ensemble validation against the models it composes.
+
+An ensemble is a data-flow graph over other models' tensors, so it can only be
+checked once the composing models' configs are known: every tensor must be
+produced before it is read, by exactly one step, without cycles, with the data
+types the composing models declare.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tritonclient.grpc import model_config_pb2
+
+from .backends import PYTHON
+
+if TYPE_CHECKING:
+    from .catalog import ModelSpec
+
+DataType = model_config_pb2.DataType
+
+
+def _structure_error(cfg: model_config_pb2.ModelConfig) -> str | None:
+    name = cfg.name
+    steps = cfg.ensemble_scheduling.step
+    if not steps:
+        return f"must specify 'step' for ensemble '{name}'"
+    for i, step in enumerate(steps):
+        for field in ("model_name", "input_map", "output_map"):
+            if not getattr(step, field):
+                return f"must specify '{field}' in step {i} of ensemble '{name}'"
+    return None
+
+
+def _flow_error(cfg: model_config_pb2.ModelConfig) -> str | None:
+    """Every tensor written once, read only after it is written, and ensemble inputs/outputs used."""
+    name = cfg.name
+    steps = cfg.ensemble_scheduling.step
+    inputs = {io.name for io in cfg.input}
+    producer: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for tensor in step.output_map.values():
+            if tensor in inputs:
+                return f"in ensemble '{name}', step {i} (model '{step.model_name}') writes ensemble input '{tensor}'"
+            if tensor in producer:
+                return (
+                    f"ensemble tensor '{tensor}' can appear in an output map only once for ensemble '{name}' step {i}"
+                )
+            producer[tensor] = i
+    consumed = {tensor for step in steps for tensor in step.input_map.values()}
+    for io in cfg.input:
+        if io.name not in consumed:
+            return f"ensemble input '{io.name}' for ensemble '{name}' is not used"
+    for i, step in enumerate(steps):
+        for model_input, tensor in sorted(step.input_map.items()):
+            if tensor not in inputs and tensor not in producer:
+                return (
+                    f"in ensemble '{name}', step {i} (model '{step.model_name}'): input '{model_input}' reads "
+                    f"ensemble tensor '{tensor}', which is neither an ensemble input nor produced by any step"
+                )
+    for io in cfg.output:
+        if io.name not in producer:
+            return f"ensemble output '{io.name}' for ensemble '{name}' is not produced by any step"
+    return _cycle_error(cfg, producer)
+
+
+def _cycle_error(cfg: model_config_pb2.ModelConfig, producer: dict[str, int]) -> str | None:
+    steps = cfg.ensemble_scheduling.step
+    feeds: list[list[tuple[int, str]]] = [[] for _ in steps]
+    for i, step in enumerate(steps):
+        for tensor in sorted(set(step.input_map.values())):
+            if tensor in producer:
+                feeds[producer[tensor]].append((i, tensor))
+    state = [0] * len(steps)
+    path: list[int] = []
+    via: list[str] = []
+
+    def label(i: int) -> str:
+        return f"step {i} (model '{steps[i].model_name}')"
+
+    def visit(u: int) -> str | None:
+        state[u] = 1
+        path.append(u)
+        for v, tensor in feeds[u]:
+            if state[v] == 1:
+                k = path.index(v)
+                parts = [label(v)]
+                for node, read in zip(path[k + 1:] + [v], via[k:] + [tensor]):
+                    parts += [f"tensor '{read}'", label(node)]
+                return f"in ensemble '{cfg.name}', steps form a cycle: " + " -> ".join(parts)
+            if state[v] == 0:
+                via.append(tensor)
+                found = visit(v)
+                if found:
+                    return found
+                via.pop()
+        path.pop()
+        state[u] = 2
+        return None
+
+    for i in range(len(steps)):
+        if state[i] == 0:
+            found = visit(i)
+            if found:
+                return found
+    return None
+
+
+def _not_autocompleted(cfg: model_config_pb2.ModelConfig) -> bool:
+    """A Python model whose inputs/outputs its worker has not filled in yet: nothing to compare."""
+    return cfg.backend == PYTHON and not cfg.input and not cfg.output
+
+
+def _composing_error(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelSpec]) -> str | None:
+    name = cfg.name
+    steps = cfg.ensemble_scheduling.step
+    # Data type of each ensemble tensor and the model it was inferred from.
+    types: dict[str, tuple[int, str]] = {io.name: (io.data_type, name) for io in (*cfg.input, *cfg.output)}
+
+    def agree(tensor: str, dtype: int, model: str) -> str | None:
+        known = types.setdefault(tensor, (dtype, model))
+        if known[0] == dtype:
+            return None
+        return (
+            f"in ensemble '{name}', ensemble tensor '{tensor}': inconsistent data type: "
+            f"{DataType.Name(known[0])} is inferred from model {known[1]} while "
+            f"{DataType.Name(dtype)} is inferred from model {model}"
+        )
+
+    configs = []
+    for i, step in enumerate(steps):
+        spec = specs.get(step.model_name)
+        if spec is None:
+            return f"in ensemble '{name}', step {i}: model '{step.model_name}' is not in the model repository"
+        if spec.error or spec.config is None:
+            return f"in ensemble '{name}', step {i}: composing model '{step.model_name}' is not available: {spec.error}"
+        sub = spec.config
+        if sub.max_batch_size != 0 and sub.max_batch_size < cfg.max_batch_size:
+            return (
+                f"ensemble {name} allows maximum batch size {cfg.max_batch_size}, but it contains model "
+                f"{step.model_name} which only allows maximum batch size to be {sub.max_batch_size}"
+            )
+        configs.append(None if _not_autocompleted(sub) else sub)
+
+    for step, sub in zip(steps, configs):
+        if sub is None:
+            continue
+        outputs = {io.name: io for io in sub.output}
+        for model_output, tensor in sorted(step.output_map.items()):
+            if model_output not in outputs:
+                return (
+                    f"in ensemble '{name}', ensemble tensor '{tensor}' is mapped from non-existing output "
+                    f"'{model_output}' in model '{step.model_name}'"
+                )
+            err = agree(tensor, outputs[model_output].data_type, step.model_name)
+            if err:
+                return err
+    for step, sub in zip(steps, configs):
+        if sub is None:
+            continue
+        inputs = {io.name: io for io in sub.input}
+        for model_input, tensor in sorted(step.input_map.items()):
+            if model_input not in inputs:
+                return (
+                    f"in ensemble '{name}', ensemble tensor '{tensor}' is mapping to non-existing input "
+                    f"'{model_input}' in model '{step.model_name}'"
+                )
+            err = agree(tensor, inputs[model_input].data_type, step.model_name)
+            if err:
+                return err
+        for io in sub.input:
+            if io.name not in step.input_map and not io.optional:
+                return (
+                    f"in ensemble '{name}', input '{io.name}' in model '{step.model_name}' "
+                    "is not mapped to any ensemble tensors"
+                )
+    return None
+
+
+def validate_ensemble(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelSpec]) -> str | None:
+    """Why the ensemble `cfg` cannot run over the models in `specs`, or None.
+
+    Checks steps, cycles, tensors read but never produced, ensemble outputs no
+    step produces, unknown or unavailable composing models, and data types that
+    disagree between a composing model's config and the ensemble tensor.
+    Python composing models not yet auto-completed are checked by name only.
+    """
+    return _structure_error(cfg) or _flow_error(cfg) or _composing_error(cfg, specs)

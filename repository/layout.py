@@ -1,0 +1,66 @@
+"""Where models live on disk: model directories, version directories, safe names.
+
+Triton treats every subdirectory of a repository as a model and every positive
+integer subdirectory of a model as a version; this module is the only place
+that turns repository paths into model paths.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model directory found in a repository; `error` is set when it cannot be loaded."""
+
+    name: str
+    path: str
+    repo: str
+    error: str = ""
+
+
+def scan(repos: list[str]) -> dict[str, ModelSource]:
+    """Every model directory of every repository, keyed by model name.
+
+    A name present in two repositories is ambiguous, so it maps to a source with
+    `error` set and shows as unavailable. Raises OSError when a repository
+    cannot be listed.
+    """
+    found: dict[str, ModelSource] = {}
+    for repo in repos:
+        with os.scandir(repo) as entries:
+            names = sorted(e.name for e in entries if e.is_dir())
+        for name in names:
+            if name in found:
+                first = found[name]
+                found[name] = ModelSource(
+                    name, first.path, first.repo, f"model '{name}' appears in multiple repositories"
+                )
+            else:
+                found[name] = ModelSource(name, os.path.join(repo, name), repo)
+    return found
+
+
+def version_dirs(model_path: str) -> list[int]:
+    """Version numbers of a model: subdirectories named by a positive integer without leading zeros."""
+    try:
+        with os.scandir(model_path) as entries:
+            names = [e.name for e in entries if e.is_dir()]
+    except OSError:
+        return []
+    return sorted(int(n) for n in names if n.isascii() and n.isdigit() and n[0] != "0")
+
+
+def validate_model_name(name: str) -> str | None:
+    """Why `name` may not be used as a path component, or None when it is safe.
+
+    Mirrors Triton's check (surrounding whitespace is ignored, so " .." is "..")
+    and also refuses ".", backslashes and NUL bytes.
+    """
+    trimmed = name.strip()
+    if not trimmed:
+        return "Model name cannot be empty. Please enter a valid name to deploy."
+    if trimmed in (".", "..") or any(c in trimmed for c in "/\\\0"):
+        return f"invalid model name '{name}', model name must not contain path traversal characters"
+    return None

@@ -1,0 +1,253 @@
+"""Checks a normalized config the way Triton's ValidateModelConfig does, plus what tritond can run.
+
+A model that fails here is marked unavailable with a message naming model, file
+and field, before any worker is started for it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from tritonclient.grpc import model_config_pb2
+
+from . import devices
+from .backends import BACKEND_PLATFORM, DEFAULT_MODEL_FILENAME, ENSEMBLE_PLATFORM, KNOWN_BACKENDS, TENSORRT
+from .errors import ConfigError
+from .layout import version_dirs
+
+DataType = model_config_pb2.DataType
+Kind = model_config_pb2.ModelInstanceGroup.Kind
+Format = model_config_pb2.ModelInput.Format
+TimeoutAction = model_config_pb2.ModelQueuePolicy.TimeoutAction
+
+Fail = Callable[[str, str], ConfigError]
+
+_VARIABLE = "to indicate a variable-size dimension"
+
+
+def _check_identity(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
+    if not cfg.name:
+        raise fail("name", "model configuration must specify 'name'")
+    if cfg.platform == ENSEMBLE_PLATFORM:
+        if cfg.backend:
+            raise fail("backend", f"ensemble model '{cfg.name}' must have platform 'ensemble' and an empty backend")
+        return
+    if cfg.HasField("ensemble_scheduling"):
+        raise fail(
+            "ensemble_scheduling",
+            f"ensemble scheduling cannot be set for a model whose platform is not '{ENSEMBLE_PLATFORM}'",
+        )
+    if not cfg.backend:
+        what = f"platform '{cfg.platform}'" if cfg.platform else "no platform or model file"
+        raise fail("backend", f"cannot determine the backend from {what}; set 'backend'")
+    if cfg.backend not in KNOWN_BACKENDS:
+        raise fail("backend", f"unknown backend '{cfg.backend}'; supported backends are {', '.join(KNOWN_BACKENDS)}")
+    expected = BACKEND_PLATFORM.get(cfg.backend)
+    if expected is not None and cfg.platform != expected:
+        raise fail("platform", f"unexpected 'platform' and 'backend' pair, got:{cfg.platform}, {cfg.backend}")
+
+
+def _check_shape(io, where: str, label: str, fail: Fail, max_batch_size: int) -> None:
+    if not io.dims:
+        raise fail(f"{where}.dims", f"{label} must specify 'dims'")
+    if any(d < 1 and d != -1 for d in io.dims):
+        raise fail(f"{where}.dims", f"{label} dimension must be integer >= 1, or -1 {_VARIABLE}")
+    if not io.HasField("reshape"):
+        return
+    shape = list(io.reshape.shape)
+    if not shape and max_batch_size == 0:
+        raise fail(
+            f"{where}.reshape",
+            f"{label} cannot have empty reshape for non-batching model as scalar tensors are not supported",
+        )
+    if any(d < 1 and d != -1 for d in shape):
+        raise fail(f"{where}.reshape", f"{label} reshape dimensions must be integer >= 1, or -1 {_VARIABLE}")
+
+    def segments(dims: list[int]) -> list[int]:
+        counts, n = [], 1
+        for d in dims:
+            if d == -1:
+                counts.append(n)
+                n = 1
+            else:
+                n *= d
+        return counts + [n]
+
+    dims, reshaped = segments(list(io.dims)), segments(shape)
+    if len(dims) != len(reshaped):
+        raise fail(f"{where}.reshape", f"{label} has different number of variable-size dimensions for dims and reshape")
+    if dims != reshaped:
+        raise fail(f"{where}.reshape", f"{label} has different size for dims and reshape")
+
+
+def _check_io(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
+    for kind, entries in (("input", cfg.input), ("output", cfg.output)):
+        seen: set[str] = set()
+        for i, io in enumerate(entries):
+            where = f"{kind}[{i}]"
+            if not io.name:
+                raise fail(f"{where}.name", f"model {kind} must specify 'name'")
+            label = f"model {kind} '{io.name}'"
+            if io.name in seen:
+                raise fail(f"{where}.name", f"{label} is declared more than once")
+            seen.add(io.name)
+            if io.data_type == DataType.TYPE_INVALID:
+                raise fail(f"{where}.data_type", f"{label} must specify 'data_type'")
+            _check_shape(io, where, label, fail, cfg.max_batch_size)
+            if io.is_shape_tensor and cfg.backend != TENSORRT:
+                raise fail(f"{where}.is_shape_tensor", "shape tensors are only supported for TensorRT platform")
+            if kind == "input" and io.format in (Format.FORMAT_NHWC, Format.FORMAT_NCHW) and len(io.dims) != 3:
+                raise fail(f"{where}.format", f"{label}: NHWC/NCHW require 3 dims")
+
+
+def _check_dynamic_batching(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
+    db = cfg.dynamic_batching
+    for i, size in enumerate(db.preferred_batch_size):
+        if size <= 0:
+            raise fail(
+                f"dynamic_batching.preferred_batch_size[{i}]", "dynamic batching preferred size must be positive"
+            )
+        if size > cfg.max_batch_size:
+            raise fail(
+                f"dynamic_batching.preferred_batch_size[{i}]",
+                f"dynamic batching preferred size {size} must be <= max batch size {cfg.max_batch_size}",
+            )
+    levels = db.priority_levels
+    if levels:
+        if not 1 <= db.default_priority_level <= levels:
+            raise fail(
+                "dynamic_batching.default_priority_level", f"default priority level must be in range [1, {levels}]"
+            )
+        for level in db.priority_queue_policy:
+            if not 1 <= level <= levels:
+                raise fail(
+                    f"dynamic_batching.priority_queue_policy[{level}]",
+                    f"priority queue policy must have priority level in range [1, {levels}]",
+                )
+    if db.preserve_ordering:
+        if levels > 1:
+            raise fail(
+                "dynamic_batching.preserve_ordering",
+                "Only one priority level is allowed when 'preserve_ordering' is true",
+            )
+        policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
+        if any(p.default_timeout_microseconds and p.timeout_action == TimeoutAction.DELAY for p in policies):
+            raise fail(
+                "dynamic_batching.preserve_ordering",
+                "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true",
+            )
+
+
+def _check_sequence_batching(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
+    seq = cfg.sequence_batching
+    if cfg.response_cache.enable:
+        raise fail("response_cache", "the response cache does not support models with sequence batching")
+    for i, size in enumerate(seq.oldest.preferred_batch_size):
+        if not 0 < size <= cfg.max_batch_size:
+            raise fail(
+                f"sequence_batching.oldest.preferred_batch_size[{i}]",
+                "sequence batching preferred batch size must be positive and <= max batch size",
+            )
+    if seq.HasField("direct") and not 0.0 <= seq.direct.minimum_slot_utilization <= 1.0:
+        raise fail(
+            "sequence_batching.direct.minimum_slot_utilization",
+            "sequence batching minimum slot utilization must be in range (0.0, 1.0]",
+        )
+    names: set[str] = set()
+    for i, control_input in enumerate(seq.control_input):
+        if not control_input.name:
+            raise fail(
+                f"sequence_batching.control_input[{i}].name", "sequence batching control tensor must have a name"
+            )
+        if control_input.name in names:
+            raise fail(
+                f"sequence_batching.control_input[{i}].name",
+                f"sequence batching control tensor '{control_input.name}' is specified for multiple control kinds",
+            )
+        names.add(control_input.name)
+
+
+def _check_ensemble(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
+    if not cfg.HasField("ensemble_scheduling"):
+        raise fail(
+            "ensemble_scheduling",
+            f"ensemble scheduling must be set for ensemble {cfg.name} whose platform is {ENSEMBLE_PLATFORM}",
+        )
+    if cfg.instance_group:
+        raise fail("instance_group", f"instance group should not be specified for ensemble '{cfg.name}'")
+    steps = cfg.ensemble_scheduling.step
+    if not steps:
+        raise fail("ensemble_scheduling.step", f"must specify 'step' for ensemble '{cfg.name}'")
+    for i, step in enumerate(steps):
+        if not step.model_name:
+            raise fail(f"ensemble_scheduling.step[{i}].model_name", f"must specify 'model_name' in step {i}")
+
+
+def _check_instance_groups(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
+    if not cfg.instance_group:
+        raise fail("instance_group", "must specify one or more 'instance group's")
+    gpus = devices.gpu_count()
+    for i, group in enumerate(cfg.instance_group):
+        where = f"instance_group[{i}]"
+        label = f"instance group {group.name}"
+        if group.kind == Kind.KIND_GPU:
+            if gpus == 0:
+                raise fail(f"{where}.kind", f"{label} has kind KIND_GPU but no GPUs are available")
+            bad = [g for g in group.gpus if not 0 <= g < gpus]
+            if bad:
+                raise fail(
+                    f"{where}.gpus", f"{label} specifies invalid gpu id {bad[0]}; available GPUs are 0..{gpus - 1}"
+                )
+        elif group.kind in (Kind.KIND_CPU, Kind.KIND_MODEL):
+            if group.gpus:
+                raise fail(f"{where}.gpus", f"{label} has kind {Kind.Name(group.kind)} but specifies one or more GPUs")
+        else:
+            raise fail(f"{where}.kind", f"{label} has unexpected kind {Kind.Name(group.kind)}")
+        if group.profile and cfg.backend != TENSORRT:
+            raise fail(
+                f"{where}.profile", f"{label} specifies profile field which is only supported for TensorRT models"
+            )
+
+
+def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versions: list[int]) -> None:
+    filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME.get(cfg.backend, "")
+    for v in versions:
+        path = os.path.join(model_path, str(v), filename)
+        if not os.path.exists(path):
+            raise ConfigError(cfg.name, path, "default_model_filename", f"version {v} has no model file '{filename}'")
+
+
+def validate_config(
+    cfg: model_config_pb2.ModelConfig,
+    *,
+    model_path: str = "",
+    config_file: str = "",
+    versions: list[int] | None = None,
+) -> None:
+    """Raise ConfigError for the first problem in a normalized config.
+
+    With `model_path`, also require the model file in each of `versions`
+    (default: every version directory). `config_file` is the file errors name.
+    """
+
+    def fail(field: str, message: str) -> ConfigError:
+        return ConfigError(cfg.name, config_file, field, message)
+
+    _check_identity(cfg, fail)
+    if cfg.max_batch_size < 0:
+        raise fail("max_batch_size", "'max_batch_size' must be non-negative value")
+    if not cfg.HasField("version_policy"):
+        raise fail("version_policy", "must specify 'version policy'")
+    _check_io(cfg, fail)
+    if cfg.HasField("dynamic_batching"):
+        _check_dynamic_batching(cfg, fail)
+    if cfg.HasField("sequence_batching"):
+        _check_sequence_batching(cfg, fail)
+    if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
+        raise fail("response_cache", "the response cache does not support decoupled models")
+    if cfg.platform == ENSEMBLE_PLATFORM:
+        _check_ensemble(cfg, fail)
+        return
+    _check_instance_groups(cfg, fail)
+    if model_path:
+        _check_model_files(cfg, model_path, version_dirs(model_path) if versions is None else versions)

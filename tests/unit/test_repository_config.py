@@ -1,0 +1,271 @@
+import pytest
+from tritonclient.grpc import model_config_pb2
+
+from tritond.repository import devices
+from tritond.repository.config import load_model_config, validate_config
+from tritond.repository.errors import ConfigError
+from tritond.repository.layout import ModelSource
+
+Kind = model_config_pb2.ModelInstanceGroup.Kind
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(devices, "gpu_count", lambda: 0)
+
+
+def make_model(root, name, config=None, files=("1/model.py",)):
+    path = root / name
+    path.mkdir()
+    for f in files:
+        (path / f).parent.mkdir(parents=True, exist_ok=True)
+        (path / f).write_text("")
+    if config is not None:
+        (path / "config.pbtxt").write_text(config)
+    return ModelSource(name, str(path), str(root))
+
+
+def load_and_validate(source, **kw):
+    cfg = load_model_config(source, **kw)
+    validate_config(cfg, model_path=source.path, config_file=source.path + "/config.pbtxt")
+    return cfg
+
+
+GOOD = """
+name: "m"
+backend: "python"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ -1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+"""
+
+
+def test_parse_good_config(tmp_path):
+    cfg = load_and_validate(make_model(tmp_path, "m", GOOD))
+    assert cfg.name == "m" and cfg.backend == "python" and cfg.max_batch_size == 8
+    assert [i.name for i in cfg.input] == ["IN"]
+    assert cfg.output[0].data_type == model_config_pb2.TYPE_STRING
+    assert cfg.default_model_filename == "model.py"
+    assert cfg.version_policy.latest.num_versions == 1
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [8]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 100
+    assert cfg.optimization.input_pinned_memory.enable and cfg.optimization.output_pinned_memory.enable
+
+
+def test_parse_error_names_file_line_and_field(tmp_path):
+    src = make_model(tmp_path, "m", 'name: "m"\nbackend: "python"\n  bogus_field: 3\n')
+    with pytest.raises(ConfigError) as e:
+        load_model_config(src)
+    assert e.value.file == src.path + "/config.pbtxt"
+    assert e.value.field == "bogus_field"
+    assert "line 3, column 3" in str(e.value)
+    assert str(e.value).startswith(f"model 'm', file '{src.path}/config.pbtxt', field 'bogus_field': ")
+
+
+def test_two_schedulers_violate_the_oneof(tmp_path):
+    src = make_model(tmp_path, "m", 'backend: "python"\ndynamic_batching {}\nsequence_batching {}\n')
+    with pytest.raises(ConfigError, match="line 3.*oneof"):
+        load_model_config(src)
+
+
+def test_name_must_match_directory(tmp_path):
+    src = make_model(tmp_path, "m", 'name: "other"\nbackend: "python"\n')
+    with pytest.raises(ConfigError) as e:
+        load_model_config(src)
+    assert e.value.field == "name"
+    assert "unexpected directory name 'm' for model 'other'" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "filename, backend, platform",
+    [
+        ("model.py", "python", ""),
+        ("model.pt", "pytorch", "pytorch_libtorch"),
+        ("model.plan", "tensorrt", "tensorrt_plan"),
+    ],
+)
+def test_backend_autofilled_from_files_without_config(tmp_path, filename, backend, platform):
+    cfg = load_model_config(make_model(tmp_path, "m", None, files=(f"1/{filename}",)))
+    assert (cfg.name, cfg.backend, cfg.platform, cfg.default_model_filename) == ("m", backend, platform, filename)
+
+
+def test_backend_autofill_looks_at_lowest_version(tmp_path):
+    cfg = load_model_config(make_model(tmp_path, "m", None, files=("2/model.pt", "10/model.py")))
+    assert cfg.backend == "pytorch"
+
+
+def test_platform_and_backend_derive_each_other(tmp_path):
+    cfg = load_model_config(make_model(tmp_path, "a", 'platform: "onnxruntime_onnx"', files=()))
+    assert (cfg.backend, cfg.default_model_filename) == ("onnxruntime", "model.onnx")
+    cfg = load_model_config(make_model(tmp_path, "b", 'backend: "tensorrt"', files=()))
+    assert (cfg.platform, cfg.default_model_filename) == ("tensorrt_plan", "model.plan")
+
+
+def test_ensemble_platform_gets_no_backend_or_groups(tmp_path):
+    cfg = load_model_config(make_model(tmp_path, "e", 'platform: "ensemble"', files=()))
+    assert cfg.backend == "" and not cfg.instance_group and not cfg.HasField("optimization")
+
+
+def test_undeterminable_backend_error(tmp_path):
+    src = make_model(tmp_path, "m", None, files=("1/weights.bin",))
+    with pytest.raises(ConfigError) as e:
+        load_model_config(src)
+    assert e.value.field == "backend"
+    assert (
+        "Invalid model name: Could not determine backend for model 'm' with no backend in model configuration. "
+        "Expected model name of the form 'model.<backend_name>'." in str(e.value)
+    )
+
+
+def test_missing_config_needs_autocomplete(tmp_path):
+    src = make_model(tmp_path, "m", None)
+    with pytest.raises(ConfigError, match="auto-complete is disabled"):
+        load_model_config(src, autocomplete=False)
+
+
+def test_named_config_is_preferred(tmp_path):
+    src = make_model(tmp_path, "m", 'backend: "python"\nmax_batch_size: 2')
+    (tmp_path / "m" / "configs").mkdir()
+    (tmp_path / "m" / "configs" / "big.pbtxt").write_text('backend: "python"\nmax_batch_size: 64')
+    assert load_model_config(src, config_name="big").max_batch_size == 64
+    assert load_model_config(src, config_name="absent").max_batch_size == 2
+
+
+def test_override_replaces_the_file(tmp_path):
+    src = make_model(tmp_path, "m", 'backend: "python"\nmax_batch_size: 2')
+    override = model_config_pb2.ModelConfig(backend="python", max_batch_size=5)
+    assert load_model_config(src, override=override).max_batch_size == 5
+
+
+def test_instance_group_defaults(tmp_path):
+    py = load_model_config(make_model(tmp_path, "p", 'backend: "python"'))
+    assert [(g.name, g.kind, g.count) for g in py.instance_group] == [("p", Kind.KIND_CPU, 1)]
+    onnx = load_model_config(make_model(tmp_path, "o", 'backend: "onnxruntime"', files=()))
+    assert [(g.name, g.kind, g.count) for g in onnx.instance_group] == [("o", Kind.KIND_CPU, 2)]
+    named = load_model_config(
+        make_model(tmp_path, "n", 'backend: "python"\ninstance_group [{ count: 3 }, { kind: KIND_CPU }]')
+    )
+    assert [(g.name, g.kind, g.count) for g in named.instance_group] == [
+        ("n_0", Kind.KIND_CPU, 3),
+        ("n_1", Kind.KIND_CPU, 1),
+    ]
+
+
+def test_kind_auto_becomes_gpu_when_a_gpu_exists(tmp_path, monkeypatch):
+    monkeypatch.setattr(devices, "gpu_count", lambda: 2)
+    cfg = load_model_config(make_model(tmp_path, "m", 'backend: "python"'))
+    group = cfg.instance_group[0]
+    assert (group.kind, list(group.gpus), group.count) == (Kind.KIND_GPU, [0, 1], 1)
+
+
+def test_preferred_batch_size_default_only_when_batching(tmp_path):
+    cfg = load_model_config(make_model(tmp_path, "a", 'backend: "python"\nmax_batch_size: 16\ndynamic_batching {}'))
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [16]
+    cfg = load_model_config(make_model(tmp_path, "b", 'backend: "python"\ndynamic_batching {}'))
+    assert list(cfg.dynamic_batching.preferred_batch_size) == []
+    cfg = load_model_config(
+        make_model(
+            tmp_path, "c", 'backend: "python"\nmax_batch_size: 8\ndynamic_batching { preferred_batch_size: [2, 4] }'
+        )
+    )
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [2, 4]
+
+
+def test_sequence_idle_default(tmp_path):
+    cfg = load_model_config(make_model(tmp_path, "m", 'backend: "python"\nsequence_batching {}'))
+    assert cfg.sequence_batching.max_sequence_idle_microseconds == 1_000_000
+
+
+IO = 'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\noutput [{ name: "y" data_type: TYPE_FP32 dims: [4] }]\n'
+
+
+@pytest.mark.parametrize(
+    "config, field, text",
+    [
+        ('backend: "python"\nmax_batch_size: -1', "max_batch_size", "must be non-negative"),
+        ('backend: "python"\ninput [{ data_type: TYPE_FP32 dims: [1] }]', "input[0].name", "must specify 'name'"),
+        (
+            'backend: "python"\ninput [{ name: "x" data_type: TYPE_FP32 dims: [1] }, '
+            '{ name: "x" data_type: TYPE_FP32 dims: [1] }]',
+            "input[1].name",
+            "more than once",
+        ),
+        ('backend: "python"\noutput [{ name: "y" dims: [1] }]', "output[0].data_type", "must specify 'data_type'"),
+        (
+            'backend: "python"\ninput [{ name: "x" data_type: TYPE_FP32 dims: [2, -2] }]',
+            "input[0].dims",
+            "integer >= 1",
+        ),
+        ('backend: "python"\ninput [{ name: "x" data_type: TYPE_FP32 dims: [0] }]', "input[0].dims", "integer >= 1"),
+        ('backend: "python"\ninput [{ name: "x" data_type: TYPE_FP32 }]', "input[0].dims", "must specify 'dims'"),
+        (
+            'backend: "python"\ninput [{ name: "x" data_type: TYPE_FP32 dims: [4] reshape { shape: [3] } }]',
+            "input[0].reshape",
+            "different size",
+        ),
+        (
+            'backend: "python"\nmax_batch_size: 4\ndynamic_batching { preferred_batch_size: [8] }',
+            "dynamic_batching.preferred_batch_size[0]",
+            "must be <= max batch size 4",
+        ),
+        (
+            'backend: "python"\nmax_batch_size: 4\ndynamic_batching { priority_levels: 2 }',
+            "dynamic_batching.default_priority_level",
+            "range [1, 2]",
+        ),
+        (
+            'backend: "python"\nmax_batch_size: 4\ndynamic_batching { priority_levels: 2 default_priority_level: 1 '
+            "priority_queue_policy { key: 3 value: {} } }",
+            "dynamic_batching.priority_queue_policy[3]",
+            "range [1, 2]",
+        ),
+        ('backend: "tensorflow"', "backend", "unknown backend 'tensorflow'"),
+        ('backend: "onnxruntime"\nplatform: "pytorch_libtorch"', "platform", "'platform' and 'backend' pair"),
+        ('backend: "python"\ninstance_group [{ kind: KIND_GPU }]', "instance_group[0].kind", "no GPUs are available"),
+        ('backend: "python"\ninstance_group [{ kind: KIND_CPU gpus: [0] }]', "instance_group[0].gpus", "KIND_CPU"),
+        ('platform: "ensemble"\n' + IO, "ensemble_scheduling", "ensemble scheduling must be set"),
+        (
+            'platform: "ensemble"\n' + IO + 'ensemble_scheduling { step [{ input_map { key: "x" value: "x" } }] }',
+            "ensemble_scheduling.step[0].model_name",
+            "must specify 'model_name'",
+        ),
+        (
+            'platform: "ensemble"\n' + IO + 'instance_group [{}]\nensemble_scheduling { step [{ model_name: "a" }] }',
+            "instance_group",
+            "should not be specified for ensemble",
+        ),
+    ],
+)
+def test_validation_errors_name_the_field(tmp_path, config, field, text):
+    src = make_model(tmp_path, "m", config)
+    with pytest.raises(ConfigError) as e:
+        load_and_validate(src)
+    assert e.value.model == "m"
+    assert e.value.field == field
+    assert text in e.value.message
+    assert f"file '{src.path}/config.pbtxt'" in str(e.value)
+
+
+def test_dynamic_batching_without_max_batch_size_is_allowed(tmp_path):
+    config = 'backend: "python"\ndynamic_batching { priority_levels: 2 default_priority_level: 1 }'
+    cfg = load_and_validate(make_model(tmp_path, "m", config))
+    assert cfg.dynamic_batching.priority_levels == 2
+
+
+def test_model_file_must_exist_in_each_version(tmp_path):
+    src = make_model(tmp_path, "m", 'backend: "pytorch"\nversion_policy { all {} }', files=("1/model.pt", "2/other.pt"))
+    cfg = load_model_config(src)
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg, model_path=src.path)
+    assert e.value.file == f"{src.path}/2/model.pt"
+    assert e.value.field == "default_model_filename"
+    validate_config(cfg, model_path=src.path, versions=[1])
+
+
+def test_python_model_needs_its_model_file(tmp_path):
+    src = make_model(tmp_path, "m", 'backend: "python"\ndefault_model_filename: "serve.py"')
+    with pytest.raises(ConfigError, match="serve.py"):
+        load_and_validate(src)
+    (tmp_path / "m" / "1" / "serve.py").write_text("")
+    load_and_validate(src)
