@@ -1,0 +1,106 @@
+"""Worker processes: spawn with an argv list, watch through pidfds, restart with backoff.
+
+The broker owns this pool, so it learns of a death the moment the pidfd turns readable,
+without signal handlers or polling threads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# Restart policy: backoff doubles from BACKOFF_MIN up to BACKOFF_MAX; more than
+# CRASH_LIMIT crashes inside CRASH_WINDOW seconds marks the instance failed.
+BACKOFF_MIN = 0.05
+BACKOFF_MAX = 5.0
+CRASH_LIMIT = 5
+CRASH_WINDOW = 60.0
+
+
+def describe_exit(returncode: int) -> str:
+    """'exit code 3' or 'killed by signal 9 (SIGKILL)'."""
+    if returncode < 0:
+        sig = -returncode
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "unknown"
+        return f"killed by signal {sig} ({name})"
+    return f"exit code {returncode}"
+
+
+@dataclass
+class Instance:
+    """One model instance: a slot that a sequence of worker processes (generations) fills."""
+    model: str
+    version: int
+    index: int
+    name: str                      # e.g. "<model>_0_0" (Triton's instance naming)
+    kind: str = "CPU"
+    device_id: int = 0
+    generation: int = 0
+    proc: subprocess.Popen | None = None
+    pidfd: int = -1
+    state: str = "STARTING"        # STARTING | READY | BUSY | RESTARTING | FAILED | STOPPED
+    batch: Any = None              # the in-flight batch, if any
+    batch_started: float = 0.0
+    last_heartbeat: float = 0.0
+    crashes: list[float] = field(default_factory=list)
+    restarts: int = 0
+    restart_at: float = 0.0
+    last_error: str = ""
+    idle_since: float = 0.0
+
+    @property
+    def identity(self) -> bytes:
+        return f"w:{self.model}:{self.version}:{self.index}:{self.generation}".encode()
+
+    @property
+    def owner(self) -> str:
+        """Segment owner tag: unique per process generation."""
+        return f"w{self.proc.pid if self.proc else 0}"
+
+
+def spawn(inst: Instance, spec: dict[str, Any], env: dict[str, str] | None = None) -> None:
+    """Start a worker process for `inst` (argv list, never a shell)."""
+    inst.generation += 1
+    spec = dict(spec, identity=inst.identity.decode(), broker_pid=os.getpid())
+    argv = [sys.executable, "-m", "tritond.workers.main", json.dumps(spec)]
+    inst.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+    inst.pidfd = os.pidfd_open(inst.proc.pid)
+    inst.state = "STARTING"
+    inst.last_heartbeat = time.monotonic()
+    inst.batch = None
+
+
+def reap(inst: Instance) -> int:
+    """Collect the exit status of a dead worker and close its pidfd."""
+    assert inst.proc is not None
+    rc = inst.proc.wait()
+    if inst.pidfd >= 0:
+        os.close(inst.pidfd)
+        inst.pidfd = -1
+    return rc
+
+
+def record_crash(inst: Instance, now: float) -> bool:
+    """Note a crash; True when the instance may restart, False when it must be marked failed."""
+    inst.crashes = [t for t in inst.crashes if now - t < CRASH_WINDOW] + [now]
+    if len(inst.crashes) > CRASH_LIMIT:
+        return False
+    delay = min(BACKOFF_MAX, BACKOFF_MIN * (2 ** (len(inst.crashes) - 1)))
+    inst.restart_at = now + delay
+    return True
+
+
+def kill(inst: Instance, sig: int = signal.SIGKILL) -> None:
+    if inst.proc is not None and inst.proc.poll() is None:
+        try:
+            inst.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass

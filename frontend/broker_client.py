@@ -1,0 +1,217 @@
+"""The frontend's connection to the broker (asyncio over a ZeroMQ DEALER).
+
+It keeps the latest model table the broker published, matches replies to waiting futures,
+and notices a silent broker: pending requests then fail with UNAVAILABLE and the client
+keeps saying hello until a (restarted) broker answers.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from tritond.broker import protocol as P
+
+from .errors import TritonError
+
+log = logging.getLogger("tritond.frontend")
+
+BROKER_SILENCE_S = 3.0
+
+
+class ModelTable:
+    """Index over a protocol.Table for lookups on every request."""
+
+    def __init__(self, table: P.Table | None = None) -> None:
+        self.table = table
+        self.by_name: dict[str, dict[int, P.ModelEntry]] = {}
+        self.names: set[str] = set()
+        if table is not None:
+            for e in table.models:
+                self.by_name.setdefault(e.name, {})[e.version] = e
+            self.names = set(table.names)
+
+    def resolve(self, name: str, version: int = -1) -> P.ModelEntry:
+        """The entry serving (name, version), or Triton's error for it."""
+        versions = self.by_name.get(name)
+        if versions is None:
+            if name in self.names:
+                raise TritonError("NOT_FOUND", f"'{name}' is not found")
+            raise TritonError("INVALID_ARG", f"Request for unknown model: '{name}' is not found")
+        if version >= 0:
+            e = versions.get(version)
+            if e is None:
+                raise TritonError("NOT_FOUND", f"'{name}' version {version} is not found")
+            if e.state != "READY":
+                raise TritonError("UNAVAILABLE", f"'{name}' version {version} is not at ready state")
+            return e
+        ready = [v for v, e in versions.items() if e.state == "READY"]
+        if not ready:
+            raise TritonError("NOT_FOUND", f"'{name}' has no available versions")
+        return versions[max(ready)]
+
+    def any_entry(self, name: str, version: int = -1) -> P.ModelEntry:
+        """An entry for metadata/config even when not READY (Triton still answers config)."""
+        try:
+            return self.resolve(name, version)
+        except TritonError:
+            versions = self.by_name.get(name)
+            if versions and version < 0:
+                with_config = [e for e in versions.values() if e.config]
+                if with_config:
+                    return max(with_config, key=lambda e: e.version)
+            raise
+
+    def ready(self, strict: bool) -> bool:
+        t = self.table
+        if t is None or not t.startup_done or t.stopping:
+            return False
+        if not strict:
+            return True
+        for versions in self.by_name.values():
+            for e in versions.values():
+                if e.state != "READY" and e.reason != "unloaded":
+                    return False
+        return True
+
+
+class BrokerClient:
+    def __init__(self, endpoint: str, kind: str) -> None:
+        self.endpoint = endpoint
+        self.kind = kind
+        self.ctx = zmq.asyncio.Context()
+        self.sock: zmq.asyncio.Socket | None = None
+        self.futures: dict[int, asyncio.Future] = {}
+        self.ids = itertools.count(1)
+        self.table = ModelTable()
+        self.table_event = asyncio.Event()
+        self.last_heard = 0.0
+        self.alive = False
+        self.decoder = P.decoder(P.BrokerToFrontend)
+        self.tasks: list[asyncio.Task] = []
+
+    def _connect(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.IMMEDIATE, 1)
+        s.setsockopt(zmq.MAXMSGSIZE, P.MAX_FRAME)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.setsockopt(zmq.RCVHWM, 0)
+        s.connect(self.endpoint)
+        self.sock = s
+
+    async def start(self) -> None:
+        self._connect()
+        self.tasks = [asyncio.create_task(self._reader()), asyncio.create_task(self._watchdog())]
+        await self._hello()
+
+    async def _hello(self) -> None:
+        try:
+            await self.sock.send(P.encode(P.Hello(self.kind, os.getpid())), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    async def wait_table(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self.table_event.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def _reader(self) -> None:
+        while True:
+            sock = self.sock
+            try:
+                frame = await sock.recv()
+            except zmq.ZMQError:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                msg = self.decoder.decode(frame)
+            except P.DecodeError:
+                log.warning("dropped an undecodable frame from the broker")
+                continue
+            self.last_heard = time.monotonic()
+            if not self.alive:
+                self.alive = True
+            if isinstance(msg, (P.InferReply, P.ControlReply)):
+                fut = self.futures.pop(msg.rid if isinstance(msg, P.InferReply) else msg.cid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+                elif isinstance(msg, P.InferReply):
+                    self.release_outputs(msg)
+            elif isinstance(msg, P.Table):
+                self.table = ModelTable(msg)
+                self.table_event.set()
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            if self.alive and time.monotonic() - self.last_heard > BROKER_SILENCE_S:
+                log.error("the broker stopped answering; failing %d pending requests", len(self.futures))
+                self.alive = False
+                self.table = ModelTable()
+                self.table_event.clear()
+                err = TritonError("UNAVAILABLE", "the server's broker is restarting; retry shortly")
+                for fut in self.futures.values():
+                    if not fut.done():
+                        fut.set_exception(err)
+                self.futures.clear()
+                self._connect()
+            if not self.alive:
+                await self._hello()
+
+    def _check(self) -> None:
+        if not self.alive:
+            raise TritonError("UNAVAILABLE", "the server's broker is not available")
+
+    async def infer(self, msg: P.Infer) -> P.InferReply:
+        self._check()
+        fut = asyncio.get_running_loop().create_future()
+        self.futures[msg.rid] = fut
+        await self.sock.send(P.encode(msg))
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.futures.pop(msg.rid, None)
+            raise
+
+    def next_id(self) -> int:
+        return next(self.ids)
+
+    async def control(self, op: str, args: dict[str, Any] | None = None, timeout: float = 600.0) -> Any:
+        self._check()
+        cid = next(self.ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.futures[cid] = fut
+        await self.sock.send(P.encode(P.Control(cid, op, args or {})))
+        try:
+            reply = await asyncio.wait_for(fut, timeout)
+        finally:
+            self.futures.pop(cid, None)
+        if reply.error is not None:
+            raise TritonError(reply.error.code, reply.error.message)
+        return reply.result
+
+    def release_outputs(self, reply: P.InferReply) -> None:
+        leases = sorted({d.lease for d in reply.outputs if d.lease})
+        if leases and self.sock is not None:
+            try:
+                self.sock.send(P.encode(P.Release(reply.owner, leases)), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        if self.sock is not None:
+            self.sock.close(0)
+        self.ctx.term()

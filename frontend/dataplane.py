@@ -1,0 +1,319 @@
+"""The protocol-neutral inference path shared by the HTTP and gRPC frontends.
+
+Validates a request against the model config the broker published (with Triton's error
+texts), places tensor bytes (inline when small, else one copy into this frontend's shm
+arena), asks the broker, and hands back output views that point into the worker's shm.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tritond.broker import protocol as P
+from tritond.repository.datatypes import (
+    CONFIG_TO_WIRE, ELEMENT_SIZE, WIRE_TYPES, bytes_to_array, element_count,
+)
+from tritond.shm.arena import Arena
+from tritond.shm.mapping import SegmentMaps
+
+from .broker_client import BrokerClient
+from .errors import TritonError, invalid
+
+RESERVED_PREFIX = "triton_"
+
+
+def prefix(request_id: str) -> str:
+    return f"[request id: {request_id or '<id_unknown>'}] "
+
+
+def dims_str(dims) -> str:
+    return "[" + ",".join(str(int(d)) for d in dims) + "]"
+
+
+@dataclass
+class InputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: bytes | memoryview | None = None   # wire-format payload
+    region: str = ""                          # client shm region
+    offset: int = 0
+    nbytes: int = 0
+
+
+@dataclass
+class OutputRequest:
+    name: str
+    binary: bool | None = None
+    classification: int = 0
+    region: str = ""
+    offset: int = 0
+    nbytes: int = 0
+
+
+@dataclass
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: bytes | memoryview | None       # None when written to a client region
+    region: str = ""
+    binary: bool | None = None
+
+    def as_numpy(self) -> np.ndarray:
+        return bytes_to_array(self.data, self.datatype, self.shape)
+
+
+@dataclass
+class InferResult:
+    model_name: str
+    model_version: int
+    id: str
+    outputs: list[OutputTensor]
+    reply: P.InferReply | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestOptions:
+    id: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    timeout_us: int = 0
+    correlation_id: int | str = 0
+    flags: int = 0
+
+
+FLAG_START = 1
+FLAG_END = 2
+
+
+def split_parameters(params: dict[str, Any]) -> RequestOptions:
+    """Separate Triton's request parameters from those passed through to the model."""
+    opts = RequestOptions()
+    for key, value in params.items():
+        if key.startswith(RESERVED_PREFIX) and key != "triton_enable_empty_final_response":
+            raise invalid("parameter keys starting with 'triton_' are reserved for Triton usage "
+                          "and should not be specified.")
+        if key == "priority":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise invalid("invalid value type for 'priority' parameter, expected uint64_param.")
+            opts.priority = value
+        elif key == "timeout":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise invalid("invalid value type for 'timeout' parameter, expected int64_param.")
+            opts.timeout_us = value
+        elif key == "sequence_id":
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise invalid("invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")
+            opts.correlation_id = value
+        elif key in ("sequence_start", "sequence_end"):
+            if not isinstance(value, bool):
+                raise invalid(f"invalid value type for '{key}' parameter, expected bool_param.")
+            if value:
+                opts.flags |= FLAG_START if key == "sequence_start" else FLAG_END
+        elif key in ("binary_data_output", "triton_enable_empty_final_response"):
+            continue
+        else:
+            opts.params[key] = value
+    return opts
+
+
+def count_bytes_elements(buf: bytes | memoryview, name: str, model: str, request_id: str) -> int:
+    """Walk a BYTES payload's length prefixes; raises Triton's errors on truncation."""
+    mv = memoryview(buf)
+    pos, n, end = 0, 0, len(mv)
+    while pos < end:
+        if pos + 4 > end:
+            raise invalid(f"{prefix(request_id)}incomplete string length indicator for inference input "
+                          f"'{name}' for model '{model}', expecting 4 bytes but only {end - pos} bytes available.")
+        length = int.from_bytes(mv[pos:pos + 4], "little")
+        pos += 4
+        if pos + length > end:
+            raise invalid(f"{prefix(request_id)}incomplete string for inference input '{name}' for model "
+                          f"'{model}', expecting string of length {length} but only {end - pos} bytes available.")
+        pos += length
+        n += 1
+    return n
+
+
+class Dataplane:
+    def __init__(self, client: BrokerClient, arena: Arena, maps: SegmentMaps) -> None:
+        self.client = client
+        self.arena = arena
+        self.maps = maps
+
+    def entry(self, name: str, version: int = -1) -> P.ModelEntry:
+        return self.client.table.resolve(name, version)
+
+    # ---------------------------------------------------------------- validation
+
+    def validate(self, entry: P.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
+                 request_id: str) -> None:
+        cfg = entry.config or {}
+        model = entry.name
+        pre = prefix(request_id)
+        if cfg.get("model_transaction_policy", {}).get("decoupled"):
+            raise TritonError("UNSUPPORTED", "HTTP end point doesn't support models with decoupled transaction policy")
+        config_inputs = {i["name"]: i for i in cfg.get("input", [])}
+        seen: set[str] = set()
+        for t in inputs:
+            if t.name not in config_inputs:
+                raise invalid(f"{pre}unexpected inference input '{t.name}' for model '{model}'")
+            if t.name in seen:
+                raise invalid(f"{pre}input '{t.name}' was specified more than once for model '{model}'")
+            seen.add(t.name)
+        required = [n for n, i in config_inputs.items() if not i.get("optional")]
+        missing = [n for n in required if n not in seen]
+        if missing:
+            total = len(config_inputs)
+            if len(required) == total:
+                head = f"expected {total} inputs"
+            else:
+                head = f"expected number of inputs between {len(required)} and {total}"
+            got = ",".join(f"'{t.name}'" for t in inputs)
+            miss = ",".join(f"'{n}'" for n in missing)
+            raise invalid(f"{pre}{head} but got {len(inputs)} inputs for model '{model}'. Got input(s) [{got}], "
+                          f"but missing required input(s) [{miss}]. Please provide all required input(s).")
+        mbs = int(cfg.get("max_batch_size", 0) or 0)
+        batch = None
+        for t in inputs:
+            ci = config_inputs[t.name]
+            expected_type = CONFIG_TO_WIRE.get(ci.get("data_type", ""), "")
+            if t.datatype not in WIRE_TYPES:
+                raise invalid(f"{pre}invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'")
+            if t.datatype != expected_type:
+                raise invalid(f"{pre}inference input '{t.name}' data-type is '{t.datatype}', but model "
+                              f"'{model}' expects '{expected_type}'")
+            dims = [int(d) for d in ci.get("dims", [])]
+            shape = list(t.shape)
+            if mbs > 0 and not ci.get("is_shape_tensor"):
+                if not shape:
+                    raise invalid(f"{pre}input '{t.name}' has no shape but model requires batch dimension")
+                if batch is None:
+                    batch = shape[0]
+                elif shape[0] != batch:
+                    raise invalid(f"{pre}input '{t.name}' batch size does not match other inputs for '{model}'")
+                expected_full = [-1] + dims
+                body = shape[1:]
+            else:
+                expected_full = dims
+                body = shape
+            if len(body) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, body)):
+                note = ""
+                if mbs > 0:
+                    note = (" NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
+                            "dimension to be prepended to each input shape. If you want to specify the full "
+                            "shape including the batch dim in your input dims config, try setting "
+                            "max_batch_size to zero. See the model configuration docs for more info on "
+                            "max_batch_size.")
+                raise invalid(f"{pre}unexpected shape for input '{t.name}' for model '{model}'. Expected "
+                              f"{dims_str(expected_full)}, got {dims_str(shape)}.{note}")
+            try:
+                count = element_count(shape)
+            except ValueError:
+                raise invalid(f"{pre}invalid shape for input '{t.name}' for model '{model}': "
+                              f"element count overflows") from None
+            size = t.nbytes if t.region else (len(t.data) if t.data is not None else 0)
+            if t.datatype == "BYTES":
+                if not t.region:
+                    n = count_bytes_elements(t.data, t.name, model, request_id)
+                    if n != count:
+                        raise invalid(f"{pre}unexpected number of string elements {n} for inference input "
+                                      f"'{t.name}' for model '{model}', expecting {count}")
+            else:
+                expected_size = count * ELEMENT_SIZE[t.datatype]
+                if size != expected_size:
+                    raise invalid(f"{pre}input byte size mismatch for input '{t.name}' for model '{model}'. "
+                                  f"Expected {expected_size}, got {size}")
+        if mbs > 0 and batch is not None and batch > mbs:
+            raise invalid(f"{pre}inference request batch-size must be <= {mbs} for '{model}'")
+        if mbs > 0 and batch == 0:
+            raise invalid(f"{pre}inference request batch-size must be > 0 for '{model}'")
+        config_outputs = {o["name"] for o in cfg.get("output", [])}
+        names = set()
+        for o in outputs:
+            if o.name not in config_outputs:
+                raise invalid(f"{pre}unexpected inference output '{o.name}' for model '{model}'")
+            if o.name in names:
+                raise invalid(f"{pre}output '{o.name}' was requested more than once for model '{model}'")
+            names.add(o.name)
+
+    # ---------------------------------------------------------------- execution
+
+    async def infer(self, entry: P.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
+                    opts: RequestOptions) -> InferResult:
+        self.validate(entry, inputs, outputs, opts.id)
+        blocks = []
+        descs = []
+        try:
+            for t in inputs:
+                d = P.TensorDesc(t.name, t.datatype, list(t.shape))
+                if t.region:
+                    d.region, d.offset, d.nbytes = t.region, t.offset, t.nbytes
+                else:
+                    n = len(t.data)
+                    if n <= P.INLINE_MAX:
+                        d.data = bytes(t.data)
+                    else:
+                        block = self.arena.alloc(n)
+                        block.view[:n] = t.data
+                        blocks.append(block)
+                        d.seg, d.offset, d.nbytes = block.seg, block.offset, n
+                descs.append(d)
+            specs = [
+                P.OutputSpec(o.name, o.region, "", o.offset, o.nbytes, o.classification) for o in outputs
+            ]
+            msg = P.Infer(self.client.next_id(), entry.name, entry.version, descs, specs, opts.id,
+                          opts.params, opts.priority, opts.timeout_us, opts.correlation_id, opts.flags)
+            reply = await self.client.infer(msg)
+        finally:
+            for block in blocks:
+                self.arena.free(block.seg, block.offset)
+        if reply.error is not None:
+            raise TritonError(reply.error.code, reply.error.message)
+        wanted = {o.name: o for o in outputs}
+        result_outputs = []
+        for d in reply.outputs:
+            if d.data is not None:
+                data = d.data
+            elif d.region:
+                data = None
+            else:
+                data = self.maps.view(d.seg, d.offset, d.nbytes)
+            o = wanted.get(d.name)
+            result_outputs.append(OutputTensor(d.name, d.datatype, list(d.shape), data, d.region,
+                                               o.binary if o else None))
+        if outputs:
+            order = {o.name: i for i, o in enumerate(outputs)}
+            result_outputs.sort(key=lambda t: order.get(t.name, 1 << 30))
+        for o in outputs:
+            if o.classification:
+                self._classify(result_outputs, o, entry)
+        return InferResult(entry.name, reply.version, opts.id, result_outputs, reply)
+
+    def _classify(self, outputs: list[OutputTensor], req: OutputRequest, entry: P.ModelEntry) -> None:
+        """Triton's classification extension: top-k "value:index" strings per batch row."""
+        from tritond.repository.datatypes import serialize_bytes
+        for i, t in enumerate(outputs):
+            if t.name != req.name:
+                continue
+            arr = t.as_numpy()
+            batching = int((entry.config or {}).get("max_batch_size", 0) or 0) > 0
+            rows = arr.reshape(arr.shape[0], -1) if batching else arr.reshape(1, -1)
+            k = min(req.classification, rows.shape[1])
+            labels = []
+            for row in rows:
+                idx = np.argsort(-row.astype(np.float64), kind="stable")[:k]
+                labels.append([f"{float(row[j]):f}:{int(j)}".encode() for j in idx])
+            out = np.array(labels, dtype=object)
+            shape = [rows.shape[0], k] if batching else [k]
+            outputs[i] = OutputTensor(t.name, "BYTES", shape, serialize_bytes(out), "", t.binary)
+
+    def release(self, result: InferResult) -> None:
+        """Tell the worker its output blocks may be reused (after the response was built)."""
+        if result.reply is not None:
+            self.client.release_outputs(result.reply)
+            result.reply = None

@@ -1,0 +1,353 @@
+"""The KServe v2 / Triton HTTP API as one Starlette app."""
+from __future__ import annotations
+
+import base64
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..dataplane import Dataplane, split_parameters
+from ..errors import TritonError, invalid
+from ..metadata import model_metadata
+from .codec import parse_infer, parse_json, render_response
+
+EXTENSIONS = [
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+    "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
+    "binary_tensor_data", "parameters", "statistics", "trace", "logging",
+]
+SERVER_VERSION = "2.73.0"
+
+
+@dataclass
+class HttpOptions:
+    server_name: str = "triton"
+    strict_readiness: bool = True
+    max_input_size: int = 1 << 26
+    restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (header, value)
+
+
+def json_response(doc: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
+
+
+def error_response(e: TritonError) -> Response:
+    return json_response({"error": e.message}, e.http_status)
+
+
+class HttpApi:
+    def __init__(self, dataplane: Dataplane, opts: HttpOptions) -> None:
+        self.dp = dataplane
+        self.client = dataplane.client
+        self.opts = opts
+
+    # ------------------------------------------------------------- plumbing
+
+    def route(self, path: str, fn: Callable[[Request], Awaitable[Response]], methods: list[str],
+              category: str) -> Route:
+        async def endpoint(request: Request) -> Response:
+            restriction = self.opts.restricted.get(category)
+            if restriction is not None and request.headers.get(restriction[0]) != restriction[1]:
+                return json_response({"error": f"This API is restricted, expecting header '{restriction[0]}'"}, 403)
+            try:
+                return await fn(request)
+            except TritonError as e:
+                return error_response(e)
+        return Route(path, endpoint, methods=methods)
+
+    async def body(self, request: Request) -> bytes:
+        limit = self.opts.max_input_size
+        declared = request.headers.get("content-length")
+        too_big = invalid(f"request body size exceeds the maximum allowed value of {limit} bytes. "
+                          f"Use --http-max-input-size to increase the limit.")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise too_big
+        chunks = []
+        total = 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise too_big
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        encoding = request.headers.get("content-encoding", "").strip().lower()
+        if encoding in ("", "identity"):
+            return body
+        if encoding not in ("gzip", "deflate"):
+            raise TritonError("UNSUPPORTED", "Unsupported compression type")
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+        try:
+            out = d.decompress(body, limit + 1)
+        except zlib.error as e:
+            raise invalid(f"failed to decompress the request body: {e}") from None
+        if len(out) > limit or d.unconsumed_tail:
+            raise too_big
+        return out
+
+    @staticmethod
+    def version(request: Request) -> int:
+        v = request.path_params.get("version")
+        return int(v) if v is not None else -1
+
+    # ------------------------------------------------------------- health and metadata
+
+    async def live(self, request: Request) -> Response:
+        return Response(status_code=200 if self.client.alive else 400)
+
+    async def ready(self, request: Request) -> Response:
+        ok = self.client.alive and self.client.table.ready(self.opts.strict_readiness)
+        return Response(status_code=200 if ok else 400)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return json_response({"name": self.opts.server_name, "version": SERVER_VERSION, "extensions": EXTENSIONS})
+
+    async def model_metadata(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        version = self.version(request)
+        entry = self.client.table.resolve(name, version)
+        versions = [str(version)] if version >= 0 else sorted(
+            (str(v) for v, e in self.client.table.by_name[name].items() if e.state == "READY"), key=int)
+        return json_response(model_metadata(entry.config or {}, name, versions))
+
+    async def model_ready(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        try:
+            self.client.table.resolve(name, self.version(request))
+        except TritonError as e:
+            if e.code == "INVALID_ARG":
+                raise
+            return json_response({"error": "Model version not ready"}, 400)
+        return Response(status_code=200)
+
+    async def model_config(self, request: Request) -> Response:
+        entry = self.client.table.any_entry(request.path_params["model"], self.version(request))
+        return json_response(entry.config or {})
+
+    async def model_stats(self, request: Request) -> Response:
+        name = request.path_params.get("model", "")
+        stats = await self.client.control("stats", {"name": name, "version": self.version(request)})
+        for s in stats:
+            s.pop("restart_count", None)
+        return json_response({"model_stats": stats})
+
+    # ------------------------------------------------------------- inference
+
+    async def infer(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        entry = self.dp.entry(name, self.version(request))
+        body = await self.body(request)
+        header = request.headers.get("inference-header-content-length")
+        header_len = None
+        if header is not None:
+            try:
+                header_len = int(header)
+                if not -(1 << 31) <= header_len < (1 << 31):
+                    raise ValueError
+            except ValueError:
+                raise invalid(f"Unable to parse Inference-Header-Content-Length, got: {header}") from None
+            if header_len < 0 or header_len > len(body):
+                raise invalid(f"inference header size should be in range (0, {len(body)}), got: {header_len}")
+        cfg = entry.config or {}
+        doc, inputs, outputs, default_binary = parse_infer(
+            body, header_len, name, cfg.get("input", []), self.opts.max_input_size)
+        request_id = doc.get("id", "")
+        if not isinstance(request_id, str):
+            raise invalid("Unable to parse 'id'")
+        params = doc.get("parameters") or {}
+        opts = split_parameters(params)
+        opts.id = request_id
+        result = await self.dp.infer(entry, inputs, outputs, opts)
+        try:
+            body_out, json_len = render_response(result, default_binary)
+        finally:
+            self.dp.release(result)
+        headers = {}
+        media = "application/json"
+        if json_len is not None:
+            headers["Inference-Header-Content-Length"] = str(json_len)
+            media = "application/octet-stream"
+        encoding = choose_encoding(request.headers.get("accept-encoding", ""))
+        if encoding == "gzip":
+            body_out = gzip_compress(body_out)
+            headers["Content-Encoding"] = "gzip"
+        elif encoding == "deflate":
+            body_out = zlib.compress(body_out)
+            headers["Content-Encoding"] = "deflate"
+        return Response(body_out, headers=headers, media_type=media)
+
+    # ------------------------------------------------------------- repository
+
+    async def index(self, request: Request) -> Response:
+        body = await self.body(request)
+        ready = False
+        if body.strip():
+            doc = parse_json(body)
+            if "ready" in doc:
+                if not isinstance(doc["ready"], bool):
+                    raise invalid("Invalid value for 'ready': expected a boolean")
+                ready = doc["ready"]
+        return json_response(await self.client.control("index", {"ready": ready}))
+
+    async def load(self, request: Request) -> Response:
+        if request.path_params.get("repo"):
+            raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
+        body = await self.body(request)
+        params = parse_json(body).get("parameters", {}) if body.strip() else {}
+        args: dict[str, Any] = {"name": request.path_params["model"]}
+        if isinstance(params, dict):
+            if "config" in params:
+                args["config"] = params["config"]
+            files = {k: v for k, v in params.items() if k.startswith("file:")}
+            if files:
+                try:
+                    args["files"] = {k: base64.b64decode(v, validate=True) for k, v in files.items()}
+                except (ValueError, TypeError):
+                    raise invalid("failed to decode the base64 content of a 'file:' parameter") from None
+        await self.client.control("load", args)
+        return Response(status_code=200)
+
+    async def unload(self, request: Request) -> Response:
+        if request.path_params.get("repo"):
+            raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
+        body = await self.body(request)
+        params = parse_json(body).get("parameters", {}) if body.strip() else {}
+        dependents = bool(params.get("unload_dependents", False)) if isinstance(params, dict) else False
+        await self.client.control("unload", {"name": request.path_params["model"], "unload_dependents": dependents})
+        return Response(status_code=200)
+
+    # ------------------------------------------------------------- shared memory
+
+    async def shm_status(self, request: Request) -> Response:
+        return json_response(await self.client.control("shm_status", {"name": request.path_params.get("region", "")}))
+
+    async def shm_register(self, request: Request) -> Response:
+        doc = parse_json(await self.body(request))
+        key, offset, size = doc.get("key"), doc.get("offset", 0), doc.get("byte_size")
+        if not isinstance(key, str):
+            raise invalid("Unable to parse 'key'")
+        for what, v in (("offset", offset), ("byte_size", size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise invalid(f"Unable to parse '{what}'")
+        await self.client.control("shm_register", {
+            "name": request.path_params["region"], "key": key, "offset": offset, "byte_size": size})
+        return Response(status_code=200)
+
+    async def shm_unregister(self, request: Request) -> Response:
+        await self.client.control("shm_unregister", {"name": request.path_params.get("region", "")})
+        return Response(status_code=200)
+
+    async def cuda_status(self, request: Request) -> Response:
+        return json_response(await self.client.control("cuda_status", {"name": request.path_params.get("region", "")}))
+
+    async def cuda_register(self, request: Request) -> Response:
+        name = request.path_params["region"]
+        doc = parse_json(await self.body(request))
+        raw = (doc.get("raw_handle") or {}).get("b64") if isinstance(doc.get("raw_handle"), dict) else None
+        try:
+            handle = base64.b64decode(raw or "", validate=True)
+        except (ValueError, TypeError):
+            handle = b""
+        if len(handle) != 64:
+            raise invalid("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+        await self.client.control("cuda_register", {
+            "name": name, "raw_handle": handle, "device_id": doc.get("device_id", 0),
+            "byte_size": doc.get("byte_size", 0)})
+        return Response(status_code=200)
+
+    async def cuda_unregister(self, request: Request) -> Response:
+        await self.client.control("cuda_unregister", {"name": request.path_params.get("region", "")})
+        return Response(status_code=200)
+
+    # ------------------------------------------------------------- settings
+
+    async def logging(self, request: Request) -> Response:
+        settings = {}
+        if request.method == "POST":
+            settings = parse_json(await self.body(request))
+        return json_response(await self.client.control("log_settings", {"settings": settings}))
+
+    async def trace(self, request: Request) -> Response:
+        settings = {}
+        if request.method == "POST":
+            settings = parse_json(await self.body(request))
+        model = request.path_params.get("model", "")
+        return json_response(await self.client.control("trace_settings", {"model": model, "settings": settings}))
+
+    # ------------------------------------------------------------- app
+
+    def app(self) -> Starlette:
+        m = "/v2/models/{model}"
+        mv = "/v2/models/{model}/versions/{version:int}"
+        r = self.route
+        routes = [
+            r("/v2/health/live", self.live, ["GET"], "health"),
+            r("/v2/health/ready", self.ready, ["GET"], "health"),
+            r("/v2", self.server_metadata, ["GET"], "metadata"),
+            r("/v2/models/stats", self.model_stats, ["GET"], "statistics"),
+            r("/v2/logging", self.logging, ["GET", "POST"], "logging"),
+            r("/v2/trace/setting", self.trace, ["GET", "POST"], "trace"),
+            r("/v2/repository/index", self.index, ["POST"], "model-repository"),
+            r("/v2/repository/models/{model}/load", self.load, ["POST"], "model-repository"),
+            r("/v2/repository/models/{model}/unload", self.unload, ["POST"], "model-repository"),
+            r("/v2/repository/{repo}/models/{model}/load", self.load, ["POST"], "model-repository"),
+            r("/v2/repository/{repo}/models/{model}/unload", self.unload, ["POST"], "model-repository"),
+            r("/v2/systemsharedmemory/status", self.shm_status, ["GET"], "shared-memory"),
+            r("/v2/systemsharedmemory/region/{region}/status", self.shm_status, ["GET"], "shared-memory"),
+            r("/v2/systemsharedmemory/region/{region}/register", self.shm_register, ["POST"], "shared-memory"),
+            r("/v2/systemsharedmemory/unregister", self.shm_unregister, ["POST"], "shared-memory"),
+            r("/v2/systemsharedmemory/region/{region}/unregister", self.shm_unregister, ["POST"], "shared-memory"),
+            r("/v2/cudasharedmemory/status", self.cuda_status, ["GET"], "shared-memory"),
+            r("/v2/cudasharedmemory/region/{region}/status", self.cuda_status, ["GET"], "shared-memory"),
+            r("/v2/cudasharedmemory/region/{region}/register", self.cuda_register, ["POST"], "shared-memory"),
+            r("/v2/cudasharedmemory/unregister", self.cuda_unregister, ["POST"], "shared-memory"),
+            r("/v2/cudasharedmemory/region/{region}/unregister", self.cuda_unregister, ["POST"], "shared-memory"),
+        ]
+        for base in (m, mv):
+            routes += [
+                r(base, self.model_metadata, ["GET"], "metadata"),
+                r(base + "/ready", self.model_ready, ["GET"], "health"),
+                r(base + "/config", self.model_config, ["GET"], "model-config"),
+                r(base + "/stats", self.model_stats, ["GET"], "statistics"),
+                r(base + "/infer", self.infer, ["POST"], "inference"),
+            ]
+        routes.append(r(m + "/trace/setting", self.trace, ["GET", "POST"], "trace"))
+
+        async def http_error(request: Request, exc: HTTPException) -> Response:
+            if exc.status_code == 405:
+                return json_response({"error": "Method Not Allowed"}, 405)
+            return json_response({"error": "Not Found"}, exc.status_code)
+
+        return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+def choose_encoding(accept: str) -> str:
+    """Pick identity/deflate/gzip by the client's q-weights (Triton's rule)."""
+    best, best_q = "identity", 0.0
+    for part in accept.split(","):
+        bits = part.strip().split(";")
+        name = bits[0].strip().lower()
+        if name not in ("gzip", "deflate", "identity"):
+            continue
+        q = 1.0
+        for b in bits[1:]:
+            b = b.strip()
+            if b.startswith("q="):
+                try:
+                    q = float(b[2:])
+                except ValueError:
+                    q = 0.0
+        if q > best_q:
+            best, best_q = name, q
+    return best
+
+
+def gzip_compress(data: bytes) -> bytes:
+    c = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return c.compress(data) + c.flush()

@@ -1,0 +1,42 @@
+"""Model metadata as Triton renders it, derived from the published config JSON."""
+from __future__ import annotations
+
+from typing import Any
+
+from tritond.repository.datatypes import CONFIG_TO_WIRE
+
+PLATFORMS = {
+    "onnxruntime": "onnxruntime_onnx",
+    "pytorch": "pytorch_libtorch",
+    "tensorrt": "tensorrt_plan",
+}
+
+
+def platform_of(config: dict[str, Any]) -> str:
+    if config.get("platform"):
+        return config["platform"]
+    backend = config.get("backend", "")
+    return PLATFORMS.get(backend, backend)
+
+
+def tensors(config: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    batching = int(config.get("max_batch_size", 0) or 0) > 0
+    out = []
+    for t in config.get(key, []):
+        shape = [int(d) for d in t.get("dims", [])]
+        out.append({
+            "name": t["name"],
+            "datatype": CONFIG_TO_WIRE.get(t.get("data_type", ""), "INVALID"),
+            "shape": ([-1] + shape) if batching else shape,
+        })
+    return out
+
+
+def model_metadata(config: dict[str, Any], name: str, versions: list[str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "versions": versions,
+        "platform": platform_of(config),
+        "inputs": tensors(config, "input"),
+        "outputs": tensors(config, "output"),
+    }

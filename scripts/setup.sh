@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Creates .venv with tritond installed (editable). With --test, also the test tools and
+# perf_analyzer. Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+fi
+if [ "${1:-}" = "--test" ]; then
+  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q 'torch==2.13.0' || echo "setup: torch 2.13.0 not installable here; PyTorch tests will skip"
+  if [ ! -x .venv/perf_analyzer/perf_analyzer ]; then
+    PATH="$PWD/.venv/bin:$PATH" bash scripts/install-perf-analyzer "$PWD/.venv/perf_analyzer" \
+      || echo "setup: perf_analyzer could not be installed; its tests will skip"
+  fi
+else
+  .venv/bin/python -m pip install -q -e .
+fi

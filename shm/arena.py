@@ -1,0 +1,128 @@
+"""A process-private allocator over POSIX shared-memory segments.
+
+The process that allocates a block is the only one that frees it (DESIGN §2); other
+processes map the segment by name and read the block in place. Segments are kept for
+reuse, so steady-state traffic causes no shm_open/mmap/page-fault churn.
+"""
+from __future__ import annotations
+
+import bisect
+import mmap
+from dataclasses import dataclass
+
+import posix_ipc
+
+from .naming import segment_name
+
+ALIGN = 64
+DEFAULT_SEGMENT_BYTES = 32 << 20
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+@dataclass
+class Block:
+    seg: str
+    offset: int
+    nbytes: int
+    view: memoryview
+
+
+class _Segment:
+    """One mapped segment with a first-fit free list of (offset, size) kept sorted by offset."""
+
+    def __init__(self, name: str, size: int) -> None:
+        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+        try:
+            self.map = mmap.mmap(shm.fd, size)
+        finally:
+            shm.close_fd()
+        self.name = name
+        self.size = size
+        self.view = memoryview(self.map)
+        self.free_offsets: list[int] = [0]
+        self.free_sizes: dict[int, int] = {0: size}
+        self.used: dict[int, int] = {}
+
+    def alloc(self, nbytes: int) -> int | None:
+        need = _align(max(nbytes, 1))
+        for off in self.free_offsets:
+            size = self.free_sizes[off]
+            if size >= need:
+                idx = bisect.bisect_left(self.free_offsets, off)
+                del self.free_offsets[idx]
+                del self.free_sizes[off]
+                if size > need:
+                    rest = off + need
+                    bisect.insort(self.free_offsets, rest)
+                    self.free_sizes[rest] = size - need
+                self.used[off] = need
+                return off
+        return None
+
+    def free(self, off: int) -> None:
+        size = self.used.pop(off)
+        idx = bisect.bisect_left(self.free_offsets, off)
+        # Merge with the following free range.
+        if idx < len(self.free_offsets) and self.free_offsets[idx] == off + size:
+            nxt = self.free_offsets.pop(idx)
+            size += self.free_sizes.pop(nxt)
+        # Merge with the preceding free range.
+        if idx > 0:
+            prev = self.free_offsets[idx - 1]
+            if prev + self.free_sizes[prev] == off:
+                self.free_sizes[prev] += size
+                return
+        self.free_offsets.insert(idx, off)
+        self.free_sizes[off] = size
+
+    def close(self) -> None:
+        self.view.release()
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # a live numpy view still points here; the mapping goes with the process
+        try:
+            posix_ipc.unlink_shared_memory(self.name)
+        except posix_ipc.ExistentialError:
+            pass
+
+
+class Arena:
+    """Blocks for one owner (a frontend or a worker) of one server."""
+
+    def __init__(self, server_id: str, owner: str, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        self.server_id = server_id
+        self.owner = owner
+        self.segment_bytes = segment_bytes
+        self.segments: dict[str, _Segment] = {}
+
+    def alloc(self, nbytes: int) -> Block:
+        for seg in self.segments.values():
+            off = seg.alloc(nbytes)
+            if off is not None:
+                return Block(seg.name, off, nbytes, seg.view[off:off + nbytes])
+        size = self.segment_bytes
+        while size < nbytes:
+            size *= 2
+        seg = _Segment(segment_name(self.server_id, self.owner), size)
+        self.segments[seg.name] = seg
+        off = seg.alloc(nbytes)
+        assert off is not None
+        return Block(seg.name, off, nbytes, seg.view[off:off + nbytes])
+
+    def free(self, seg: str, offset: int) -> None:
+        """Return a block; unknown blocks are ignored (a release may arrive twice)."""
+        s = self.segments.get(seg)
+        if s is not None and offset in s.used:
+            s.free(offset)
+
+    def in_use(self) -> int:
+        return sum(len(s.used) for s in self.segments.values())
+
+    def close(self) -> None:
+        for seg in self.segments.values():
+            seg.close()
+        self.segments.clear()

@@ -1,0 +1,228 @@
+"""Shared test helpers: build the example repository and run real tritond servers.
+
+Every server runs in its own session (process group leader = the supervisor), so a test
+can find every process it left behind; its shared-memory segments carry its server id.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_example_repository(dest: Path) -> Path:
+    spec = importlib.util.spec_from_file_location("build_repository", ROOT / "examples" / "build_repository.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.build(str(dest))
+    return dest
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return 0, b""
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes whose session id is `sid` (the supervisor's pid)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(entry))
+    return out
+
+
+class TritondServer:
+    """One `tritond start` on free loopback ports."""
+
+    def __init__(self, repos: list[Path] | Path, args: list[str] | None = None, grpc: bool = True,
+                 env: dict[str, str] | None = None) -> None:
+        self.repos = [repos] if isinstance(repos, (str, Path)) else list(repos)
+        self.args = list(args or [])
+        self.grpc = grpc
+        self.env = env
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self.returncode: int | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "tritond.cli", "start"]
+        for r in self.repos:
+            cmd += ["--model-repository", str(r)]
+        cmd += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+                "--metrics-port", str(self.metrics_port)]
+        if not self.grpc:
+            cmd.append("--allow-grpc=false")
+        return cmd + self.args
+
+    def start(self, wait: str = "ready", timeout: float = 120.0) -> "TritondServer":
+        """Start and wait until `wait` is 'ready', 'live', or 'exit' (a startup expected to fail)."""
+        import tempfile
+        fd, path = tempfile.mkstemp(prefix="tritond-test-", suffix=".log")
+        self.log_path = Path(path)
+        env = dict(os.environ, **(self.env or {}))
+        self.proc = subprocess.Popen(self.command(), stdout=fd, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, cwd=str(ROOT))
+        os.close(fd)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.returncode = self.proc.returncode
+                if wait == "exit":
+                    return self
+                raise RuntimeError(f"tritond exited with {self.proc.returncode} during startup:\n{self.log}")
+            if wait != "exit":
+                status, _ = http_get(f"http://{self.http_url}/v2/health/{wait}", 1.0)
+                if status == 200 and (not self.grpc or self._grpc_listening()):
+                    return self
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"tritond did not become {wait} within {timeout}s:\n{self.log}")
+
+    def _grpc_listening(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.grpc_port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    @property
+    def server_id(self) -> str:
+        m = re.search(r"server id ([0-9a-f]{32})", self.log)
+        return m.group(1) if m else ""
+
+    def segments(self) -> list[str]:
+        sid = self.server_id
+        if not sid:
+            return []
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"tritond.{sid}."))
+
+    def pids(self) -> list[int]:
+        return session_pids(self.proc.pid) if self.proc else []
+
+    def worker_pids(self, model: str | None = None) -> list[int]:
+        """Worker processes, optionally of one model (read from their argv spec)."""
+        out = []
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"tritond.workers.main" in argv:
+                spec = json.loads(argv[argv.index(b"tritond.workers.main") + 1])
+                if model is None or spec["model"] == model:
+                    out.append(pid)
+        return out
+
+    def role_pids(self, module: str) -> list[int]:
+        out = []
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if module.encode() in f.read():
+                        out.append(pid)
+            except OSError:
+                continue
+        return out
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.returncode = self.proc.returncode
+        deadline = time.monotonic() + 10
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        from tritond.shm.naming import sweep
+        if self.server_id:
+            sweep(f"tritond.{self.server_id}.")
+
+    def assert_clean(self) -> None:
+        """Nothing of this server may remain: no process, no shared-memory segment."""
+        leftover = self.pids()
+        segments = self.segments()
+        if leftover or segments:
+            self.kill()
+        assert not leftover, f"processes left behind: {leftover}"
+        assert not segments, f"shared-memory segments left behind: {segments}"
+
+
+@pytest.fixture(scope="session")
+def example_repo(tmp_path_factory) -> Path:
+    return build_example_repository(tmp_path_factory.mktemp("repo") / "models")
+
+
+@pytest.fixture(scope="module")
+def server(example_repo):
+    """The example repository served with client shared memory allowed."""
+    s = TritondServer(example_repo, ["--allow-client-shm=true"]).start()
+    yield s
+    code = s.stop()
+    s.assert_clean()
+    assert code == 0, s.log

@@ -1,0 +1,58 @@
+"""`tritond start|check`: the command line. `tritond --model-repository ...` means start,
+so a tritonserver command line works with only the program name changed."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .options import UsageError, server_options, start_parser
+
+
+def cmd_start(argv: list[str]) -> int:
+    from tritond.broker.process import setup_logging
+    from .supervisor import Supervisor
+    try:
+        args = start_parser().parse_args(argv)
+        opts = server_options(args)
+    except UsageError as e:
+        start_parser().print_usage(sys.stderr)
+        print(f"tritond start: error: {e}", file=sys.stderr)
+        return 1
+    setup_logging(opts["log_verbose"], "tritond")
+    sup = Supervisor(opts)
+    try:
+        code = sup.run()
+    except BaseException:
+        sup.stop_all()
+        sup.cleanup()
+        raise
+    logging.getLogger("tritond").info("exit %d", code)
+    return code
+
+
+def cmd_check(argv: list[str]) -> int:
+    from .check import check
+    p = argparse.ArgumentParser(prog="tritond check", description="Validate model repositories.")
+    p.add_argument("repositories", nargs="+")
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    args = p.parse_args(argv)
+    return check(args.repositories, not args.disable_auto_complete_config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "start":
+        return cmd_start(argv[1:])
+    if argv and argv[0] == "check":
+        return cmd_check(argv[1:])
+    if argv and argv[0].startswith("--") and argv[0] not in ("--help", "-h"):
+        return cmd_start(argv)
+    print("usage: tritond start --model-repository DIR [options]\n"
+          "       tritond check DIR [DIR ...]\n"
+          "Run 'tritond start --help' for the server options.", file=sys.stderr)
+    return 0 if argv and argv[0] in ("--help", "-h") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

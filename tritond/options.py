@@ -1,0 +1,122 @@
+"""Command-line options, spelled as tritonserver spells them where the meaning is the same."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_bool(value: str) -> bool:
+    v = str(value).strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean value '{value}' (use true/false/1/0)")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # exit code 1 like tritonserver, not argparse's 2
+        raise UsageError(message)
+
+
+def _flag(p: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
+    p.add_argument(name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help_text)
+
+
+def start_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="tritond start", description="Serve a Triton model repository.")
+    p.add_argument("--model-repository", "--model-store", dest="model_repositories", action="append",
+                   required=True, help="model repository directory (repeatable)")
+    p.add_argument("--id", dest="server_name", default="triton", help="server name in server metadata")
+    p.add_argument("--http-address", default="127.0.0.1")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-address", default="127.0.0.1")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-address", default="")
+    p.add_argument("--metrics-port", type=int, default=8002)
+    _flag(p, "--allow-http", True, "serve HTTP")
+    _flag(p, "--allow-grpc", True, "serve gRPC")
+    _flag(p, "--allow-metrics", True, "serve Prometheus metrics")
+    p.add_argument("--http-server", choices=["uvicorn", "hypercorn"], default="uvicorn",
+                   help="HTTP server: uvicorn+httptools (fast) or hypercorn (HTTP/2)")
+    p.add_argument("--http-workers", type=int, default=1, help="HTTP frontend processes sharing the port")
+    p.add_argument("--grpc-workers", type=int, default=1, help="gRPC frontend processes sharing the port")
+    p.add_argument("--http-max-input-size", type=int, default=1 << 26)
+    p.add_argument("--http-restricted-api", action="append", default=[])
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[])
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    _flag(p, "--exit-on-error", True, "exit when a model fails to load at startup")
+    _flag(p, "--strict-readiness", True, "ready only when every model is ready")
+    _flag(p, "--allow-client-shm", False, "allow client shared-memory registration")
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    p.add_argument("--load-model", dest="load_models", action="append", default=[])
+    p.add_argument("--repository-poll-secs", type=int, default=15)
+    p.add_argument("--model-config-name", default="")
+    _flag(p, "--disable-auto-complete-config", False, "do not auto-complete model configs")
+    p.add_argument("--strict-model-config", type=parse_bool, nargs="?", const=True, default=None,
+                   metavar="BOOL", help="deprecated: true disables auto-complete")
+    p.add_argument("--backend-config", action="append", default=[], help="<backend>,<key>=<value>")
+    return p
+
+
+def _restrictions(specs: list[str]) -> dict[str, tuple[str, str]]:
+    """'<cat,...>:<key>=<value>' -> {category: (key, value)}."""
+    out: dict[str, tuple[str, str]] = {}
+    for spec in specs:
+        cats, sep, kv = spec.partition(":")
+        key, eq, value = kv.partition("=")
+        if not sep or not eq or not key:
+            raise UsageError(f"invalid restricted API specification '{spec}', expected <categories>:<key>=<value>")
+        for cat in cats.split(","):
+            if cat.strip():
+                out[cat.strip()] = (key.lower(), value)
+    return out
+
+
+def server_options(args: argparse.Namespace) -> dict[str, Any]:
+    """A plain dict every process can read (it travels as JSON in argv)."""
+    if args.model_control_mode != "explicit" and args.load_models:
+        raise UsageError("--load-model requires --model-control-mode=explicit")
+    if "*" in args.load_models and len(args.load_models) > 1:
+        raise UsageError("--load-model=* must be the only --load-model")
+    default_mbs = 4
+    for entry in args.backend_config:
+        backend, _, kv = entry.partition(",")
+        key, _, value = kv.partition("=")
+        if backend == "onnxruntime" and key == "default-max-batch-size":
+            default_mbs = int(value)
+    disable_ac = args.disable_auto_complete_config or bool(args.strict_model_config)
+    return {
+        "model_repositories": [str(p) for p in args.model_repositories],
+        "server_name": args.server_name,
+        "http_address": args.http_address,
+        "http_port": args.http_port,
+        "grpc_address": args.grpc_address,
+        "grpc_port": args.grpc_port,
+        "metrics_address": args.metrics_address or args.http_address,
+        "metrics_port": args.metrics_port if args.allow_metrics else 0,
+        "allow_http": args.allow_http,
+        "allow_grpc": args.allow_grpc,
+        "http_server": args.http_server,
+        "http_workers": max(1, args.http_workers),
+        "grpc_workers": max(1, args.grpc_workers),
+        "http_max_input_size": args.http_max_input_size,
+        "http_restricted": _restrictions(args.http_restricted_api),
+        "grpc_restricted": _restrictions(args.grpc_restricted_protocol),
+        "log_verbose": args.log_verbose,
+        "exit_timeout_secs": args.exit_timeout_secs,
+        "exit_on_error": args.exit_on_error,
+        "strict_readiness": args.strict_readiness,
+        "allow_client_shm": args.allow_client_shm,
+        "model_control_mode": args.model_control_mode,
+        "load_models": args.load_models,
+        "repository_poll_secs": args.repository_poll_secs,
+        "model_config_name": args.model_config_name,
+        "disable_auto_complete": disable_ac,
+        "default_max_batch_size": default_mbs,
+    }

@@ -1,0 +1,283 @@
+"""The process the user started: starts the broker and the frontends, restarts them when
+they die, turns SIGTERM/SIGINT into a graceful drain, and leaves nothing behind.
+
+Exit codes: 0 clean stop; 1 startup failure (a model failed with --exit-on-error, a port
+could not be bound, the broker would not start); 2 in-flight requests had to be cancelled
+at the exit timeout; 3 the broker kept dying and the server gave up.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from tritond.broker import protocol as P
+from tritond.broker.addresses import Addresses
+from tritond.shm.naming import PREFIX, new_server_id, sweep
+
+log = logging.getLogger("tritond")
+
+RESTART_LIMIT = 5
+RESTART_WINDOW_S = 60.0
+STARTUP_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Child:
+    role: str                     # broker | http | grpc
+    module: str
+    extra: dict[str, Any] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    pidfd: int = -1
+    deaths: list[float] = field(default_factory=list)
+
+
+class StartupError(Exception):
+    pass
+
+
+class Supervisor:
+    def __init__(self, opts: dict[str, Any]) -> None:
+        self.server_id = new_server_id()
+        self.run_dir = tempfile.mkdtemp(prefix="tritond-")
+        os.chmod(self.run_dir, 0o700)
+        self.opts = dict(opts, server_id=self.server_id, run_dir=self.run_dir, supervisor_pid=os.getpid())
+        self.addr = Addresses(self.run_dir)
+        self.ctx = zmq.Context()
+        self.sock: zmq.Socket | None = None
+        self.decoder = P.decoder(P.BrokerToFrontend)
+        self.table: P.Table | None = None
+        self.broker = Child("broker", "tritond.broker.main")
+        self.frontends: list[Child] = []
+        self.sig_r, sig_w = os.pipe()
+        os.set_blocking(sig_w, False)
+        signal.set_wakeup_fd(sig_w)
+        self.signals: list[int] = []
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, lambda n, _f: self.signals.append(n))
+        self.cids = 0
+
+    # ---------------------------------------------------------------- children
+
+    def spawn(self, child: Child) -> None:
+        opts = dict(self.opts, **child.extra)
+        child.proc = subprocess.Popen([sys.executable, "-m", child.module, json.dumps(opts)],
+                                      stdin=subprocess.DEVNULL, close_fds=True)
+        child.pidfd = os.pidfd_open(child.proc.pid)
+
+    def connect(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(self.addr.frontends)
+        self.sock.send(P.encode(P.Hello("supervisor", os.getpid())))
+
+    def control(self, op: str, timeout: float) -> Any:
+        """Send a control op to the broker and wait for its answer (None on timeout/death)."""
+        self.cids += 1
+        cid = self.cids
+        self.sock.send(P.encode(P.Control(cid, op, {})))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.broker.proc.poll() is not None:
+                return None
+            if self.sock.poll(100):
+                msg = self.decoder.decode(self.sock.recv())
+                if isinstance(msg, P.ControlReply) and msg.cid == cid:
+                    return msg.result
+        return None
+
+    def start_broker(self) -> None:
+        """Start the broker and wait until it has loaded (or failed) every model."""
+        self.spawn(self.broker)
+        self.connect()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        self.table = None
+        while time.monotonic() < deadline:
+            if self.broker.proc.poll() is not None:
+                raise StartupError(f"the broker exited during startup (code {self.broker.proc.returncode})")
+            if self.signals:
+                raise StartupError("interrupted during startup")
+            if self.sock.poll(100):
+                msg = self.decoder.decode(self.sock.recv())
+                if isinstance(msg, P.Table):
+                    self.table = msg
+                    if msg.startup_done:
+                        return
+        raise StartupError("models did not finish loading in time")
+
+    def start_frontends(self) -> None:
+        o = self.opts
+        if o["allow_http"]:
+            for i in range(o["http_workers"]):
+                extra = {"metrics_port": o["metrics_port"] if i == 0 else 0}
+                self.frontends.append(Child("http", "tritond.frontend.http.server", extra))
+        if o["allow_grpc"]:
+            for _ in range(o["grpc_workers"]):
+                self.frontends.append(Child("grpc", "tritond.frontend.grpc.server"))
+        for f in self.frontends:
+            self.spawn(f)
+        waits = []
+        if o["allow_http"]:
+            waits.append(("HTTPService", o["http_address"], o["http_port"]))
+        if o["allow_grpc"]:
+            waits.append(("GRPCInferenceService", o["grpc_address"], o["grpc_port"]))
+        if o["allow_http"] and o["metrics_port"]:
+            waits.append(("Metrics Service", o["metrics_address"], o["metrics_port"]))
+        for name, host, port in waits:
+            self.wait_port(host, port)
+            log.info("Started %s at %s:%d", name, host, port)
+
+    def wait_port(self, host: str, port: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        target = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+        while time.monotonic() < deadline:
+            for f in self.frontends:
+                if f.proc.poll() is not None:
+                    raise StartupError(f"the {f.role} frontend exited during startup (code {f.proc.returncode}); "
+                                       f"is port {port} already in use?")
+            try:
+                with socket.create_connection((target, port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise StartupError(f"nothing is listening on {host}:{port}")
+
+    # ---------------------------------------------------------------- main loop
+
+    def failed_models(self) -> list[str]:
+        if self.table is None:
+            return []
+        return [f"'{e.name}' version {e.version}: {e.reason}" for e in self.table.models if e.state != "READY"]
+
+    def run(self) -> int:
+        log.info("server id %s: its shared-memory segments are /dev/shm/%s%s.*", self.server_id, PREFIX,
+                 self.server_id)
+        try:
+            self.start_broker()
+            failed = self.failed_models()
+            if failed and self.opts["exit_on_error"]:
+                for line in failed:
+                    log.error("failed to load %s", line)
+                log.error("exiting: a model failed to load at startup (--exit-on-error=true)")
+                self.stop_broker()
+                return 1
+            self.start_frontends()
+        except StartupError as e:
+            log.error("%s", e)
+            self.stop_all()
+            return 1
+        try:
+            return self.watch()
+        finally:
+            self.cleanup()
+
+    def watch(self) -> int:
+        poller = zmq.Poller()
+        poller.register(self.sig_r, zmq.POLLIN)
+        while True:
+            children = [self.broker] + self.frontends
+            for c in children:
+                poller.register(c.pidfd, zmq.POLLIN)
+            poller.register(self.sock, zmq.POLLIN)
+            events = dict(poller.poll(1000))
+            for c in children:
+                poller.unregister(c.pidfd)
+            poller.unregister(self.sock)
+            if self.sig_r in events:
+                os.read(self.sig_r, 64)
+            if self.signals:
+                return self.graceful_stop()
+            while self.sock.poll(0):
+                msg = self.decoder.decode(self.sock.recv())
+                if isinstance(msg, P.Table):
+                    self.table = msg
+            for c in children:
+                if c.pidfd in events:
+                    code = self.on_child_exit(c)
+                    if code is not None:
+                        return code
+
+    def on_child_exit(self, child: Child) -> int | None:
+        rc = child.proc.wait()
+        os.close(child.pidfd)
+        child.pidfd = -1
+        now = time.monotonic()
+        child.deaths = [t for t in child.deaths if now - t < RESTART_WINDOW_S] + [now]
+        log.error("the %s process (pid %d) died (%s); restarting it", child.role, child.proc.pid,
+                  f"signal {-rc}" if rc < 0 else f"exit code {rc}")
+        if len(child.deaths) > RESTART_LIMIT:
+            log.error("the %s process died %d times in %ds; giving up", child.role, len(child.deaths),
+                      int(RESTART_WINDOW_S))
+            self.stop_all()
+            return 3
+        if child is self.broker:
+            sweep(f"{PREFIX}{self.server_id}.w")
+            try:
+                self.start_broker()
+            except StartupError as e:
+                log.error("could not restart the broker: %s", e)
+                self.stop_all()
+                return 3
+        else:
+            self.spawn(child)
+        return None
+
+    # ---------------------------------------------------------------- stopping
+
+    def graceful_stop(self) -> int:
+        """Drain in-flight work within --exit-timeout-secs, then stop every process."""
+        log.info("stopping: draining in-flight requests (timeout %gs)", self.opts["exit_timeout_secs"])
+        result = self.control("drain", self.opts["exit_timeout_secs"] + 5)
+        drained = bool(result and result.get("drained"))
+        self.stop_all()
+        if not drained:
+            log.error("exit timeout expired with requests in flight; they were cancelled")
+            return 2
+        return 0
+
+    def stop_frontends(self) -> None:
+        for f in self.frontends:
+            if f.proc and f.proc.poll() is None:
+                f.proc.send_signal(signal.SIGTERM)
+        for f in self.frontends:
+            if f.proc:
+                try:
+                    f.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    f.proc.kill()
+                    f.proc.wait()
+
+    def stop_broker(self) -> None:
+        p = self.broker.proc
+        if p is None or p.poll() is not None:
+            return
+        self.control("stop", 2.0)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+    def stop_all(self) -> None:
+        self.stop_frontends()
+        self.stop_broker()
+
+    def cleanup(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+        self.ctx.term()
+        sweep(f"{PREFIX}{self.server_id}.")
+        shutil.rmtree(self.run_dir, ignore_errors=True)

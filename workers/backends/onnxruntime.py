@@ -1,0 +1,88 @@
+"""ONNX Runtime backend: one InferenceSession per worker; requests of a batch are
+concatenated once along the batch dimension and the outputs split back as views."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from tritond.repository.datatypes import CONFIG_TO_WIRE, WIRE_TO_NUMPY
+
+from .base import Backend, WorkerRequest, WorkerResponse
+from .batching import concat_inputs, split_outputs
+
+
+def _param(config: dict, key: str) -> str:
+    entry = (config.get("parameters") or {}).get(key) or {}
+    return str(entry.get("string_value", "")) if isinstance(entry, dict) else ""
+
+
+class OnnxBackend(Backend):
+    def load(self) -> None:
+        import onnxruntime as ort
+
+        filename = self.config.get("default_model_filename") or "model.onnx"
+        path = os.path.join(self.instance.version_dir, filename)
+        opts = ort.SessionOptions()
+        threads = _param(self.config, "intra_op_thread_count")
+        opts.intra_op_num_threads = int(threads) if threads else 1
+        inter = _param(self.config, "inter_op_thread_count")
+        if inter:
+            opts.inter_op_num_threads = int(inter)
+        opts.log_severity_level = 3
+        if self.instance.kind == "GPU":
+            available = ort.get_available_providers()
+            if "CUDAExecutionProvider" not in available:
+                raise RuntimeError("KIND_GPU instance requested but no CUDA execution provider is available "
+                                   "(no GPU on this machine or onnxruntime-gpu cannot load CUDA)")
+            providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+            accelerators = ((self.config.get("optimization") or {}).get("execution_accelerators") or {})
+            if any(a.get("name") == "tensorrt" for a in accelerators.get("gpu_execution_accelerator", [])):
+                providers.insert(0, "TensorrtExecutionProvider")
+        else:
+            providers = ["CPUExecutionProvider"]
+        self.session = ort.InferenceSession(path, sess_options=opts, providers=providers)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.batching = int(self.config.get("max_batch_size", 0) or 0) > 0
+        self.input_reshape = {
+            i["name"]: list(i["reshape"]["shape"]) for i in self.config.get("input", []) if i.get("reshape")
+        }
+        self.output_dims = {
+            o["name"]: list(o["dims"]) for o in self.config.get("output", []) if o.get("reshape")
+        }
+        self.input_types = {
+            i["name"]: WIRE_TO_NUMPY[CONFIG_TO_WIRE[i["data_type"]]] for i in self.config.get("input", [])
+            if i.get("data_type") in CONFIG_TO_WIRE and i.get("data_type") != "TYPE_STRING"
+        }
+
+    def _feed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {}
+        for name, arr in inputs.items():
+            shape = self.input_reshape.get(name)
+            if shape is not None:
+                arr = arr.reshape(([arr.shape[0]] if self.batching else []) + shape)
+            if arr.dtype == np.object_:
+                arr = np.array([x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+                                for x in arr.reshape(-1)], dtype=object).reshape(arr.shape)
+            feed[name] = arr
+        return feed
+
+    def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
+        if self.batching and len(requests) > 1:
+            inputs, sizes = concat_inputs(requests)
+        else:
+            inputs, sizes = requests[0].inputs, None
+        results = self.session.run(self.output_names, self._feed(inputs))
+        outputs = dict(zip(self.output_names, results))
+        for name, dims in self.output_dims.items():
+            if name in outputs:
+                arr = outputs[name]
+                outputs[name] = arr.reshape(([arr.shape[0]] if self.batching else []) + dims)
+        for name, arr in outputs.items():
+            if arr.dtype.kind == "U" or arr.dtype == np.object_:
+                outputs[name] = np.array([str(x).encode() for x in arr.reshape(-1)], dtype=object).reshape(arr.shape)
+        per_request = split_outputs(outputs, sizes) if sizes else [outputs]
+        return [
+            WorkerResponse({k: v for k, v in out.items() if not req.requested_outputs or k in req.requested_outputs})
+            for req, out in zip(requests, per_request)
+        ]

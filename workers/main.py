@@ -1,0 +1,174 @@
+"""A worker process: load one model instance, then execute batches until told to stop.
+
+`python -m tritond.workers.main <spec-json>`; spawned by the broker with an argv list.
+The main thread computes; a heartbeat thread keeps telling the broker it is alive (and
+exits the process if the broker is gone), so a long batch is never mistaken for a hang.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import zmq
+
+from tritond.broker import protocol as P
+from tritond.broker.process import die_with_parent, setup_logging
+from tritond.shm.arena import Arena
+from tritond.shm.mapping import SegmentMaps
+
+from .backends import create
+from .backends.base import InstanceInfo, WorkerRequest
+from .bls import BlsClient
+from .tensors import Leases, desc_to_array, write_outputs
+
+log = logging.getLogger("tritond.worker")
+
+HEARTBEAT_INTERVAL_S = 0.5
+
+
+def heartbeat(ctx: zmq.Context, spec: dict, stop: threading.Event) -> None:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, spec["identity"].encode() + b":hb")
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(spec["workers"])
+    frame = P.encode(P.Heartbeat())
+    while not stop.wait(HEARTBEAT_INTERVAL_S):
+        if os.getppid() != spec["broker_pid"]:
+            os._exit(1)
+        sock.send(frame, zmq.NOBLOCK)
+    sock.close()
+
+
+class Worker:
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, spec["identity"].encode())
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_FRAME)
+        self.sock.connect(spec["workers"])
+        self.maps = SegmentMaps()
+        self.arena = Arena(spec["server_id"], f"w{os.getpid()}")
+        self.leases = Leases(self.arena)
+        self.decoder = P.decoder(P.BrokerToWorker)
+        self.bls = BlsClient(self)
+
+    def send(self, msg) -> None:
+        self.sock.send(P.encode(msg))
+
+    def handle_side(self, msg) -> bool:
+        """Messages that may arrive at any time; True when handled."""
+        if isinstance(msg, P.Release):
+            for lease in msg.leases:
+                self.leases.release(lease)
+            return True
+        if isinstance(msg, P.Unmap):
+            for key in msg.keys:
+                self.maps.drop(key)
+            return True
+        return False
+
+    def load(self):
+        s = self.spec
+        info = InstanceInfo(
+            model_name=s["model"], model_version=s["version"], model_dir=s["model_dir"],
+            version_dir=s["version_dir"], instance_name=s["instance_name"], kind=s["kind"],
+            device_id=s["device_id"], model_repository=s["repository"],
+        )
+        backend = create(s["config"], info)
+        completed = backend.auto_complete()
+        if completed is not None:
+            backend.config = completed
+        if s["config"].get("backend") == "python":
+            from . import pb_utils
+            pb_utils.set_bls_handler(self.bls.infer)
+        backend.load()
+        return backend, completed
+
+    def execute(self, backend, msg: P.Exec) -> P.BatchDone:
+        t0 = time.monotonic_ns()
+        requests: list[WorkerRequest] = []
+        slots: list = []
+        for r in msg.requests:
+            try:
+                inputs = {d.name: desc_to_array(d, self.maps) for d in r.inputs}
+            except Exception as e:  # malformed BYTES payload, vanished region
+                slots.append((None, r.outputs, P.Err("INVALID_ARG", f"failed to read inputs: {e}")))
+                continue
+            requests.append(WorkerRequest(inputs, [o.name for o in r.outputs], r.id, r.params,
+                                          r.correlation_id, r.flags, r.timeout_us))
+            slots.append(None)
+        t1 = time.monotonic_ns()
+        try:
+            responses = backend.execute(requests) if requests else []
+            batch_error = None
+        except Exception as e:
+            responses, batch_error = [], P.Err("INTERNAL", str(e) or type(e).__name__)
+        t2 = time.monotonic_ns()
+        it = iter(responses)
+        per_request = []
+        for r, slot in zip(msg.requests, slots):
+            if slot is not None:
+                per_request.append(slot)
+            elif batch_error is not None:
+                per_request.append((None, r.outputs, batch_error))
+            else:
+                resp = next(it)
+                err = P.Err(*resp.error) if resp.error else None
+                per_request.append((resp.outputs, r.outputs, err))
+        results = write_outputs(per_request, self.maps, self.leases)
+        t3 = time.monotonic_ns()
+        return P.BatchDone(msg.bid, results, t1 - t0, t2 - t1, t3 - t2)
+
+    def run(self) -> int:
+        stop = threading.Event()
+        threading.Thread(target=heartbeat, args=(self.ctx, self.spec, stop), daemon=True).start()
+        try:
+            backend, completed = self.load()
+        except BaseException as e:
+            text = str(e) or type(e).__name__
+            log.error("failed to load model '%s': %s", self.spec["model"], text)
+            self.send(P.WorkerDown(text))
+            stop.set()
+            self.close()
+            return 1
+        self.send(P.WorkerUp(os.getpid(), completed))
+        while True:
+            msg = self.decoder.decode(self.sock.recv())
+            if isinstance(msg, P.Exec):
+                self.send(self.execute(backend, msg))
+            elif isinstance(msg, P.Stop):
+                break
+            elif not self.handle_side(msg):
+                self.bls.stray(msg)
+        stop.set()
+        try:
+            backend.close()
+        finally:
+            self.close()
+        return 0
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+        self.maps.close()
+        self.arena.close()
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[1])
+    die_with_parent(spec["broker_pid"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the broker stops workers by message
+    setup_logging(int(spec.get("log_verbose", 0)), f"worker:{spec['instance_name']}")
+    return Worker(spec).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
