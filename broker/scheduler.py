@@ -1,29 +1,45 @@
 """Request queues and batch formation, with Triton's default and dynamic-batcher semantics.
 
 Pure logic driven by the broker loop: `enqueue` admits or rejects, `next_batch` forms a batch
-when an instance is free (or says how long to wait), `expire` applies queue-policy timeouts.
-Times are integers in nanoseconds, passed in, so tests can drive a fake clock.
+when an instance is free (or says how long to wait), `expire` applies queue-policy timeouts,
+`pick_instance` chooses which free instance runs it. Times are integers in nanoseconds,
+passed in, so tests drive a fake clock.
+
+Queue layout follows Triton's PriorityQueue: one queue per priority level (level 1 first),
+each followed by its DELAY-ed requests. A batch is always a prefix of that order, so taking
+it is a run of pops from the front.
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 HARD_QUEUE_CAP = 16384  # never buffer without bound, even with max_queue_size 0
 
 
-@dataclass
+class TensorLike(Protocol):
+    name: str
+    shape: list[int]
+    data: bytes | None
+
+
+class InstanceLike(Protocol):
+    name: str
+    idle_since: float
+
+
+@dataclass(eq=False, slots=True)
 class Pending:
-    """One admitted request waiting in a queue."""
+    """One admitted request waiting in a queue (compared by identity)."""
     key: Any                     # opaque handle the broker uses to answer
     arrival_ns: int
     batch_size: int
-    shape_key: tuple             # shapes of variable dims that must match to batch together
+    shape_key: tuple             # what must be equal for two requests to share a batch
     level: int = 0
-    deadline_ns: int = 0         # 0: no queue timeout
-    delayed: bool = False        # DELAY policy: timed out, kept behind the rest
-    seq: int = 0
+    deadline_ns: int = 0         # queue-policy timeout (0: none, or no longer queued)
 
 
 @dataclass
@@ -32,6 +48,22 @@ class QueuePolicy:
     default_timeout_us: int = 0
     allow_timeout_override: bool = False
     max_queue_size: int = 0
+
+    @classmethod
+    def from_config(cls, d: dict | None) -> "QueuePolicy":
+        d = d or {}
+        return cls(
+            timeout_action=str(d.get("timeout_action", "REJECT")),
+            default_timeout_us=int(d.get("default_timeout_microseconds", 0) or 0),
+            allow_timeout_override=bool(d.get("allow_timeout_override", False)),
+            max_queue_size=int(d.get("max_queue_size", 0) or 0),
+        )
+
+    def timeout_us(self, requested_us: int) -> int:
+        """Triton's rule: a request's own timeout may only shorten the default, never add one."""
+        if self.allow_timeout_override and 0 < requested_us < self.default_timeout_us:
+            return requested_us
+        return self.default_timeout_us
 
 
 @dataclass
@@ -45,41 +77,61 @@ class BatchPolicy:
     default_level: int = 0
     default_policy: QueuePolicy = field(default_factory=QueuePolicy)
     level_policies: dict[int, QueuePolicy] = field(default_factory=dict)
+    equal_shape: frozenset[str] = frozenset()    # inputs whose shapes must match within a batch
+    shape_tensors: frozenset[str] = frozenset()  # inputs whose contents must match too
+    optional_inputs: bool = False                # batched requests must carry the same inputs
 
     @classmethod
     def from_config(cls, cfg: dict) -> "BatchPolicy":
         """Build from a Triton config JSON dict (as rendered by GET /config)."""
         mbs = int(cfg.get("max_batch_size", 0) or 0)
         db = cfg.get("dynamic_batching")
-        if not db:
+        if db is None:
             return cls(max_batch_size=mbs)
-
-        def qp(d: dict | None) -> QueuePolicy:
-            d = d or {}
-            return QueuePolicy(
-                timeout_action=str(d.get("timeout_action", "REJECT")),
-                default_timeout_us=int(d.get("default_timeout_microseconds", 0) or 0),
-                allow_timeout_override=bool(d.get("allow_timeout_override", False)),
-                max_queue_size=int(d.get("max_queue_size", 0) or 0),
-            )
-
-        preferred = sorted(int(x) for x in db.get("preferred_batch_size", []) or [])
+        inputs = cfg.get("input") or []
+        shape_tensors = frozenset(i["name"] for i in inputs if i.get("is_shape_tensor"))
+        variable = frozenset(
+            i["name"] for i in inputs
+            if -1 in [int(d) for d in i.get("dims") or []] and not i.get("allow_ragged_batch")
+        )
+        preferred = sorted({int(x) for x in db.get("preferred_batch_size") or []})
         if not preferred and mbs > 0:
             preferred = [mbs]
-        levels = int(db.get("priority_levels", 0) or 0)
-        default_policy = qp(db.get("default_queue_policy"))
-        per_level = {int(k): qp(v) for k, v in (db.get("priority_queue_policy") or {}).items()}
         return cls(
             max_batch_size=mbs,
             dynamic=True,
             preferred=preferred,
             max_delay_ns=int(db.get("max_queue_delay_microseconds", 0) or 0) * 1000,
             preserve_ordering=bool(db.get("preserve_ordering", False)),
-            priority_levels=levels,
+            priority_levels=int(db.get("priority_levels", 0) or 0),
             default_level=int(db.get("default_priority_level", 0) or 0),
-            default_policy=default_policy,
-            level_policies=per_level,
+            default_policy=QueuePolicy.from_config(db.get("default_queue_policy")),
+            level_policies={int(k): QueuePolicy.from_config(v)
+                            for k, v in (db.get("priority_queue_policy") or {}).items()},
+            equal_shape=variable | shape_tensors,
+            shape_tensors=shape_tensors,
+            optional_inputs=any(i.get("optional") for i in inputs),
         )
+
+    def shape_key(self, inputs: Sequence[TensorLike]) -> tuple:
+        """What two requests must share to be batched: the shapes of variable-size inputs
+        (without the batch dimension), shape tensors' contents, and with optional inputs the
+        set of inputs given. Fixed-shape inputs batch freely."""
+        if not self.dynamic:
+            return ()
+        skip = 1 if self.max_batch_size > 0 else 0
+        key = []
+        for d in inputs:
+            if d.name in self.equal_shape:
+                entry: tuple = (d.name, tuple(d.shape[skip:]))
+                if d.name in self.shape_tensors:
+                    # Contents are compared only when they travel inline; otherwise never equal.
+                    entry += (d.data if d.data is not None else object(),)
+                key.append(entry)
+            elif self.optional_inputs:
+                key.append((d.name,))
+        key.sort(key=lambda e: e[0])
+        return tuple(key)
 
 
 class Rejected(Exception):
@@ -93,141 +145,172 @@ class Scheduler:
         self.policy = policy
         n = max(policy.priority_levels, 1)
         self.queues: list[deque[Pending]] = [deque() for _ in range(n)]
+        self.delayed: list[deque[Pending]] = [deque() for _ in range(n)]
         self.count = 0
+        self.busy_ns: dict[str, int] = {}          # instance name -> time spent executing
+        self._deadlines: list[tuple[int, int, Pending]] = []
         self._seq = 0
+        self._max_preferred = policy.preferred[-1] if policy.preferred else 0
+        self._preferred = frozenset(policy.preferred)
+        self._max_batch = max(policy.max_batch_size, 1)
 
     def __len__(self) -> int:
         return self.count
 
-    def _level(self, priority: int) -> int:
+    # ---------------------------------------------------------------- admission
+
+    def level_of(self, priority: int) -> int:
+        """Queue index for a request's `priority` (0 or out of range: the default level)."""
         p = self.policy
         if p.priority_levels <= 0:
             return 0
         if priority <= 0 or priority > p.priority_levels:
             priority = p.default_level or p.priority_levels
-        return min(max(priority, 1), p.priority_levels) - 1
+        return priority - 1
 
-    def _queue_policy(self, level: int) -> QueuePolicy:
+    def queue_policy(self, level: int) -> QueuePolicy:
         return self.policy.level_policies.get(level + 1, self.policy.default_policy)
 
     def enqueue(self, item: Pending, priority: int, timeout_us: int, now_ns: int) -> None:
         """Admit a request or raise Rejected('Exceeds maximum queue size')."""
-        level = self._level(priority)
-        qp = self._queue_policy(level)
-        q = self.queues[level]
-        limit = qp.max_queue_size if qp.max_queue_size > 0 else HARD_QUEUE_CAP
-        if len(q) >= limit:
+        level = self.level_of(priority)
+        qp = self.queue_policy(level)
+        size = len(self.queues[level]) + len(self.delayed[level])
+        if (qp.max_queue_size and size >= qp.max_queue_size) or self.count >= HARD_QUEUE_CAP:
             raise Rejected("Exceeds maximum queue size")
-        timeout = qp.default_timeout_us
-        if timeout_us and qp.allow_timeout_override:
-            timeout = timeout_us
         item.level = level
-        item.deadline_ns = now_ns + timeout * 1000 if (timeout and self.policy.dynamic) else 0
-        self._seq += 1
-        item.seq = self._seq
-        q.append(item)
+        item.deadline_ns = 0
+        if self.policy.dynamic:
+            timeout = qp.timeout_us(timeout_us)
+            if timeout:
+                item.deadline_ns = now_ns + timeout * 1000
+                self._seq += 1
+                heapq.heappush(self._deadlines, (item.deadline_ns, self._seq, item))
+        self.queues[level].append(item)
         self.count += 1
 
+    def requeue_front(self, item: Pending) -> None:
+        """Put a dispatched request back at the head of its level (retry after a worker died)."""
+        item.deadline_ns = 0
+        self.queues[item.level].appendleft(item)
+        self.count += 1
+
+    # ---------------------------------------------------------------- timeouts
+
+    def next_deadline(self) -> int:
+        """Earliest queue-timeout deadline of a queued request (0: none)."""
+        heap = self._deadlines
+        while heap and heap[0][2].deadline_ns != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else 0
+
     def expire(self, now_ns: int) -> list[Pending]:
-        """Apply queue timeouts: REJECT removes and returns them, DELAY moves them to the back."""
+        """Apply queue timeouts (deadline passed): REJECT removes and returns the requests,
+        DELAY moves them behind the level's unexpired requests without a deadline."""
+        due: dict[int, set[int]] = {}
+        while (deadline := self.next_deadline()) and deadline < now_ns:
+            _, _, item = heapq.heappop(self._deadlines)
+            item.deadline_ns = 0
+            due.setdefault(item.level, set()).add(id(item))
         rejected: list[Pending] = []
-        for level, q in enumerate(self.queues):
-            if not q or not any(p.deadline_ns and p.deadline_ns <= now_ns for p in q):
-                continue
-            action = self._queue_policy(level).timeout_action
-            keep: list[Pending] = []
-            late: list[Pending] = []
-            for p in q:
-                if p.deadline_ns and p.deadline_ns <= now_ns:
-                    if action == "DELAY":
-                        p.deadline_ns = 0
-                        p.delayed = True
-                        late.append(p)
-                    else:
-                        rejected.append(p)
-                else:
-                    keep.append(p)
+        for level, ids in due.items():
+            q = self.queues[level]
+            keep = [p for p in q if id(p) not in ids]
+            late = [p for p in q if id(p) in ids]
             q.clear()
             q.extend(keep)
-            q.extend(late)
+            if self.queue_policy(level).timeout_action == "DELAY":
+                self.delayed[level].extend(late)
+            else:
+                rejected.extend(late)
         self.count -= len(rejected)
         return rejected
 
-    def remove(self, pred) -> list[Pending]:
-        """Take out every queued request matching pred (cancellation, shutdown)."""
+    def remove(self, pred: Callable[[Pending], bool]) -> list[Pending]:
+        """Take out every queued request matching pred (unload, cancellation)."""
         out: list[Pending] = []
-        for q in self.queues:
-            keep = [p for p in q if not pred(p)]
-            if len(keep) != len(q):
+        for q in (*self.queues, *self.delayed):
+            if any(pred(p) for p in q):
+                keep = [p for p in q if not pred(p)]
                 out.extend(p for p in q if pred(p))
                 q.clear()
                 q.extend(keep)
+        for p in out:
+            p.deadline_ns = 0
         self.count -= len(out)
         return out
 
-    def _ordered(self):
-        for q in self.queues:
+    # ---------------------------------------------------------------- batching
+
+    def _ordered(self) -> Iterator[Pending]:
+        for q, late in zip(self.queues, self.delayed):
             yield from q
+            yield from late
+
+    def _take(self, n: int) -> list[Pending]:
+        out: list[Pending] = []
+        for q in (x for pair in zip(self.queues, self.delayed) for x in pair):
+            while q and len(out) < n:
+                item = q.popleft()
+                item.deadline_ns = 0
+                out.append(item)
+            if len(out) == n:
+                break
+        self.count -= n
+        return out
 
     def next_batch(self, now_ns: int) -> tuple[list[Pending], int]:
-        """(batch, 0) to dispatch now, or ([], wake_ns) to wait until wake_ns (0: nothing queued)."""
+        """Called when an instance is free: (batch, 0) to dispatch now, or ([], wake_ns) to look
+        again at wake_ns (0: nothing queued).
+
+        Triton's examination: walk the queue from the front while the batch stays within
+        max_batch_size and shapes match, remembering the last prefix that hit a preferred
+        size (or that would be overrun past the largest one). Send that prefix while the
+        oldest request is within max_queue_delay; send everything walked when the next
+        request cannot join, the largest preferred size is reached, or the delay is 0 or
+        has passed; otherwise wait for the delay or the nearest timeout."""
         if self.count == 0:
             return [], 0
         p = self.policy
         if not p.dynamic:
-            for q in self.queues:
-                if q:
-                    self.count -= 1
-                    return [q.popleft()], 0
-        first: Pending | None = None
-        chosen: list[Pending] = []
+            return self._take(1), 0
+        walked = 0
         total = 0
-        best_preferred = 0      # number of requests when a preferred size was last hit
-        blocked = False          # next request does not fit or does not match
+        best = 0
+        send_now = False
+        oldest = now_ns
+        first_key: tuple = ()
         for item in self._ordered():
-            if first is None:
-                first = item
-            elif item.shape_key != first.shape_key or total + item.batch_size > p.max_batch_size:
-                blocked = True
-                break
-            if total + item.batch_size > max(p.max_batch_size, 1) and chosen:
-                blocked = True
-                break
-            chosen.append(item)
-            total += item.batch_size
-            if total in p.preferred:
-                best_preferred = len(chosen)
-            if p.preferred and total >= p.preferred[-1]:
-                break
-        assert first is not None
-        oldest = min(c.arrival_ns for c in chosen)
-        waited = now_ns - oldest
-        max_pref = p.preferred[-1] if p.preferred else p.max_batch_size
-        dispatch = (
-            p.max_delay_ns == 0
-            or total >= max_pref
-            or blocked
-            or waited >= p.max_delay_ns
-        )
-        if not dispatch and best_preferred:
-            chosen = chosen[:best_preferred]
-            dispatch = True
-        if not dispatch:
-            wake = oldest + p.max_delay_ns
-            for item in self._ordered():
-                if item.deadline_ns:
-                    wake = min(wake, item.deadline_ns)
-            return [], wake
-        taken = {id(c) for c in chosen}
-        for q in self.queues:
-            if q and any(id(x) in taken for x in q):
-                remaining = [x for x in q if id(x) not in taken]
-                q.clear()
-                q.extend(remaining)
-        self.count -= len(chosen)
-        return chosen, 0
+            size = item.batch_size
+            if walked == 0:
+                first_key = item.shape_key
+            else:
+                if total + size > self._max_preferred and best == 0:
+                    best = walked
+                if total + size > self._max_batch or item.shape_key != first_key:
+                    send_now = True
+                    break
+            walked += 1
+            total += size
+            oldest = min(oldest, item.arrival_ns)
+            if total in self._preferred:
+                best = walked
+        delay_exceeded = p.max_delay_ns > 0 and now_ns - oldest >= p.max_delay_ns
+        if best and not delay_exceeded:
+            return self._take(best), 0
+        if send_now or total >= self._max_preferred or delay_exceeded or p.max_delay_ns == 0:
+            return self._take(walked), 0
+        wake = oldest + p.max_delay_ns
+        deadline = self.next_deadline()
+        if deadline:
+            wake = min(wake, deadline + 1)
+        return [], wake
 
-    def next_deadline(self) -> int:
-        """Earliest queue-timeout deadline (0: none)."""
-        d = [x.deadline_ns for x in self._ordered() if x.deadline_ns]
-        return min(d) if d else 0
+    # ---------------------------------------------------------------- instances
+
+    def pick_instance(self, free: Sequence[InstanceLike]) -> InstanceLike:
+        """The least busy free instance: least time spent executing, then idle the longest."""
+        return min(free, key=lambda i: (self.busy_ns.get(i.name, 0), i.idle_since))
+
+    def note_busy(self, instance: str, ns: int) -> None:
+        self.busy_ns[instance] = self.busy_ns.get(instance, 0) + ns

@@ -1,4 +1,13 @@
-"""Per-model-version statistics in Triton's shape (GET /v2/models/{m}/stats, ModelStatistics)."""
+"""Per-model-version statistics in Triton's shape (GET /v2/models/{m}/stats, ModelStatistics).
+
+What counts where, as Triton's core and backends count it:
+- a request that succeeds: `success` (count, arrival to answer), `queue` (arrival to
+  dispatch), `compute_input/infer/output` (its batch's durations, once per request) and
+  `inference_count` += its own batch size;
+- a request that fails after admission (backend error, worker death, queue timeout):
+  `fail` only; a request refused at admission ("Exceeds maximum queue size") counts nowhere;
+- an execution: `execution_count` += 1, `batch_stats[total batch size]`, `last_inference`.
+"""
 from __future__ import annotations
 
 import time
@@ -10,8 +19,8 @@ class Duration:
     count: int = 0
     ns: int = 0
 
-    def add(self, ns: int, count: int = 1) -> None:
-        self.count += count
+    def add(self, ns: int) -> None:
+        self.count += 1
         self.ns += ns
 
     def as_dict(self) -> dict:
@@ -42,27 +51,29 @@ class ModelStats:
     restarts: int = 0
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        """One model execution of `batch_size` elements (Triton counts elements, not requests)."""
+        """One model execution of `batch_size` elements (the sum over its requests)."""
         self.execution_count += 1
-        self.inference_count += batch_size
-        b = self.batches.setdefault(batch_size, BatchStat())
+        b = self.batches.get(batch_size)
+        if b is None:
+            b = self.batches[batch_size] = BatchStat()
         b.compute_input.add(input_ns)
         b.compute_infer.add(infer_ns)
         b.compute_output.add(output_ns)
-        self.last_inference_ms = int(time.time() * 1000)
+        self.last_inference_ms = max(self.last_inference_ms, int(time.time() * 1000))
 
-    def record_request(self, ok: bool, total_ns: int, queue_ns: int | None,
-                       input_ns: int = 0, infer_ns: int = 0, output_ns: int = 0) -> None:
-        """One request finished; compute times are the batch's, attributed to each request."""
-        if not ok:
-            self.fail.add(total_ns)
-            return
+    def record_success(self, batch_size: int, total_ns: int, queue_ns: int,
+                       input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One request answered with outputs; compute times are its batch's."""
+        self.inference_count += batch_size
         self.success.add(total_ns)
-        if queue_ns is not None:
-            self.queue.add(queue_ns)
+        self.queue.add(queue_ns)
         self.compute_input.add(input_ns)
         self.compute_infer.add(infer_ns)
         self.compute_output.add(output_ns)
+
+    def record_failure(self, total_ns: int) -> None:
+        """One admitted request answered with an error."""
+        self.fail.add(total_ns)
 
     def as_dict(self) -> dict:
         return {
