@@ -291,20 +291,14 @@ class Broker:
         if err is not None:
             self.reject(src, msg, err)
             return None
-        mbs = mv.max_batch_size
-        if mbs > 0 and msg.inputs and msg.inputs[0].shape:
-            bs = msg.inputs[0].shape[0]
-            shape_key = tuple((d.name, tuple(d.shape[1:])) for d in msg.inputs)
-        else:
-            bs = 1
-            shape_key = tuple((d.name, tuple(d.shape)) for d in msg.inputs)
+        sched = mv.scheduler
+        bs = msg.inputs[0].shape[0] if mv.max_batch_size > 0 and msg.inputs and msg.inputs[0].shape else 1
         now = time.monotonic_ns()
-        req = Req(src, msg, mv, now, Pending(None, now, bs, shape_key), regions=regions)
+        req = Req(src, msg, mv, now, Pending(None, now, bs, sched.policy.shape_key(msg.inputs)), regions=regions)
         req.pending.key = req
         try:
-            mv.scheduler.enqueue(req.pending, msg.priority, msg.timeout_us, now)
+            sched.enqueue(req.pending, msg.priority, msg.timeout_us, now)
         except Rejected as e:
-            mv.stats.record_request(False, 0, None)
             self.control.release_regions(regions)
             self.reject(src, msg, P.Err("UNAVAILABLE", request_prefix(msg.id) + str(e)))
             return None
@@ -312,6 +306,7 @@ class Broker:
         return req
 
     def dispatch(self, mv: ModelVersion) -> None:
+        """Form batches while an instance is free; each goes to the least busy free instance."""
         sched = mv.scheduler
         if sched is None:
             return
@@ -320,13 +315,20 @@ class Broker:
             if not free:
                 return
             now = time.monotonic_ns()
+            self.expire_queued(mv, now)
             batch, wake = sched.next_batch(now)
             if not batch:
                 mv.wake_ns = wake
                 return
             mv.wake_ns = 0
-            inst = min(free, key=lambda i: i.idle_since)
-            self.send_batch(mv, inst, [p.key for p in batch], now)
+            self.send_batch(mv, sched.pick_instance(free), [p.key for p in batch], now)
+
+    def expire_queued(self, mv: ModelVersion, now_ns: int) -> None:
+        """Answer requests whose queue timeout passed under a REJECT policy."""
+        deadline = mv.scheduler.next_deadline()
+        if deadline and deadline < now_ns:
+            for p in mv.scheduler.expire(now_ns):
+                self.finish(p.key, P.InferReply(p.key.msg.rid, error=P.Err("UNAVAILABLE", "Request timeout expired")), False)
 
     def send_batch(self, mv: ModelVersion, inst: Instance, reqs: list[Req], now_ns: int) -> None:
         self.bid += 1
@@ -348,8 +350,11 @@ class Broker:
 
     def finish(self, req: Req, reply: P.InferReply, ok: bool, times: tuple[int, int, int] = (0, 0, 0)) -> None:
         now = time.monotonic_ns()
-        queue_ns = (req.dispatch_ns - req.arrival_ns) if req.dispatch_ns else None
-        req.mv.stats.record_request(ok, now - req.arrival_ns, queue_ns, *times)
+        if ok:
+            req.mv.stats.record_success(req.pending.batch_size, now - req.arrival_ns,
+                                        req.dispatch_ns - req.arrival_ns, *times)
+        else:
+            req.mv.stats.record_failure(now - req.arrival_ns)
         self.control.release_regions(req.regions)
         mv = req.mv
         if req.order < 0:
@@ -370,8 +375,12 @@ class Broker:
         inst.batch = None
         inst.state = "READY"
         inst.idle_since = time.monotonic()
+        mv.scheduler.note_busy(inst.name, int((inst.idle_since - inst.batch_started) * 1e9))
         times = (msg.input_ns, msg.infer_ns, msg.output_ns)
-        mv.stats.record_execution(sum(r.pending.batch_size for r in reqs), *times)
+        # Triton's onnxruntime backend reports no execution when every request of it failed;
+        # its Python backend reports every execution.
+        if mv.config.get("backend") == "python" or any(res.error is None for res in msg.results):
+            mv.stats.record_execution(sum(r.pending.batch_size for r in reqs), *times)
         for req, res in zip(reqs, msg.results):
             reply = P.InferReply(req.msg.rid, mv.version, res.outputs, res.error, inst.identity)
             self.finish(req, reply, res.error is None, times)
@@ -504,11 +513,8 @@ class Broker:
                 sched = mv.scheduler
                 if sched is None or not len(sched):
                     continue
+                self.expire_queued(mv, now_ns)
                 deadline = sched.next_deadline()
-                if deadline and deadline <= now_ns:
-                    for p in sched.expire(now_ns):
-                        self.finish(p.key, P.InferReply(p.key.msg.rid, error=P.Err("UNAVAILABLE", "Request timeout expired")), False)
-                    deadline = sched.next_deadline()
                 if mv.wake_ns and mv.wake_ns <= now_ns:
                     mv.wake_ns = 0
                     self.dispatch(mv)
