@@ -121,21 +121,30 @@ def split_parameters(params: dict[str, Any]) -> RequestOptions:
     return opts
 
 
-def count_bytes_elements(buf: bytes | memoryview, name: str, model: str, request_id: str) -> int:
-    """Walk a BYTES payload's length prefixes; raises Triton's errors on truncation."""
+def count_bytes_elements(buf: bytes | memoryview, name: str, model: str, request_id: str,
+                         expected: int | None = None) -> int:
+    """Walk a BYTES payload's length prefixes; raises Triton's errors on truncation or a wrong count."""
+    pre = prefix(request_id)
     mv = memoryview(buf)
     pos, n, end = 0, 0, len(mv)
     while pos < end:
         if pos + 4 > end:
-            raise invalid(f"{prefix(request_id)}incomplete string length indicator for inference input "
-                          f"'{name}' for model '{model}', expecting 4 bytes but only {end - pos} bytes available.")
+            raise invalid(f"{pre}incomplete string length indicator for inference input '{name}' for model "
+                          f"'{model}', expecting 4 bytes but only {end - pos} bytes available. Please make sure "
+                          f"the string length indicator is in one buffer.")
         length = int.from_bytes(mv[pos:pos + 4], "little")
         pos += 4
-        if pos + length > end:
-            raise invalid(f"{prefix(request_id)}incomplete string for inference input '{name}' for model "
-                          f"'{model}', expecting string of length {length} but only {end - pos} bytes available.")
-        pos += length
         n += 1
+        if expected is not None and n > expected:
+            raise invalid(f"{pre}unexpected number of string elements {n} for inference input '{name}' for "
+                          f"model '{model}', expecting {expected}")
+        if pos + length > end:
+            raise invalid(f"{pre}incomplete string for inference input '{name}' for model '{model}', expecting "
+                          f"string of length {length} but only {end - pos} bytes available.")
+        pos += length
+    if expected is not None and n != expected:
+        raise invalid(f"{pre}expected {expected} string elements for inference input '{name}' for model "
+                      f"'{model}', got {n}")
     return n
 
 
@@ -152,94 +161,100 @@ class Dataplane:
 
     def validate(self, entry: P.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
                  request_id: str) -> None:
+        """Triton's request normalization checks, in Triton's order, with its messages."""
         cfg = entry.config or {}
         model = entry.name
         pre = prefix(request_id)
-        if cfg.get("model_transaction_policy", {}).get("decoupled"):
-            raise TritonError("UNSUPPORTED", "HTTP end point doesn't support models with decoupled transaction policy")
         config_inputs = {i["name"]: i for i in cfg.get("input", [])}
+        config_outputs = {o["name"] for o in cfg.get("output", [])}
         seen: set[str] = set()
         for t in inputs:
-            if t.name not in config_inputs:
-                raise invalid(f"{pre}unexpected inference input '{t.name}' for model '{model}'")
             if t.name in seen:
-                raise invalid(f"{pre}input '{t.name}' was specified more than once for model '{model}'")
+                raise invalid(f"{pre}input '{t.name}' already exists in request")
             seen.add(t.name)
+        requested: set[str] = set()
+        for o in outputs:
+            if o.name in requested:
+                raise invalid(f"{pre}output '{o.name}' already exists in request")
+            requested.add(o.name)
+        for o in outputs:
+            if o.name not in config_outputs:
+                raise invalid(f"unexpected inference output '{o.name}' for model '{model}'")
         required = [n for n, i in config_inputs.items() if not i.get("optional")]
-        missing = [n for n in required if n not in seen]
-        if missing:
-            total = len(config_inputs)
+        total = len(config_inputs)
+        if len(inputs) > total or len(inputs) < len(required):
             if len(required) == total:
                 head = f"expected {total} inputs"
             else:
                 head = f"expected number of inputs between {len(required)} and {total}"
             got = ",".join(f"'{t.name}'" for t in inputs)
-            miss = ",".join(f"'{n}'" for n in missing)
+            miss = ",".join(f"'{n}'" for n in required if n not in seen)
             raise invalid(f"{pre}{head} but got {len(inputs)} inputs for model '{model}'. Got input(s) [{got}], "
                           f"but missing required input(s) [{miss}]. Please provide all required input(s).")
+        for t in inputs:
+            if t.name not in config_inputs:
+                raise invalid(f"unexpected inference input '{t.name}' for model '{model}'")
         mbs = int(cfg.get("max_batch_size", 0) or 0)
         batch = None
-        for t in inputs:
-            ci = config_inputs[t.name]
-            expected_type = CONFIG_TO_WIRE.get(ci.get("data_type", ""), "")
-            if t.datatype not in WIRE_TYPES:
-                raise invalid(f"{pre}invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'")
-            if t.datatype != expected_type:
-                raise invalid(f"{pre}inference input '{t.name}' data-type is '{t.datatype}', but model "
-                              f"'{model}' expects '{expected_type}'")
-            dims = [int(d) for d in ci.get("dims", [])]
-            shape = list(t.shape)
-            if mbs > 0 and not ci.get("is_shape_tensor"):
-                if not shape:
-                    raise invalid(f"{pre}input '{t.name}' has no shape but model requires batch dimension")
+        if mbs > 0:
+            for t in inputs:
+                if config_inputs[t.name].get("is_shape_tensor"):
+                    continue
+                if not t.shape:
+                    raise invalid(f"{pre}input '{t.name}' has no shape but model requires batch dimension "
+                                  f"for '{model}'")
                 if batch is None:
-                    batch = shape[0]
-                elif shape[0] != batch:
+                    batch = t.shape[0]
+                elif t.shape[0] != batch:
                     raise invalid(f"{pre}input '{t.name}' batch size does not match other inputs for '{model}'")
-                expected_full = [-1] + dims
-                body = shape[1:]
-            else:
-                expected_full = dims
-                body = shape
-            if len(body) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, body)):
-                note = ""
-                if mbs > 0:
-                    note = (" NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
-                            "dimension to be prepended to each input shape. If you want to specify the full "
-                            "shape including the batch dim in your input dims config, try setting "
-                            "max_batch_size to zero. See the model configuration docs for more info on "
-                            "max_batch_size.")
-                raise invalid(f"{pre}unexpected shape for input '{t.name}' for model '{model}'. Expected "
-                              f"{dims_str(expected_full)}, got {dims_str(shape)}.{note}")
-            try:
-                count = element_count(shape)
-            except ValueError:
-                raise invalid(f"{pre}invalid shape for input '{t.name}' for model '{model}': "
-                              f"element count overflows") from None
-            size = t.nbytes if t.region else (len(t.data) if t.data is not None else 0)
-            if t.datatype == "BYTES":
-                if not t.region:
-                    n = count_bytes_elements(t.data, t.name, model, request_id)
-                    if n != count:
-                        raise invalid(f"{pre}unexpected number of string elements {n} for inference input "
-                                      f"'{t.name}' for model '{model}', expecting {count}")
-            else:
-                expected_size = count * ELEMENT_SIZE[t.datatype]
-                if size != expected_size:
-                    raise invalid(f"{pre}input byte size mismatch for input '{t.name}' for model '{model}'. "
-                                  f"Expected {expected_size}, got {size}")
-        if mbs > 0 and batch is not None and batch > mbs:
-            raise invalid(f"{pre}inference request batch-size must be <= {mbs} for '{model}'")
-        if mbs > 0 and batch == 0:
-            raise invalid(f"{pre}inference request batch-size must be > 0 for '{model}'")
-        config_outputs = {o["name"] for o in cfg.get("output", [])}
-        names = set()
-        for o in outputs:
-            if o.name not in config_outputs:
-                raise invalid(f"{pre}unexpected inference output '{o.name}' for model '{model}'")
-            if o.name in names:
-                raise invalid(f"{pre}output '{o.name}' was requested more than once for model '{model}'")
-            names.add(o.name)
+            if batch is not None and batch > mbs:
+                raise invalid(f"{pre}inference request batch-size must be <= {mbs} for '{model}'")
+            if batch == 0:
+                raise invalid(f"{pre}inference request batch-size must be > 0 for '{model}'")
+        for t in inputs:
+            self._validate_input(t, config_inputs[t.name], model, mbs, request_id)
+
+    @staticmethod
+    def _validate_input(t: InputTensor, ci: dict[str, Any], model: str, mbs: int, request_id: str) -> None:
+        pre = prefix(request_id)
+        expected_type = CONFIG_TO_WIRE.get(ci.get("data_type", ""), "")
+        if t.datatype not in WIRE_TYPES:
+            raise invalid(f"{pre}invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'")
+        if t.datatype != expected_type:
+            raise invalid(f"{pre}inference input '{t.name}' data-type is '{t.datatype}', but model "
+                          f"'{model}' expects '{expected_type}'")
+        dims = [int(d) for d in ci.get("dims", [])]
+        shape = list(t.shape)
+        batched = mbs > 0 and not ci.get("is_shape_tensor")
+        body = shape[1:] if batched else shape
+        if any(d < 0 for d in shape):
+            raise invalid(f"{pre}All input dimensions should be specified for input '{t.name}' for model "
+                          f"'{model}', got {dims_str(shape)}")
+        if len(body) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, body)):
+            note = ""
+            if mbs > 0:
+                note = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
+                        "dimension to be prepended to each input shape. If you want to specify the full "
+                        "shape including the batch dim in your input dims config, try setting "
+                        "max_batch_size to zero. See the model configuration docs for more info on "
+                        "max_batch_size.")
+            expected_full = ([-1] + dims) if mbs > 0 else dims
+            raise invalid(f"{pre}unexpected shape for input '{t.name}' for model '{model}'. Expected "
+                          f"{dims_str(expected_full)}, got {dims_str(shape)}. {note}")
+        try:
+            count = element_count(shape)
+        except ValueError:
+            raise invalid(f"{pre}invalid shape for input '{t.name}' for model '{model}': shape "
+                          f"{dims_str(shape)} causes total element count to exceed maximum size") from None
+        if t.datatype == "BYTES":
+            if not t.region:
+                count_bytes_elements(t.data, t.name, model, request_id, count)
+            return
+        size = t.nbytes if t.region else (len(t.data) if t.data is not None else 0)
+        expected_size = count * ELEMENT_SIZE[t.datatype]
+        if size != expected_size:
+            raise invalid(f"{pre}input byte size mismatch for input '{t.name}' for model '{model}'. "
+                          f"Expected {expected_size}, got {size}")
 
     # ---------------------------------------------------------------- execution
 

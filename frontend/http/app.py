@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -9,7 +10,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -25,6 +26,8 @@ EXTENSIONS = [
 ]
 SERVER_VERSION = "2.73.0"
 
+log = logging.getLogger("tritond.http")
+
 
 @dataclass
 class HttpOptions:
@@ -38,8 +41,34 @@ def json_response(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
+class UnsupportedEncoding(TritonError):
+    """A Content-Encoding other than gzip/deflate/identity; the reply names the ones accepted."""
+
+    def __init__(self) -> None:
+        super().__init__("UNSUPPORTED", "Unsupported compression type")
+
+
 def error_response(e: TritonError) -> Response:
-    return json_response({"error": e.message}, e.http_status)
+    response = json_response({"error": e.message}, e.http_status)
+    if isinstance(e, UnsupportedEncoding):
+        response.headers["Accept-Encoding"] = "gzip, deflate"
+    return response
+
+
+def parse_header_length(value: str) -> int:
+    """Inference-Header-Content-Length as C++ std::stoi reads it (leading digits, int32 range)."""
+    text = value.lstrip()
+    sign_len = 1 if text[:1] in ("+", "-") else 0
+    end = sign_len
+    while end < len(text) and text[end] in "0123456789":
+        end += 1
+    if end == sign_len:
+        raise invalid(f"Unable to parse Inference-Header-Content-Length, got: {value}")
+    n = int(text[:end])
+    if not -(1 << 31) <= n < (1 << 31):
+        raise invalid(f"Unable to parse Inference-Header-Content-Length, value is out of range "
+                      f"[ {-(1 << 31)}, {(1 << 31) - 1} ], got: {value}")
+    return n
 
 
 class HttpApi:
@@ -60,35 +89,55 @@ class HttpApi:
                 return await fn(request)
             except TritonError as e:
                 return error_response(e)
+            except ClientDisconnect:
+                return Response(status_code=400)
+            except Exception:
+                log.exception("unexpected error handling %s %s", request.method, request.url.path)
+                return json_response({"error": "internal error while handling the request"}, 500)
         return Route(path, endpoint, methods=methods)
 
-    async def body(self, request: Request) -> bytes:
+    def _too_large(self, request: Request, size: int) -> TritonError:
+        """Triton's wording for an oversized body depends on what the body holds."""
         limit = self.opts.max_input_size
+        hint = "Use --http-max-input-size to increase the limit."
+        header = request.headers.get("inference-header-content-length")
+        if not request.url.path.endswith("/infer") or header is None:
+            return invalid(f"request JSON size of {size} bytes exceeds the maximum allowed input size of {limit} "
+                           f"bytes. {hint}")
+        if header.strip() == "0":
+            return invalid(f"Raw input has a byte_size ({size} bytes) that exceeds the maximum allowed value of "
+                           f"{limit} bytes. {hint}")
+        return invalid(f"request size of {size} bytes exceeds the maximum allowed input size of {limit} bytes. {hint}")
+
+    async def body(self, request: Request) -> bytes:
+        """The request body, decompressed, never more than --http-max-input-size bytes."""
+        limit = self.opts.max_input_size
+        encoding = request.headers.get("content-encoding", "").strip().lower()
+        if encoding not in ("", "identity", "gzip", "deflate"):
+            raise UnsupportedEncoding()
         declared = request.headers.get("content-length")
-        too_big = invalid(f"request body size exceeds the maximum allowed value of {limit} bytes. "
-                          f"Use --http-max-input-size to increase the limit.")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise too_big
+            raise self._too_large(request, int(declared))
         chunks = []
         total = 0
         async for chunk in request.stream():
             total += len(chunk)
             if total > limit:
-                raise too_big
+                raise self._too_large(request, total)
             chunks.append(chunk)
         body = b"".join(chunks)
-        encoding = request.headers.get("content-encoding", "").strip().lower()
         if encoding in ("", "identity"):
             return body
-        if encoding not in ("gzip", "deflate"):
-            raise TritonError("UNSUPPORTED", "Unsupported compression type")
+        if not body:
+            raise invalid("nothing to be decompressed")
         d = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
         try:
             out = d.decompress(body, limit + 1)
         except zlib.error as e:
             raise invalid(f"failed to decompress the request body: {e}") from None
         if len(out) > limit or d.unconsumed_tail:
-            raise too_big
+            raise invalid(f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. "
+                          f"Use --http-max-input-size to increase the limit.")
         return out
 
     @staticmethod
@@ -146,17 +195,13 @@ class HttpApi:
         header = request.headers.get("inference-header-content-length")
         header_len = None
         if header is not None:
-            try:
-                header_len = int(header)
-                if not -(1 << 31) <= header_len < (1 << 31):
-                    raise ValueError
-            except ValueError:
-                raise invalid(f"Unable to parse Inference-Header-Content-Length, got: {header}") from None
+            header_len = parse_header_length(header)
             if header_len < 0 or header_len > len(body):
-                raise invalid(f"inference header size should be in range (0, {len(body)}), got: {header_len}")
+                raise invalid(f"inference header size should be in range (0, {len(body)}), got: {header}")
         cfg = entry.config or {}
-        doc, inputs, outputs, default_binary = parse_infer(
-            body, header_len, name, cfg.get("input", []), self.opts.max_input_size)
+        if cfg.get("model_transaction_policy", {}).get("decoupled"):
+            raise TritonError("UNSUPPORTED", "HTTP end point doesn't support models with decoupled transaction policy")
+        doc, inputs, outputs, default_binary = parse_infer(body, header_len, name, cfg, self.opts.max_input_size)
         request_id = doc.get("id", "")
         if not isinstance(request_id, str):
             raise invalid("Unable to parse 'id'")

@@ -1,0 +1,272 @@
+"""HTTP behaviour that needs a server of its own: size limits, a bad model beside good ones,
+SIGTERM with requests in flight, several HTTP frontend processes, and hypercorn.
+
+Each server serves a small copy of part of the example repository, so it starts quickly.
+"""
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from conftest import TritondServer, http_get
+
+LIMIT = 64 * 1024
+HINT = "Use --http-max-input-size to increase the limit."
+
+
+def small_repo(example_repo: Path, dest: Path, models: list[str]) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for m in models:
+        shutil.copytree(example_repo / m, dest / m)
+    return dest
+
+
+def post(server: TritondServer, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    host, port = server.http_url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def identity(client: httpclient.InferenceServerClient, x: np.ndarray, model: str = "identity_fp32") -> np.ndarray:
+    t = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+    t.set_data_from_numpy(x)
+    return client.infer(model, [t]).as_numpy("OUTPUT0")
+
+
+def stop_clean(server: TritondServer) -> None:
+    code = server.stop()
+    server.assert_clean()
+    assert code == 0, server.log
+
+
+# ------------------------------------------------------------------------- --http-max-input-size
+
+@pytest.fixture(scope="module")
+def limited(example_repo, tmp_path_factory):
+    repo = small_repo(example_repo, tmp_path_factory.mktemp("limited"), ["identity_fp32"])
+    s = TritondServer(repo, [f"--http-max-input-size={LIMIT}"]).start()
+    yield s
+    stop_clean(s)
+
+
+def test_raw_body_over_limit(limited):
+    status, _, body = post(limited, "/v2/models/identity_fp32/infer", b"\0" * (LIMIT + 4),
+                           {"Inference-Header-Content-Length": "0"})
+    assert (status, json.loads(body)) == (400, {
+        "error": f"Raw input has a byte_size ({LIMIT + 4} bytes) that exceeds the maximum allowed value of {LIMIT} "
+                 f"bytes. {HINT}"})
+
+
+def test_json_body_over_limit(limited):
+    doc = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]}
+    body = json.dumps(doc).encode()[:-1] + b" " * LIMIT + b"}"
+    status, _, data = post(limited, "/v2/models/identity_fp32/infer", body)
+    assert (status, json.loads(data)) == (400, {
+        "error": f"request JSON size of {len(body)} bytes exceeds the maximum allowed input size of {LIMIT} bytes. "
+                 f"{HINT}"})
+
+
+def test_json_input_over_limit(limited):
+    """A body under the limit whose JSON data decodes to more bytes than the limit."""
+    n = LIMIT // 4 + 16
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [n], "datatype": "FP32", "data": [1] * n}]}).encode()
+    assert len(body) < LIMIT
+    status, _, data = post(limited, "/v2/models/identity_fp32/infer", body)
+    assert (status, json.loads(data)) == (400, {
+        "error": f"JSON input 'INPUT0' has a byte_size ({n * 4} bytes) that exceeds the maximum allowed value of "
+                 f"{LIMIT} bytes. {HINT}"})
+
+
+def test_binary_request_over_limit_through_client(limited):
+    client = httpclient.InferenceServerClient(limited.http_url)
+    x = np.zeros(1 << 20, np.float32)   # 4 MiB, far over the limit
+    with pytest.raises(Exception) as info:
+        identity(client, x)
+    assert info.value.status() == "400"
+    assert "exceeds the maximum allowed input size of 65536 bytes" in info.value.message()
+    small = np.arange(1024, dtype=np.float32)
+    np.testing.assert_array_equal(identity(client, small), small)
+
+
+def test_gzip_bomb_over_limit(limited):
+    doc = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]}
+    plain = json.dumps(doc).encode()[:-1] + b" " * (LIMIT * 16) + b"}"
+    body = gzip.compress(plain)
+    assert len(body) < LIMIT
+    status, _, data = post(limited, "/v2/models/identity_fp32/infer", body, {"Content-Encoding": "gzip"})
+    assert (status, json.loads(data)) == (400, {
+        "error": f"Decompressed data size exceeds the maximum allowed value of {LIMIT} bytes. {HINT}"})
+    small = json.dumps(doc).encode()
+    status, _, data = post(limited, "/v2/models/identity_fp32/infer", gzip.compress(small),
+                           {"Content-Encoding": "gzip"})
+    assert status == 200 and json.loads(data)["outputs"][0]["data"] == [1.0]
+
+
+def test_unsupported_encoding_on_limited_server(limited):
+    status, headers, data = post(limited, "/v2/models/identity_fp32/infer", b"x", {"Content-Encoding": "compress"})
+    assert (status, json.loads(data)) == (501, {"error": "Unsupported compression type"})
+    assert headers["accept-encoding"] == "gzip, deflate"
+    assert httpclient.InferenceServerClient(limited.http_url).is_server_live()
+
+
+# ------------------------------------------------------------------------- a bad model beside good ones
+
+def bad_models(example_repo: Path, dest: Path) -> Path:
+    repo = small_repo(example_repo, dest, ["identity_fp32", "mlp_onnx"])
+    broken = repo / "broken_init"
+    shutil.copytree(example_repo / "identity_fp32", broken)
+    cfg = (broken / "config.pbtxt").read_text().replace('"identity_fp32"', '"broken_init"')
+    (broken / "config.pbtxt").write_text(cfg)
+    (broken / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise RuntimeError('deliberately broken in initialize')\n")
+    bad_cfg = repo / "bad_config"
+    (bad_cfg / "1").mkdir(parents=True)
+    (bad_cfg / "1" / "model.py").write_text((example_repo / "identity_fp32" / "1" / "model.py").read_text())
+    (bad_cfg / "config.pbtxt").write_text('name: "bad_config"\nbackend: "python"\nmax_batch_size: nonsense\n')
+    return repo
+
+
+def test_bad_model_served_beside_good_ones(example_repo, tmp_path):
+    s = TritondServer(bad_models(example_repo, tmp_path / "repo"), ["--exit-on-error=false"]).start(wait="live")
+    try:
+        client = httpclient.InferenceServerClient(s.http_url)
+        deadline = time.monotonic() + 120
+        index = {}
+        while time.monotonic() < deadline:
+            index = {e["name"]: e for e in client.get_model_repository_index()}
+            if all(e.get("state") in ("READY", "UNAVAILABLE") for e in index.values()) and len(index) == 4:
+                break
+            time.sleep(0.2)
+        assert index["identity_fp32"]["state"] == "READY"
+        assert index["mlp_onnx"]["state"] == "READY"
+        assert index["broken_init"]["state"] == "UNAVAILABLE"
+        assert "deliberately broken in initialize" in index["broken_init"]["reason"]
+        assert index["bad_config"]["state"] == "UNAVAILABLE"
+        assert "max_batch_size" in index["bad_config"]["reason"]
+        assert client.is_server_live()
+        assert not client.is_server_ready()     # strict readiness: a model is not READY
+        assert http_get(f"http://{s.http_url}/v2/health/ready")[0] == 400
+        assert client.is_model_ready("identity_fp32") and not client.is_model_ready("broken_init")
+        x = np.arange(8, dtype=np.float32)
+        np.testing.assert_array_equal(identity(client, x), x)
+        y = np.zeros((1, 256), np.float32)
+        t = httpclient.InferInput("INPUT0", [1, 256], "FP32")
+        t.set_data_from_numpy(y)
+        assert client.infer("mlp_onnx", [t]).as_numpy("OUTPUT0").shape == (1, 256)
+        with pytest.raises(Exception) as info:
+            identity(client, x, "broken_init")
+        assert info.value.status() in ("400", "404", "503")
+    finally:
+        stop_clean(s)
+
+
+def test_bad_model_exits_by_default(example_repo, tmp_path):
+    s = TritondServer(bad_models(example_repo, tmp_path / "repo")).start(wait="exit")
+    assert s.returncode not in (0, None), s.log
+    s.assert_clean()
+
+
+# ------------------------------------------------------------------------- workers, SIGTERM, hypercorn
+
+def established(pid: int, port: int) -> int:
+    """Accepted TCP connections on `port` held by process `pid`."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    with open(f"/proc/{pid}/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if int(fields[1].split(":")[1], 16) == port and fields[3] == "01" and fields[9] in inodes:
+                count += 1
+    return count
+
+
+def test_two_http_workers_then_sigterm_with_requests_in_flight(example_repo, tmp_path):
+    repo = small_repo(example_repo, tmp_path / "repo", ["identity_fp32", "batch_reporter"])
+    s = TritondServer(repo, ["--http-workers", "2"]).start()
+    try:
+        frontends = s.role_pids("tritond.frontend.http.server")
+        assert len(frontends) == 2, frontends
+        # Many connections held open: SO_REUSEPORT spreads them over both processes, and each served.
+        clients = [httpclient.InferenceServerClient(s.http_url) for _ in range(16)]
+        for i, c in enumerate(clients):
+            x = np.full(4, i, np.float32)
+            np.testing.assert_array_equal(identity(c, x), x)
+        held = {pid: established(pid, s.http_port) for pid in frontends}
+        assert sum(held.values()) == 16 and all(held.values()), held
+        for c in clients:
+            c.close()
+
+        results: list[object] = []
+        finished: list[float] = []
+
+        def slow(i: int) -> None:
+            c = httpclient.InferenceServerClient(s.http_url, network_timeout=120.0)
+            x = np.full((1, 4), i, np.float32)
+            t = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+            t.set_data_from_numpy(x)
+            try:
+                r = c.infer("batch_reporter", [t], parameters={"sleep_ms": 1500})
+                np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x)
+                finished.append(time.monotonic())
+                results.append("ok")
+            except BaseException as e:
+                results.append(e)
+
+        threads = [threading.Thread(target=slow, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while sum(established(p, s.http_port) for p in frontends) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)   # let the frontends read the requests they accepted
+        signalled = time.monotonic()
+        s.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(120)
+        assert results == ["ok"] * 4, results
+        assert min(finished) > signalled     # they really were in flight when the signal came
+        code = s.stop()
+        assert code == 0, s.log
+    finally:
+        s.stop()
+    s.assert_clean()
+
+
+def test_hypercorn(example_repo, tmp_path):
+    repo = small_repo(example_repo, tmp_path / "repo", ["identity_fp32"])
+    s = TritondServer(repo, ["--http-server", "hypercorn"]).start()
+    try:
+        client = httpclient.InferenceServerClient(s.http_url)
+        assert client.is_server_live() and client.is_server_ready()
+        x = np.arange(1000, dtype=np.float32)
+        np.testing.assert_array_equal(identity(client, x), x)
+        status, headers, body = post(s, "/v2/models/nope/infer", b"{}")
+        assert (status, json.loads(body)) == (400, {"error": "Request for unknown model: 'nope' is not found"})
+        assert headers["server"].startswith("hypercorn")
+    finally:
+        stop_clean(s)
