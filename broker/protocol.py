@@ -21,7 +21,7 @@ class _S(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 class TensorDesc(_S):
-    """A tensor: inline bytes, a block of an internal segment, or a client region."""
+    """A tensor: inline bytes, a block of an internal segment, a client region, or device memory."""
     name: str
     datatype: str
     shape: list[int]
@@ -31,6 +31,8 @@ class TensorDesc(_S):
     nbytes: int = 0
     lease: int = 0         # owner's block id to release when done (0: nothing to release)
     region: str = ""       # client-registered region name (system shared memory)
+    cuda_handle: bytes = b""   # CUDA IPC handle of the device allocation holding the tensor (at `offset`)
+    device: int = 0            # GPU of that allocation
 
 
 class OutputSpec(_S):

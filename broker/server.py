@@ -168,7 +168,12 @@ class Broker:
         self.by_identity.pop(old + b":hb", None)
         env = None
         if inst.kind == "GPU":
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(inst.device_id))
+            # Set before any CUDA import in the worker: its GPU, and under --mps the server's daemon
+            # with the model's SM share (parameter mps_active_thread_percentage; the worker checks it).
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(inst.device_id), **self.opts.get("mps_env", {}))
+            share = ((mv.config.get("parameters") or {}).get("mps_active_thread_percentage") or {}).get("string_value")
+            if share and "mps_env" in self.opts:
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = share
         pool.spawn(inst, self.worker_spec(mv, inst), env)
         inst.batch_started = time.monotonic()
         self.by_identity[inst.identity] = inst

@@ -6,7 +6,10 @@ Usage: python examples/build_repository.py DEST
 The ONNX binaries are generated rather than committed (*.onnx is git-ignored); fixed seeds
 make every build byte-identical. Models are saved with IR version 10 and opset 17 because
 onnx 1.23 would write IR 14 by default, which onnxruntime 1.31 refuses to load.
+`mlp_torch` (TorchScript, with the weights of `mlp_onnx`) is written only where torch is
+importable; elsewhere that model is left out.
 """
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -70,10 +73,28 @@ def add_sub_model() -> onnx.ModelProto:
     return _finish(graph)
 
 
+def mlp_torch_model(mlp: onnx.ModelProto):
+    """The ONNX MLP as a TorchScript module with the same weights (so both models agree)."""
+    import torch
+
+    weights = {t.name: numpy_helper.to_array(t) for t in mlp.graph.initializer}
+    layers = []
+    for i in range(len(MLP_DIMS) - 1):
+        linear = torch.nn.Linear(MLP_DIMS[i], MLP_DIMS[i + 1])
+        with torch.no_grad():
+            linear.weight.copy_(torch.from_numpy(weights[f"W{i}"].T.copy()))
+            linear.bias.copy_(torch.from_numpy(weights[f"B{i}"].copy()))
+        layers += [linear, torch.nn.ReLU()] if i < len(MLP_DIMS) - 2 else [linear]
+    module = torch.nn.Sequential(*layers).eval()
+    return torch.jit.trace(module, torch.zeros(1, MLP_DIMS[0]))
+
+
 def build(dest: str) -> None:
     """Copy the committed configs and Python models into dest and write the ONNX models."""
     root = Path(dest)
-    shutil.copytree(SOURCE, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.onnx"))
+    has_torch = importlib.util.find_spec("torch") is not None
+    skip = () if has_torch else ("mlp_torch",)
+    shutil.copytree(SOURCE, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.onnx", *skip))
     mlp = mlp_model().SerializeToString()
     onnx_files = {
         "mlp_onnx": mlp,
@@ -84,6 +105,11 @@ def build(dest: str) -> None:
         version = root / name / "1"
         version.mkdir(parents=True, exist_ok=True)
         (version / "model.onnx").write_bytes(data)
+    if has_torch:
+        import torch
+
+        (root / "mlp_torch" / "1").mkdir(parents=True, exist_ok=True)
+        torch.jit.save(mlp_torch_model(mlp_model()), str(root / "mlp_torch" / "1" / "model.pt"))
 
 
 def main() -> None:

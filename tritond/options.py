@@ -61,6 +61,9 @@ def start_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict-model-config", type=parse_bool, nargs="?", const=True, default=None,
                    metavar="BOOL", help="deprecated: true disables auto-complete")
     p.add_argument("--backend-config", action="append", default=[], help="<backend>,<key>=<value>")
+    _flag(p, "--mps", False, "run GPU workers under a private NVIDIA MPS daemon")
+    p.add_argument("--mps-active-thread-percentage", type=int, default=None, metavar="PCT",
+                   help="share of a GPU's SMs each GPU worker may use under --mps (1-100)")
     return p
 
 
@@ -119,4 +122,12 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "model_config_name": args.model_config_name,
         "disable_auto_complete": disable_ac,
         "default_max_batch_size": default_mbs,
+        "mps": args.mps,
+        "mps_active_thread_percentage": _percentage(args.mps_active_thread_percentage),
     }
+
+
+def _percentage(value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= 100:
+        raise UsageError(f"--mps-active-thread-percentage must be from 1 to 100, got {value}")
+    return value

@@ -24,6 +24,7 @@ import zmq
 
 from tritond.broker import protocol as P
 from tritond.broker.addresses import Addresses
+from tritond.mps import MpsError, from_options
 from tritond.shm.naming import PREFIX, new_server_id, sweep
 
 log = logging.getLogger("tritond")
@@ -53,6 +54,9 @@ class Supervisor:
         self.run_dir = tempfile.mkdtemp(prefix="tritond-")
         os.chmod(self.run_dir, 0o700)
         self.opts = dict(opts, server_id=self.server_id, run_dir=self.run_dir, supervisor_pid=os.getpid())
+        self.mps = from_options(opts, self.run_dir)
+        if self.mps is not None:
+            self.opts["mps_env"] = self.mps.worker_env()
         self.addr = Addresses(self.run_dir)
         self.ctx = zmq.Context()
         self.sock: zmq.Socket | None = None
@@ -101,6 +105,11 @@ class Supervisor:
 
     def start_broker(self) -> None:
         """Start the broker and wait until it has loaded (or failed) every model."""
+        if self.mps is not None:
+            try:
+                self.mps.start()
+            except MpsError as e:
+                raise StartupError(str(e)) from None
         self.spawn(self.broker)
         self.connect()
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -279,5 +288,7 @@ class Supervisor:
         if self.sock is not None:
             self.sock.close(0)
         self.ctx.term()
+        if self.mps is not None:
+            self.mps.stop()
         sweep(f"{PREFIX}{self.server_id}.")
         shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -8,6 +8,7 @@ import numpy as np
 
 from tritond.repository.datatypes import CONFIG_TO_WIRE, WIRE_TO_NUMPY
 
+from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
 from .batching import concat_inputs, split_outputs
 
@@ -31,6 +32,7 @@ class OnnxBackend(Backend):
             opts.inter_op_num_threads = int(inter)
         opts.log_severity_level = 3
         if self.instance.kind == "GPU":
+            check_mps_share()
             available = ort.get_available_providers()
             if "CUDAExecutionProvider" not in available:
                 raise RuntimeError("KIND_GPU instance requested but no CUDA execution provider is available "

@@ -1,0 +1,52 @@
+"""CUDA IPC bookkeeping that needs no GPU: device-array views, the cuda array interface,
+lease counting of exports, and handle validation. The hand-off itself runs in tests/gpu."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tritond.broker import protocol as P
+from tritond.workers.cuda_ipc import HANDLE_SIZE, CudaIpcError, DeviceArray, Exports, IpcRef, Imports
+
+
+def test_slices_are_views_along_the_batch_axis():
+    arr = DeviceArray(0x10000, (6, 4), np.dtype(np.float32), device=1, owner="tensor")
+    part = arr[2:5]
+    assert part.ptr == 0x10000 + 2 * 16 and part.shape == (3, 4)
+    assert part.device == 1 and part.owner == "tensor" and part.nbytes == 48
+    assert len(arr) == 6 and arr.ndim == 2
+    with pytest.raises(TypeError):
+        arr[::2]
+
+
+def test_cuda_array_interface():
+    arr = DeviceArray(0x2000, (2, 3), np.dtype(np.int64))
+    assert arr.__cuda_array_interface__ == {"shape": (2, 3), "typestr": "<i8", "data": (0x2000, False),
+                                            "strides": None, "version": 3}
+
+
+def test_exports_live_until_every_holder_released():
+    exports = Exports()
+    arr = DeviceArray(0x3000, (1,), np.dtype(np.float32))
+    lease = exports.add([arr], holders=2)
+    assert not exports.release(lease)
+    assert len(exports) == 1
+    assert exports.release(lease)
+    assert len(exports) == 0
+    assert not exports.release(lease)          # a late or repeated release is harmless
+
+
+def test_descriptor_carries_the_handle_and_old_encodings_still_decode():
+    desc = P.TensorDesc("OUT", "FP32", [2, 3], offset=512, nbytes=24, lease=7, cuda_handle=b"h" * HANDLE_SIZE,
+                        device=1)
+    dec = P.decoder(P.TensorDesc)
+    assert dec.decode(P.encode(desc)) == desc
+    old = P.encode(P.TensorDesc("OUT", "FP32", [2], seg="s", offset=64, nbytes=8, lease=1))
+    back = dec.decode(old)
+    assert back.cuda_handle == b"" and back.device == 0 and back.seg == "s"
+
+
+def test_a_malformed_handle_is_refused():
+    pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed")
+    with pytest.raises(CudaIpcError, match="64 bytes"):
+        Imports().open(IpcRef(b"short", 0, 4, 0), (1,), np.float32)

@@ -1,0 +1,319 @@
+"""PyTorch backend: TorchScript `model.pt` as Triton's libtorch backend loads it, and
+`torch.export` programs (`model.pt2`), on the CPU or on the instance's GPU.
+
+Tensors are bound to the model the way Triton's backend binds them:
+
+- inputs: by the `forward` argument names when every config input names one; else by
+  `<name>__<index>` when every config input follows that convention; else in config
+  order. A model whose `forward` takes a single `Dict[str, Tensor]` gets the inputs
+  keyed by their config names.
+- outputs: by `<name>__<index>` (the element of the returned tuple) when every config
+  output follows the convention, else in config order.
+
+`torch` is imported only here, so only a PyTorch worker pays for it. Requests of a
+batch are concatenated once along the batch dimension and the outputs split back as
+views. Inputs reach the model without a copy where numpy memory allows it (see
+`to_tensor`). With `cuda_ipc_outputs` set, a GPU instance's outputs stay on the device
+for a consumer that opens them by CUDA IPC handle (`workers/cuda_ipc.py`).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from tritond.repository.datatypes import CONFIG_TO_WIRE
+
+from ..gpu_env import check_mps_share
+from .base import Backend, WorkerRequest, WorkerResponse
+from .batching import concat_inputs, split_outputs
+
+log = logging.getLogger("tritond.worker.pytorch")
+
+# Config data types the backend accepts, as Triton's libtorch backend does (no unsigned
+# types wider than 8 bits: TorchScript has no kernels for them).
+SUPPORTED_TYPES = ("TYPE_BOOL", "TYPE_UINT8", "TYPE_INT8", "TYPE_INT16", "TYPE_INT32", "TYPE_INT64",
+                   "TYPE_FP16", "TYPE_FP32", "TYPE_FP64", "TYPE_BF16", "TYPE_STRING")
+
+# Model config parameters read by Triton's PyTorch backend that change execution here.
+PARAM_DISABLE_OPTIMIZED = "DISABLE_OPTIMIZED_EXECUTION"
+PARAM_INFERENCE_MODE = "INFERENCE_MODE"
+PARAM_DISABLE_CUDNN = "DISABLE_CUDNN"
+PARAM_INTRA_OP = "INTRA_OP_THREAD_COUNT"
+PARAM_INTER_OP = "INTER_OP_THREAD_COUNT"
+PARAM_CUDA_IPC = "cuda_ipc_outputs"
+
+
+def parameter(config: dict, key: str) -> str:
+    """A config `parameters` string value ('' when absent)."""
+    entry = (config.get("parameters") or {}).get(key) or {}
+    return str(entry.get("string_value", "")) if isinstance(entry, dict) else ""
+
+
+def flag(config: dict, key: str, default: bool) -> bool:
+    value = parameter(config, key).strip().lower()
+    if not value:
+        return default
+    return value in ("true", "1", "yes", "on")
+
+
+def named_index(name: str) -> int | None:
+    """The index of a `<name>__<index>` tensor name, else None (Triton: text after the first '__')."""
+    pos = name.find("__")
+    if pos < 0:
+        return None
+    rest = name[pos + 2:]
+    return int(rest) if rest.isdigit() else None
+
+
+def input_positions(config_names: list[str], forward_args: list[str]) -> dict[str, int]:
+    """Argument position of each config input under Triton's naming rules."""
+    if forward_args and all(n in forward_args for n in config_names):
+        return {n: forward_args.index(n) for n in config_names}
+    indices = [named_index(n) for n in config_names]
+    if all(i is not None for i in indices):
+        return dict(zip(config_names, indices))
+    log.warning("inputs %s are neither forward() arguments nor <name>__<index> names; "
+                "binding them in config order", config_names)
+    return {n: i for i, n in enumerate(config_names)}
+
+
+def output_positions(config_names: list[str]) -> dict[str, int]:
+    """Index into the model's returned tuple of each config output."""
+    indices = [named_index(n) for n in config_names]
+    if all(i is not None for i in indices):
+        return dict(zip(config_names, indices))
+    return {n: i for i, n in enumerate(config_names)}
+
+
+def is_pt2(path: str) -> bool:
+    return path.endswith(".pt2")
+
+
+class TorchBackend(Backend):
+    """One TorchScript module or exported program per worker."""
+
+    def load(self) -> None:
+        import torch
+
+        self.torch = torch
+        cfg = self.config
+        name = self.instance.model_name
+        self.inputs = list(cfg.get("input") or [])
+        self.outputs = list(cfg.get("output") or [])
+        if not self.inputs:
+            raise ValueError("model configuration must contain at least one input, none were specified.")
+        if not self.outputs:
+            raise ValueError("model configuration must contain at least one output, none were specified.")
+        for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
+            for t in tensors:
+                dtype = t.get("data_type", "TYPE_INVALID")
+                if dtype not in SUPPORTED_TYPES or (kind == "output" and dtype == "TYPE_BF16"):
+                    raise ValueError(f"unsupported datatype {dtype} for {kind} '{t.get('name')}' for model '{name}'")
+        self.batching = int(cfg.get("max_batch_size", 0) or 0) > 0
+        self.device = self._device()
+        self._threads()
+        if flag(cfg, PARAM_DISABLE_CUDNN, False):
+            torch.backends.cudnn.enabled = False
+        self.inference_mode = flag(cfg, PARAM_INFERENCE_MODE, True)
+        self.optimized = not flag(cfg, PARAM_DISABLE_OPTIMIZED, False)
+        self.keep_on_device = self.device.type == "cuda" and flag(cfg, PARAM_CUDA_IPC, False)
+
+        filename = cfg.get("default_model_filename") or "model.pt"
+        path = os.path.join(self.instance.version_dir, filename)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"unable to find '{path}' for model instance '{self.instance.instance_name}'")
+        self.exported = is_pt2(path)
+        forward_args, self.dict_input = self._load_module(path)
+        names = [t["name"] for t in self.inputs]
+        if not self.dict_input and len(forward_args) != len(names):
+            raise ValueError(f"unable to load model '{name}', configuration expects {len(names)} inputs, "
+                             f"model provides {len(forward_args)}")
+        self.input_pos = input_positions(names, forward_args)
+        self.output_pos = output_positions([t["name"] for t in self.outputs])
+        self.output_types = {t["name"]: CONFIG_TO_WIRE[t["data_type"]] for t in self.outputs}
+        self.input_types = {t["name"]: CONFIG_TO_WIRE[t["data_type"]] for t in self.inputs}
+
+    def _device(self):
+        torch = self.torch
+        kind = self.instance.kind
+        if kind == "GPU":
+            check_mps_share()
+            if not torch.cuda.is_available():
+                raise RuntimeError("KIND_GPU instance requested but PyTorch cannot use a GPU "
+                                   f"(torch {torch.__version__}: torch.cuda.is_available() is False; "
+                                   "no GPU visible or a CPU-only build)")
+            # CUDA_VISIBLE_DEVICES pins this worker to its instance's GPU, which it sees as cuda:0.
+            return torch.device("cuda", 0)
+        return torch.device("cpu")
+
+    def _threads(self) -> None:
+        torch = self.torch
+        intra = parameter(self.config, PARAM_INTRA_OP)
+        torch.set_num_threads(int(intra) if intra and int(intra) > 0 else 1)
+        inter = parameter(self.config, PARAM_INTER_OP)
+        if inter and int(inter) > 0:
+            with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
+                torch.set_num_interop_threads(int(inter))
+
+    def _load_module(self, path: str) -> tuple[list[str], bool]:
+        """Load the model onto the device; returns forward()'s tensor argument names and whether
+        it takes a single Dict[str, Tensor]."""
+        torch = self.torch
+        if self.exported:
+            program = torch.export.load(path)
+            signature = program.module_call_graph[0].signature
+            self.module = program.module()
+            if self.device.type != "cpu":
+                self.module = self.module.to(self.device)
+            args = list(signature.forward_arg_names if signature is not None else [])
+            return args, False
+        map_location = None if self.instance.kind == "MODEL" else self.device
+        self.module = torch.jit.load(path, map_location=map_location)
+        self.module.eval()
+        arguments = list(self.module.forward.schema.arguments)
+        if arguments and arguments[0].type.kind() == "ClassType":
+            arguments = arguments[1:]
+        if len(arguments) == 1 and arguments[0].type.kind() == "DictType":
+            return [], True
+        for a in arguments:
+            if a.type.kind() == "DictType":
+                raise ValueError("Multiple inputs of kind DictType were detected. Only a single input of "
+                                 "type Dict(str, Tensor) is supported.")
+            if a.type.kind() not in ("TensorType", "ListType"):
+                raise ValueError(f"An input of type '{a.type}' was detected in the model. Only a single input "
+                                 "of type Dict(str, Tensor) or input(s) of type Tensor are supported.")
+        return [a.name for a in arguments], False
+
+    # ------------------------------------------------------------------ execute
+
+    def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
+        if self.batching:
+            if len(requests) > 1:
+                inputs, sizes = self._concat(requests)
+            else:
+                inputs, sizes = requests[0].inputs, None
+            outputs = self._run(inputs)
+            per_request = split_outputs(outputs, sizes) if sizes else [outputs]
+        else:
+            per_request = [self._run(r.inputs) for r in requests]
+        return [
+            WorkerResponse({k: v for k, v in out.items() if not req.requested_outputs or k in req.requested_outputs})
+            for req, out in zip(requests, per_request)
+        ]
+
+    def _concat(self, requests: list[WorkerRequest]) -> tuple[dict[str, Any], list[int]]:
+        """One batch from several requests: numpy inputs through concat_inputs (one host copy);
+        inputs already on the device (opened by CUDA IPC) are concatenated there."""
+        if all(isinstance(a, np.ndarray) for r in requests for a in r.inputs.values()):
+            return concat_inputs(requests)
+        names = list(requests[0].inputs)
+        sizes = [len(r.inputs[names[0]]) for r in requests]
+        batch = {n: self.torch.cat([self._input(n, r.inputs[n]) for r in requests]) for n in names}
+        return batch, sizes
+
+    def _run(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        torch = self.torch
+        tensors = {name: self._input(name, arr) for name, arr in inputs.items()}
+        with self._mode():
+            try:
+                if self.dict_input:
+                    result = self.module(tensors)
+                else:
+                    args: list[Any] = [None] * len(self.input_pos)
+                    for name, value in tensors.items():
+                        args[self.input_pos[name]] = value
+                    result = self.module(*args)
+            except Exception as e:
+                raise RuntimeError(f"PyTorch execute failure: {e}") from e
+            if isinstance(result, torch.Tensor) or (isinstance(result, list) and
+                                                    all(isinstance(x, str) for x in result)):
+                results = [result]
+            elif isinstance(result, (tuple, list)):
+                results = list(result)
+            else:
+                raise RuntimeError("output must be of type Tensor, List[str] or Tuple containing one of these "
+                                   "two types. It should not be a List / Dictionary of Tensors or a Scalar")
+            outputs: dict[str, Any] = {}
+            for name, index in self.output_pos.items():
+                if not 0 <= index < len(results):
+                    raise RuntimeError(f"The output {name} in the model configuration refers to an output index "
+                                       f"which doesn't exist. This model has {len(results)} outputs")
+                outputs[name] = self._output(name, results[index])
+            if self.device.type == "cuda":
+                torch.cuda.current_stream().synchronize()
+        return outputs
+
+    def _mode(self):
+        torch = self.torch
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.inference_mode(self.inference_mode))
+        stack.enter_context(torch.no_grad())
+        if not self.exported:
+            stack.enter_context(torch.jit.optimized_execution(self.optimized))
+        return stack
+
+    def _input(self, name: str, arr: Any):
+        torch = self.torch
+        if isinstance(arr, torch.Tensor):
+            return arr
+        if self.input_types.get(name) == "BYTES":
+            return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in arr.reshape(-1)]
+        if hasattr(arr, "__cuda_array_interface__"):
+            tensor = torch.as_tensor(arr, device=self.device)
+            return tensor.view(torch.bfloat16) if self.input_types.get(name) == "BF16" else tensor
+        tensor = to_tensor(torch, arr, self.input_types.get(name))
+        if self.device.type != "cpu" and tensor.device != self.device:
+            tensor = tensor.to(self.device)
+        return tensor
+
+    def _output(self, name: str, value: Any) -> Any:
+        torch = self.torch
+        expected = self.output_types[name]
+        if isinstance(value, list):
+            if expected != "BYTES":
+                raise RuntimeError(f"configuration expects datatype TYPE_{expected} for output '{name}', "
+                                   "model provides TYPE_STRING")
+            out = np.empty(len(value), dtype=np.object_)
+            out[:] = [s.encode("utf-8") for s in value]
+            return out
+        if not isinstance(value, torch.Tensor):
+            raise RuntimeError(f"output '{name}' must be of type Tensor or List[str].")
+        provided = TORCH_TO_WIRE.get(str(value.dtype).replace("torch.", ""), str(value.dtype))
+        if provided != expected:
+            raise RuntimeError(f"configuration expects datatype TYPE_{expected} for output '{name}', "
+                               f"model provides TYPE_{provided}")
+        if value.dim() == 0:
+            raise RuntimeError(f"output '{name}' is a scalar which is not supported.")
+        if self.keep_on_device:
+            from tritond.workers.cuda_ipc import DeviceArray
+            return DeviceArray.from_torch(value, self.instance.device_id)
+        return value.detach().cpu().contiguous().numpy()
+
+
+# torch dtype name -> Triton wire datatype.
+TORCH_TO_WIRE = {
+    "bool": "BOOL", "uint8": "UINT8", "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
+    "float16": "FP16", "float32": "FP32", "float64": "FP64", "bfloat16": "BF16",
+    "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
+}
+
+
+def to_tensor(torch, arr: np.ndarray, datatype: str | None = None):
+    """A torch tensor over `arr`'s memory, without a copy when that is safe.
+
+    torch.from_numpy shares memory, but torch assumes tensors are writable and aligned: a
+    model may write into its input in place, which would fault on a read-only mapping (and
+    inline request bytes are read-only). So a read-only, unaligned or non-contiguous array
+    is copied once; a writable aligned view on shared memory is used in place. BF16 data
+    arrives as uint16 bits and is reinterpreted, not converted.
+    """
+    if not (arr.flags.writeable and arr.flags.aligned and arr.flags.c_contiguous):
+        arr = np.array(arr, copy=True, order="C")
+    tensor = torch.from_numpy(arr)
+    if datatype == "BF16":
+        tensor = tensor.view(torch.bfloat16)
+    return tensor

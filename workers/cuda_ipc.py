@@ -1,0 +1,214 @@
+"""CUDA IPC hand-off of device tensors between worker processes (DESIGN §2, loc "cuda").
+
+A GPU worker's output can stay in device memory: its descriptor then carries the CUDA IPC
+handle of the allocation that holds it, the tensor's offset inside that allocation and the
+device. A consumer in another process opens the handle (`cudaIpcOpenMemHandle`) and reads
+the tensor in place, so the data never makes a device -> host -> device trip.
+
+Lifetimes follow the lease rule: the producer keeps the tensor (and so its allocation)
+alive in `Exports` until every holder has released its lease; a consumer closes what it
+opened (`Imports.close`) once its batch is done. CUDA reference-counts opens of the same
+handle inside one process, so every open is paired with exactly one close.
+
+cuda-python (`cuda.bindings`) is imported on first use, so CPU-only workers never load it.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+HANDLE_SIZE = 64
+
+
+class CudaIpcError(RuntimeError):
+    pass
+
+
+def cuda_runtime():
+    try:
+        import cuda.bindings.runtime as cudart
+    except ImportError as e:
+        raise CudaIpcError("CUDA IPC needs cuda-python (pip install cuda-python): " + str(e)) from None
+    return cudart
+
+
+def cuda_driver():
+    try:
+        import cuda.bindings.driver as cuda
+    except ImportError as e:
+        raise CudaIpcError("CUDA IPC needs cuda-python (pip install cuda-python): " + str(e)) from None
+    return cuda
+
+
+def check(result: tuple, what: str) -> Any:
+    """Unwrap a cuda-python (err, value...) tuple, raising on any error."""
+    err, values = result[0], result[1:]
+    if int(err) != 0:
+        raise CudaIpcError(f"{what} failed: {getattr(err, 'name', err)}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+def _typestr(dtype: np.dtype) -> str:
+    return np.dtype(dtype).str
+
+
+@dataclass
+class DeviceArray:
+    """A C-contiguous tensor in device memory.
+
+    What a GPU backend returns for an output that stays on the device, and what a consumer
+    gets for an input that arrived by IPC handle. `owner` keeps the memory alive (a torch
+    tensor, or the import it came from). It exposes `__cuda_array_interface__`, so torch,
+    CuPy and numba take it without a copy, and `__array__`, so code that expects numpy gets
+    a host copy instead of an error.
+    """
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    device: int = 0
+    owner: Any = None
+
+    @classmethod
+    def from_torch(cls, tensor: Any, device: int | None = None) -> "DeviceArray":
+        """Wrap a CUDA torch tensor (made contiguous; BF16 travels as its uint16 bits)."""
+        import torch
+        t = tensor.detach().contiguous()
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+            dtype = np.dtype(np.uint16)
+        else:
+            dtype = torch.empty((), dtype=t.dtype).numpy().dtype
+        return cls(int(t.data_ptr()), tuple(t.shape), dtype, t.device.index if device is None else device, t)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: slice) -> "DeviceArray":
+        """Rows along axis 0 (how a batch output is split per request), as a view."""
+        if not isinstance(index, slice) or not self.shape:
+            raise TypeError("a DeviceArray can only be sliced along its first axis")
+        start, stop, step = index.indices(self.shape[0])
+        if step != 1:
+            raise TypeError("a DeviceArray slice must be contiguous")
+        row = self.nbytes // self.shape[0] if self.shape[0] else 0
+        return DeviceArray(self.ptr + start * row, (max(stop - start, 0),) + tuple(self.shape[1:]),
+                           self.dtype, self.device, self.owner)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": tuple(self.shape), "typestr": _typestr(self.dtype), "data": (self.ptr, False),
+                "strides": None, "version": 3}
+
+    def copy_to_host(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=self.dtype)
+        if self.nbytes:
+            cudart = cuda_runtime()
+            check(cudart.cudaMemcpy(out.ctypes.data, self.ptr, self.nbytes,
+                                     cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy")
+        return out
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        host = self.copy_to_host()
+        return host if dtype is None else host.astype(dtype, copy=False)
+
+
+@dataclass
+class IpcRef:
+    """Where a device tensor lives, as another process can open it."""
+    handle: bytes          # cudaIpcMemHandle_t of the allocation (64 bytes)
+    offset: int            # tensor start inside that allocation
+    nbytes: int
+    device: int
+
+
+def _handle_bytes(handle: Any) -> bytes:
+    # cuda-bindings >= 13 exposes only the struct's address; read its bytes from there.
+    return bytes((ctypes.c_char * HANDLE_SIZE).from_address(handle.getPtr()))
+
+
+def _handle_from_bytes(data: bytes) -> Any:
+    if len(data) != HANDLE_SIZE:
+        raise CudaIpcError(f"a CUDA IPC handle is {HANDLE_SIZE} bytes, got {len(data)}")
+    handle = cuda_runtime().cudaIpcMemHandle_t()
+    ctypes.memmove(handle.getPtr(), data, HANDLE_SIZE)
+    return handle
+
+
+def export(array: DeviceArray) -> IpcRef:
+    """The IPC handle of the allocation holding `array` and the array's offset in it.
+
+    Caching allocators (PyTorch's) carve tensors out of larger allocations, and a handle
+    always names a whole allocation, so the base comes from cuMemGetAddressRange.
+    """
+    cuda = cuda_driver()
+    base, _size = check(cuda.cuMemGetAddressRange(array.ptr), "cuMemGetAddressRange")
+    base = int(base)
+    handle = check(cuda_runtime().cudaIpcGetMemHandle(base), "cudaIpcGetMemHandle")
+    return IpcRef(_handle_bytes(handle), array.ptr - base, array.nbytes, array.device)
+
+
+class Exports:
+    """Device arrays handed out by IPC handle; each is kept alive until its holders release it."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, list] = {}    # lease -> [arrays, holders]
+        self.next = 0
+
+    def add(self, arrays: list[DeviceArray], holders: int = 1) -> int:
+        self.next += 1
+        self.entries[self.next] = [list(arrays), max(holders, 1)]
+        return self.next
+
+    def release(self, lease: int) -> bool:
+        """Drop one holder; True when the arrays were let go (their memory may be reused)."""
+        entry = self.entries.get(lease)
+        if entry is None:
+            return False
+        entry[1] -= 1
+        if entry[1] > 0:
+            return False
+        del self.entries[lease]
+        return True
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+class Imports:
+    """Mappings of other processes' device memory that this process opened."""
+
+    def __init__(self) -> None:
+        self.opened: list[int] = []
+
+    def open(self, ref: IpcRef, shape: tuple[int, ...] | list[int], dtype: np.dtype) -> DeviceArray:
+        cudart = cuda_runtime()
+        handle = _handle_from_bytes(ref.handle)
+        base = int(check(cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess),
+                          "cudaIpcOpenMemHandle"))
+        self.opened.append(base)
+        array = DeviceArray(base + ref.offset, tuple(shape), np.dtype(dtype), ref.device, self)
+        if array.nbytes > ref.nbytes:
+            raise CudaIpcError(f"tensor of {array.nbytes} bytes does not fit the {ref.nbytes} bytes exported")
+        return array
+
+    def close(self) -> None:
+        """Close every mapping opened since the last close (call once the consumer is done)."""
+        if not self.opened:
+            return
+        cudart = cuda_runtime()
+        opened, self.opened = self.opened, []
+        for base in opened:
+            check(cudart.cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle")
