@@ -262,6 +262,7 @@ class ControlHandler:
             return {}
         if versions:
             self.unload(name)
+        self.b.ensembles.load_dependencies(sources, name)
         self.b.load_model(sources[name])
         self.waiting_loads.append((src, cid, name))
         return _DEFERRED
@@ -278,7 +279,9 @@ class ControlHandler:
     def op_unload(self, src, cid, a):
         if self.b.opts.get("model_control_mode", "none") != "explicit":
             raise ControlError("UNAVAILABLE", NOT_EXPLICIT)
-        self.unload(a["name"])
+        dependents = self.b.ensembles.dependencies(a["name"]) if a.get("unload_dependents") else []
+        for name in [a["name"], *dependents]:
+            self.unload(name)
         return {}
 
     # ---------------------------------------------------------------- statistics

@@ -103,9 +103,8 @@ class Broker:
         sources = scan(self.opts["model_repositories"])
         self.names = sorted(sources)
         wanted = self.control.startup_models(self.names)
-        for name in self.names:
-            if name in wanted:
-                self.load_model(sources[name])
+        for name in self.ensembles.load_order(sources, wanted):
+            self.load_model(sources[name])
         self.table_dirty = True
 
     def load_model(self, source) -> None:
@@ -129,11 +128,11 @@ class Broker:
         config = config_to_json(spec.config)
         self.models[spec.name] = {}
         for v in spec.versions:
+            if config.get("platform") == "ensemble":
+                self.models[spec.name][v] = self.ensembles.setup(spec, v, config)
+                continue
             mv = ModelVersion(spec.name, v, spec.path, os.path.dirname(spec.path), config)
             self.models[spec.name][v] = mv
-            if config.get("platform") == "ensemble":
-                self.ensembles.setup(mv)
-                continue
             index = 0
             for g, group in enumerate(config.get("instance_group") or []):
                 for i in range(int(group.get("count", 1))):
@@ -286,8 +285,13 @@ class Broker:
         mv, err = self.resolve(msg.model, msg.version)
         if err is not None:
             return self.reject(src, msg, err)
+        if src[0] is self.wk:       # a BLS call: refused when it could never be answered
+            src = self.ensembles.bls_call(src, msg, mv)
+            if src is None:
+                return
         if mv.config.get("platform") == "ensemble":
-            return self.ensembles.run(src, msg, mv)
+            self.ensembles.run(src, msg, mv)
+            return
         self.admit(src, msg, mv)
 
     def admit(self, src, msg: P.Infer, mv: ModelVersion) -> Req | None:

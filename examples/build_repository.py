@@ -23,6 +23,9 @@ IR_VERSION = 10
 OPSET = 17
 MLP_DIMS = (256, 1024, 1024, 256)
 ADD_SUB_WIDTH = 16
+IMAGE_SHAPE = (3, 224, 224)
+EMBEDDING_WIDTH = 512
+ENSEMBLES = ("search_pipeline_ensemble",)   # config only; Triton still wants a version directory
 
 
 def _finish(graph: onnx.GraphProto) -> onnx.ModelProto:
@@ -89,6 +92,34 @@ def mlp_torch_model(mlp: onnx.ModelProto):
     return torch.jit.trace(module, torch.zeros(1, MLP_DIMS[0]))
 
 
+def image_encoder_model(seed: int = 1) -> onnx.ModelProto:
+    """IMAGE [batch, 3, 224, 224] -> 8x8 stride-8 conv (16 channels), Relu, 4x4 average pool,
+    Gemm to 512, L2 normalization -> EMBEDDING [batch, 512]."""
+    rng = np.random.default_rng(seed)
+    channels, pooled = 16, IMAGE_SHAPE[1] // 8 // 4
+    conv_w = (rng.standard_normal((channels, IMAGE_SHAPE[0], 8, 8)) / np.sqrt(3 * 64)).astype(np.float32)
+    conv_b = (0.01 * rng.standard_normal(channels)).astype(np.float32)
+    fan_in = channels * pooled * pooled
+    gemm_w = (rng.standard_normal((fan_in, EMBEDDING_WIDTH)) / np.sqrt(fan_in)).astype(np.float32)
+    gemm_b = (0.01 * rng.standard_normal(EMBEDDING_WIDTH)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["IMAGE", "conv_w", "conv_b"], ["conv"], kernel_shape=[8, 8], strides=[8, 8]),
+            helper.make_node("Relu", ["conv"], ["relu"]),
+            helper.make_node("AveragePool", ["relu"], ["pool"], kernel_shape=[4, 4], strides=[4, 4]),
+            helper.make_node("Flatten", ["pool"], ["flat"], axis=1),
+            helper.make_node("Gemm", ["flat", "gemm_w", "gemm_b"], ["gemm"]),
+            helper.make_node("LpNormalization", ["gemm"], ["EMBEDDING"], axis=1, p=2),
+        ],
+        "image_encoder",
+        [helper.make_tensor_value_info("IMAGE", TensorProto.FLOAT, ["batch", *IMAGE_SHAPE])],
+        [helper.make_tensor_value_info("EMBEDDING", TensorProto.FLOAT, ["batch", EMBEDDING_WIDTH])],
+        [numpy_helper.from_array(a, n) for a, n in
+         ((conv_w, "conv_w"), (conv_b, "conv_b"), (gemm_w, "gemm_w"), (gemm_b, "gemm_b"))],
+    )
+    return _finish(graph)
+
+
 def build(dest: str) -> None:
     """Copy the committed configs and Python models into dest and write the ONNX models."""
     root = Path(dest)
@@ -100,11 +131,14 @@ def build(dest: str) -> None:
         "mlp_onnx": mlp,
         "mlp_onnx_nobatch": mlp,
         "add_sub_onnx": add_sub_model().SerializeToString(),
+        "image_encoder_onnx": image_encoder_model().SerializeToString(),
     }
     for name, data in onnx_files.items():
         version = root / name / "1"
         version.mkdir(parents=True, exist_ok=True)
         (version / "model.onnx").write_bytes(data)
+    for name in ENSEMBLES:
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
     if has_torch:
         import torch
 

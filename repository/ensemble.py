@@ -7,11 +7,15 @@ types the composing models declare.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2
 
-from .backends import PYTHON
+from .backends import ENSEMBLE_PLATFORM, PYTHON
+from .config import config_path, parse_config_text
+from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .catalog import ModelSpec
@@ -105,6 +109,43 @@ def _cycle_error(cfg: model_config_pb2.ModelConfig, producer: dict[str, int]) ->
     return None
 
 
+def _dims_text(dims: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _dims_match(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b))
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """What one side (the ensemble or a composing model) says an ensemble tensor is."""
+
+    data_type: int
+    dims: tuple[int, ...]
+    full_dims: tuple[int, ...]     # with the batch dimension when that side batches
+    model: str
+
+    @classmethod
+    def of(cls, io, batching: bool, model: str, ensemble_io: bool = False) -> "_Tensor":
+        dims = tuple(io.reshape.shape) if ensemble_io and io.HasField("reshape") else tuple(io.dims)
+        return cls(io.data_type, dims, ((-1,) if batching else ()) + dims, model)
+
+    def conflict(self, other: "_Tensor") -> str | None:
+        """Triton's consistency rule: same type; shapes equal up to -1, with or without the batch dim."""
+        if self.data_type != other.data_type:
+            return (
+                f"inconsistent data type: {DataType.Name(self.data_type)} is inferred from model {self.model} "
+                f"while {DataType.Name(other.data_type)} is inferred from model {other.model}"
+            )
+        if not _dims_match(self.dims, other.dims) and not _dims_match(self.full_dims, other.full_dims):
+            return (
+                f"inconsistent shape: {_dims_text(self.full_dims)} is inferred from model {self.model} "
+                f"while {_dims_text(other.full_dims)} is inferred from model {other.model}"
+            )
+        return None
+
+
 def _not_autocompleted(cfg: model_config_pb2.ModelConfig) -> bool:
     """A Python model whose inputs/outputs its worker has not filled in yet: nothing to compare."""
     return cfg.backend == PYTHON and not cfg.input and not cfg.output
@@ -113,18 +154,15 @@ def _not_autocompleted(cfg: model_config_pb2.ModelConfig) -> bool:
 def _composing_error(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelSpec]) -> str | None:
     name = cfg.name
     steps = cfg.ensemble_scheduling.step
-    # Data type of each ensemble tensor and the model it was inferred from.
-    types: dict[str, tuple[int, str]] = {io.name: (io.data_type, name) for io in (*cfg.input, *cfg.output)}
+    # Data type and shape of each ensemble tensor, and the model they were inferred from.
+    tensors: dict[str, _Tensor] = {}
+    for io in (*cfg.input, *cfg.output):
+        tensors[io.name] = _Tensor.of(io, cfg.max_batch_size > 0, name, ensemble_io=True)
 
-    def agree(tensor: str, dtype: int, model: str) -> str | None:
-        known = types.setdefault(tensor, (dtype, model))
-        if known[0] == dtype:
-            return None
-        return (
-            f"in ensemble '{name}', ensemble tensor '{tensor}': inconsistent data type: "
-            f"{DataType.Name(known[0])} is inferred from model {known[1]} while "
-            f"{DataType.Name(dtype)} is inferred from model {model}"
-        )
+    def agree(tensor: str, seen: _Tensor) -> str | None:
+        known = tensors.setdefault(tensor, seen)
+        problem = known.conflict(seen)
+        return f"in ensemble '{name}', ensemble tensor '{tensor}': {problem}" if problem else None
 
     configs = []
     for i, step in enumerate(steps):
@@ -151,7 +189,7 @@ def _composing_error(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelSp
                     f"in ensemble '{name}', ensemble tensor '{tensor}' is mapped from non-existing output "
                     f"'{model_output}' in model '{step.model_name}'"
                 )
-            err = agree(tensor, outputs[model_output].data_type, step.model_name)
+            err = agree(tensor, _Tensor.of(outputs[model_output], sub.max_batch_size > 0, step.model_name))
             if err:
                 return err
     for step, sub in zip(steps, configs):
@@ -164,7 +202,7 @@ def _composing_error(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelSp
                     f"in ensemble '{name}', ensemble tensor '{tensor}' is mapping to non-existing input "
                     f"'{model_input}' in model '{step.model_name}'"
                 )
-            err = agree(tensor, inputs[model_input].data_type, step.model_name)
+            err = agree(tensor, _Tensor.of(inputs[model_input], sub.max_batch_size > 0, step.model_name))
             if err:
                 return err
         for io in sub.input:
@@ -185,3 +223,19 @@ def validate_ensemble(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelS
     Python composing models not yet auto-completed are checked by name only.
     """
     return _structure_error(cfg) or _flow_error(cfg) or _composing_error(cfg, specs)
+
+
+def ensemble_dependencies(model_path: str, config_name: str = "") -> list[str] | None:
+    """The models an ensemble's steps name, read from its config file alone (no auto-complete);
+    None when the model is not an ensemble or its config cannot be read, which loading reports."""
+    path = config_path(model_path, config_name)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = parse_config_text(f.read(), os.path.basename(model_path), path)
+    except (OSError, UnicodeDecodeError, ConfigError):
+        return None
+    if cfg.platform != ENSEMBLE_PLATFORM:
+        return None
+    return list(dict.fromkeys(step.model_name for step in cfg.ensemble_scheduling.step))

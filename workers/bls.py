@@ -1,15 +1,23 @@
-"""Business-logic scripting: a python model calling another model through the broker.
+"""Business-logic scripting: a Python model calling another model through the broker.
 
 The calling worker sends an ordinary Infer to the broker on its own socket and blocks for
-the reply while other workers serve the callee, so no worker ever waits on itself.
+the reply while other workers serve the callee. Several calls may be in flight at once
+(`async_exec` runs each in an executor thread): the ZeroMQ socket is not thread-safe, so
+whichever waiting thread holds the reader role does all socket I/O (sending what the others
+queued, receiving every reply) and hands the socket over once its own reply arrived.
+The broker refuses a call that could never be answered (the callee's instances all wait,
+directly or through other calls, on this caller), so a call never waits on itself.
 """
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import zmq
 
 from tritond.broker import protocol as P
 from tritond.repository.datatypes import array_to_bytes, numpy_to_wire
@@ -19,54 +27,138 @@ from .tensors import desc_to_array
 if TYPE_CHECKING:
     from .main import Worker
 
+log = logging.getLogger("tritond.worker")
+
 
 class BlsClient:
     def __init__(self, worker: "Worker") -> None:
         self.w = worker
-        self.lock = threading.Lock()
+        self.cond = threading.Condition()
         self.rids = itertools.count(1)
+        self.outbox: list[bytes] = []
         self.replies: dict[int, P.InferReply] = {}
+        self.reading = False
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
 
     def stray(self, msg: Any) -> None:
+        """A message the worker's main loop received but does not handle itself."""
         if isinstance(msg, P.InferReply):
-            self.replies[msg.rid] = msg
+            with self.cond:
+                self.replies[msg.rid] = msg
+                self.cond.notify_all()
 
     def infer(self, model_name: str, model_version: int, inputs: dict[str, np.ndarray],
               requested_output_names: list[str], request_id: str, parameters: dict,
               correlation_id: Any, flags: int, timeout_us: int) -> tuple[dict[str, np.ndarray], tuple[str, str] | None]:
+        """pb_utils' BLS handler: run one request on `model_name`; (outputs, None) or ({}, (code, message))."""
         w = self.w
         blocks = []
         descs = []
-        for name, arr in inputs.items():
-            arr = np.asarray(arr)
-            datatype = numpy_to_wire(arr.dtype)
-            payload = array_to_bytes(arr, datatype)
-            size = len(payload) if isinstance(payload, bytes) else payload.nbytes
-            desc = P.TensorDesc(name, datatype, list(arr.shape))
-            if size <= P.INLINE_MAX:
-                desc.data = bytes(payload)
-            else:
-                block = w.arena.alloc(size)
-                block.view[:size] = payload
-                blocks.append(block)
-                desc.seg, desc.offset, desc.nbytes = block.seg, block.offset, size
-            descs.append(desc)
-        with self.lock:
-            rid = next(self.rids)
-            w.send(P.Infer(rid, model_name, int(model_version), descs,
-                           [P.OutputSpec(n) for n in requested_output_names], request_id,
-                           dict(parameters or {}), 0, int(timeout_us or 0), correlation_id or 0, int(flags or 0)))
-            while rid not in self.replies:
-                msg = w.decoder.decode(w.sock.recv())
-                if not w.handle_side(msg):
-                    self.stray(msg)
-            reply = self.replies.pop(rid)
-        for block in blocks:
-            w.arena.free(block.seg, block.offset)
+        try:
+            for name, arr in inputs.items():
+                descs.append(self._place(name, np.asarray(arr), blocks))
+            with self.cond:
+                rid = next(self.rids)
+            frame = P.encode(P.Infer(
+                rid, model_name, int(model_version), descs, [P.OutputSpec(n) for n in requested_output_names],
+                request_id, dict(parameters or {}), 0, int(timeout_us or 0), correlation_id or 0, int(flags or 0)))
+            reply = self._call(rid, frame)
+        finally:
+            for block in blocks:
+                w.arena.free(block.seg, block.offset)
         if reply.error is not None:
             return {}, (reply.error.code, reply.error.message)
-        outputs = {d.name: np.array(desc_to_array(d, w.maps), copy=True) for d in reply.outputs}
-        leases = sorted({d.lease for d in reply.outputs if d.lease})
-        if leases:
-            w.send(P.Release(reply.owner, leases))
+        try:
+            outputs = {d.name: np.array(desc_to_array(d, w.maps), copy=True) for d in reply.outputs}
+        finally:
+            leases = sorted({d.lease for d in reply.outputs if d.lease})
+            if leases:
+                self._send_later(P.encode(P.Release(reply.owner, leases)))
         return outputs, None
+
+    def _place(self, name: str, arr: np.ndarray, blocks: list) -> P.TensorDesc:
+        """Inline when small, else one copy into this worker's arena (freed after the reply)."""
+        datatype = numpy_to_wire(arr.dtype)
+        payload = array_to_bytes(arr, datatype)
+        size = len(payload) if isinstance(payload, bytes) else payload.nbytes
+        desc = P.TensorDesc(name, datatype, list(arr.shape))
+        if size <= P.INLINE_MAX:
+            desc.data = bytes(payload)
+            return desc
+        block = self.w.arena.alloc(size)
+        blocks.append(block)
+        block.view[:size] = payload
+        desc.seg, desc.offset, desc.nbytes = block.seg, block.offset, size
+        return desc
+
+    # ---------------------------------------------------------------- socket I/O
+
+    def _send_later(self, frame: bytes) -> None:
+        """Queue a frame for the reader (or send it now when no call is in flight)."""
+        with self.cond:
+            if not self.reading:
+                self.w.sock.send(frame)
+                return
+            self.outbox.append(frame)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"\0")
+        except BlockingIOError:
+            pass            # the pipe is full: the reader is already due to wake
+
+    def _call(self, rid: int, frame: bytes) -> P.InferReply:
+        with self.cond:
+            self.outbox.append(frame)
+            if self.reading:
+                self._wake()
+            while rid not in self.replies:
+                if self.reading:
+                    self.cond.wait()
+                    continue
+                self.reading = True
+                self.cond.release()
+                try:
+                    self._read_until(rid)
+                finally:
+                    self.cond.acquire()
+                    self.reading = False
+                    self.cond.notify_all()
+            return self.replies.pop(rid)
+
+    def _read_until(self, rid: int) -> None:
+        """The reader role: send what is queued, receive until `rid` is answered."""
+        w = self.w
+        poller = zmq.Poller()
+        poller.register(w.sock, zmq.POLLIN)
+        poller.register(self.wake_r, zmq.POLLIN)
+        while True:
+            with self.cond:
+                frames, self.outbox = self.outbox, []
+                if rid in self.replies:
+                    break
+            for frame in frames:
+                w.sock.send(frame)
+            events = dict(poller.poll())
+            if self.wake_r in events:
+                try:
+                    os.read(self.wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            while True:
+                try:
+                    msg = w.decoder.decode(w.sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                if isinstance(msg, P.InferReply):
+                    with self.cond:
+                        self.replies[msg.rid] = msg
+                        self.cond.notify_all()
+                elif not w.handle_side(msg):
+                    log.warning("%s arrived during a BLS call and was not handled; the broker repeats a stop "
+                                "when it shuts down", type(msg).__name__)
+        for frame in frames:
+            w.sock.send(frame)
