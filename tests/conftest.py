@@ -67,7 +67,7 @@ def session_pids(sid: int) -> list[int]:
 class TritondServer:
     """One `tritond start` on free loopback ports."""
 
-    def __init__(self, repos: list[Path] | Path, args: list[str] | None = None, grpc: bool = False,
+    def __init__(self, repos: list[Path] | Path, args: list[str] | None = None, grpc: bool = True,
                  env: dict[str, str] | None = None) -> None:
         self.repos = [repos] if isinstance(repos, (str, Path)) else list(repos)
         self.args = list(args or [])

@@ -1,0 +1,283 @@
+"""`inference.GRPCInferenceService`: every RPC, answered through the shared dataplane and broker.
+
+Errors leave as gRPC status codes (frontend/errors.py); inside ModelStreamInfer a failed
+request becomes an `error_message` response and the stream stays open.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from tritond.repository.render import config_from_json
+
+from ..dataplane import Dataplane
+from ..errors import GRPC_CODE_NAME, TritonError
+from ..http.app import EXTENSIONS, SERVER_VERSION
+from ..metadata import model_metadata
+from . import converters as cv
+
+log = logging.getLogger("tritond.grpc")
+
+SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requests."
+DECOUPLED_INFER = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+DECOUPLED_STREAM = "ModelStreamInfer RPC doesn't support models with decoupled transaction policy on this server"
+RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
+STATUS = {name: grpc.StatusCode[code] for name, code in GRPC_CODE_NAME.items()}
+
+
+@dataclass
+class GrpcOptions:
+    server_name: str = "triton"
+    strict_readiness: bool = True
+    restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (key, value)
+
+
+def status_of(e: TritonError) -> grpc.StatusCode:
+    return STATUS.get(e.code, grpc.StatusCode.INTERNAL)
+
+
+def rpc(category: str) -> Callable:
+    """Admission (shutdown, restricted protocol) and error mapping around a unary RPC."""
+    def wrap(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(fn)
+        async def handler(self: "InferenceServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await self.admit(context, category)
+            try:
+                return await fn(self, request, context)
+            except TritonError as e:
+                await context.abort(status_of(e), e.message)
+            except asyncio.TimeoutError:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the server's broker did not answer in time")
+        return handler
+    return wrap
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dataplane: Dataplane, opts: GrpcOptions) -> None:
+        self.dp = dataplane
+        self.client = dataplane.client
+        self.opts = opts
+        self.restricted = {cat: (RESTRICTED_HEADER_PREFIX + key, value)
+                           for cat, (key, value) in opts.restricted.items()}
+        self.stopping = False
+        self.inflight = 0
+
+    # ------------------------------------------------------------- admission and shutdown
+
+    async def admit(self, context: grpc.aio.ServicerContext, category: str) -> None:
+        if self.stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
+        restriction = self.restricted.get(category)
+        if restriction is not None:
+            if restriction not in tuple(context.invocation_metadata() or ()):
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"This protocol is restricted, expecting header '{restriction[0]}'")
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new RPCs and wait (bounded) for in-flight inferences to finish."""
+        self.stopping = True
+        deadline = time.monotonic() + timeout
+        while self.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    def ready(self) -> bool:
+        return self.client.alive and self.client.table.ready(self.opts.strict_readiness)
+
+    # ------------------------------------------------------------- health and metadata
+
+    @rpc("health")
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.client.alive)
+
+    @rpc("health")
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.ready())
+
+    @rpc("health")
+    async def ModelReady(self, request, context):
+        """Unknown models and versions are simply not ready (status OK), as in Triton's core."""
+        version = cv.parse_version(request.version)
+        try:
+            self.client.table.resolve(request.name, version)
+        except TritonError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    @rpc("metadata")
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name=self.opts.server_name, version=SERVER_VERSION, extensions=EXTENSIONS)
+
+    @rpc("metadata")
+    async def ModelMetadata(self, request, context):
+        version = cv.parse_version(request.version)
+        table = self.client.table
+        entry = table.resolve(request.name, version)
+        versions = [str(version)] if version >= 0 else sorted(
+            (str(v) for v, e in table.by_name[request.name].items() if e.state == "READY"), key=int)
+        return cv.model_metadata(model_metadata(entry.config or {}, request.name, versions))
+
+    @rpc("model-config")
+    async def ModelConfig(self, request, context):
+        entry = self.client.table.any_entry(request.name, cv.parse_version(request.version))
+        return pb.ModelConfigResponse(config=config_from_json(entry.config or {}))
+
+    @rpc("statistics")
+    async def ModelStatistics(self, request, context):
+        stats = await self.client.control("stats", {"name": request.name,
+                                                     "version": cv.parse_version(request.version)})
+        return cv.model_statistics(stats)
+
+    # ------------------------------------------------------------- inference
+
+    async def _infer(self, request: pb.ModelInferRequest, decoupled_text: str) -> pb.ModelInferResponse:
+        entry = self.dp.entry(request.model_name, cv.parse_version(request.model_version))
+        if (entry.config or {}).get("model_transaction_policy", {}).get("decoupled"):
+            raise TritonError("UNSUPPORTED", decoupled_text)
+        opts = cv.request_options(request.parameters)
+        opts.id = request.id
+        result = await self.dp.infer(entry, cv.parse_inputs(request), cv.parse_outputs(request), opts)
+        try:
+            return cv.infer_response(result)
+        finally:
+            self.dp.release(result)
+
+    @rpc("inference")
+    async def ModelInfer(self, request, context):
+        self.inflight += 1
+        try:
+            return await self._infer(request, DECOUPLED_INFER)
+        finally:
+            self.inflight -= 1
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: grpc.aio.ServicerContext) -> None:
+        """One response per request, written as each completes; requests reach the broker in
+        arrival order. With metadata `triton_grpc_error: true` the first error ends the stream."""
+        await self.admit(context, "inference")
+        abort_on_error = any(k == "triton_grpc_error" and v.lower() == "true"
+                             for k, v in context.invocation_metadata() or ())
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        def failed(request: pb.ModelInferRequest, e: TritonError) -> None:
+            queue.put_nowait((e, pb.ModelStreamInferResponse(
+                error_message=e.message, infer_response=pb.ModelInferResponse(id=request.id))))
+
+        async def answer(request: pb.ModelInferRequest) -> None:
+            self.inflight += 1
+            try:
+                response = await self._infer(request, DECOUPLED_STREAM)
+                queue.put_nowait((None, pb.ModelStreamInferResponse(infer_response=response)))
+            except TritonError as e:
+                failed(request, e)
+            except Exception as e:  # a bug must not take the stream down
+                log.exception("stream request failed")
+                failed(request, TritonError("INTERNAL", f"internal error: {e}"))
+            finally:
+                self.inflight -= 1
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    if self.stopping:
+                        failed(request, TritonError("UNAVAILABLE", SHUTTING_DOWN))
+                        continue
+                    task = asyncio.create_task(answer(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                while tasks:
+                    await asyncio.gather(*tasks, return_exceptions=True)
+            finally:
+                queue.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                err, message = item
+                if err is not None and abort_on_error:
+                    await context.abort(status_of(err), err.message)
+                await context.write(message)
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    # ------------------------------------------------------------- repository
+
+    @rpc("model-repository")
+    async def RepositoryIndex(self, request, context):
+        if request.repository_name:
+            raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
+        return cv.repository_index(await self.client.control("index", {"ready": request.ready}))
+
+    @rpc("model-repository")
+    async def RepositoryModelLoad(self, request, context):
+        if request.repository_name:
+            raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
+        await self.client.control("load", cv.load_arguments(request))
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc("model-repository")
+    async def RepositoryModelUnload(self, request, context):
+        if request.repository_name:
+            raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
+        await self.client.control("unload", {"name": request.model_name,
+                                             "unload_dependents": cv.unload_dependents(request)})
+        return pb.RepositoryModelUnloadResponse()
+
+    # ------------------------------------------------------------- shared memory
+
+    @rpc("shared-memory")
+    async def SystemSharedMemoryStatus(self, request, context):
+        return cv.shm_status(await self.client.control("shm_status", {"name": request.name}))
+
+    @rpc("shared-memory")
+    async def SystemSharedMemoryRegister(self, request, context):
+        await self.client.control("shm_register", {"name": request.name, "key": request.key,
+                                                   "offset": request.offset, "byte_size": request.byte_size})
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @rpc("shared-memory")
+    async def SystemSharedMemoryUnregister(self, request, context):
+        await self.client.control("shm_unregister", {"name": request.name})
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @rpc("shared-memory")
+    async def CudaSharedMemoryStatus(self, request, context):
+        return cv.cuda_status(await self.client.control("cuda_status", {"name": request.name}))
+
+    @rpc("shared-memory")
+    async def CudaSharedMemoryRegister(self, request, context):
+        await self.client.control("cuda_register", {"name": request.name, "raw_handle": request.raw_handle,
+                                                    "device_id": request.device_id,
+                                                    "byte_size": request.byte_size})
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @rpc("shared-memory")
+    async def CudaSharedMemoryUnregister(self, request, context):
+        await self.client.control("cuda_unregister", {"name": request.name})
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ------------------------------------------------------------- settings
+
+    @rpc("trace")
+    async def TraceSetting(self, request, context):
+        settings = await self.client.control("trace_settings", {"model": request.model_name,
+                                                                "settings": cv.trace_updates(request)})
+        return cv.trace_settings(settings)
+
+    @rpc("logging")
+    async def LogSettings(self, request, context):
+        settings = await self.client.control("log_settings", {"settings": cv.log_updates(request)})
+        return cv.log_settings(settings)
