@@ -11,7 +11,7 @@ import itertools
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 import zmq.asyncio
@@ -88,6 +88,7 @@ class BrokerClient:
         self.ctx = zmq.asyncio.Context()
         self.sock: zmq.asyncio.Socket | None = None
         self.futures: dict[int, asyncio.Future] = {}
+        self.orphans: dict[int, Callable[[], None]] = {}
         self.ids = itertools.count(1)
         self.table = ModelTable()
         self.table_event = asyncio.Event()
@@ -148,6 +149,9 @@ class BrokerClient:
                     fut.set_result(msg)
                 elif isinstance(msg, P.InferReply):
                     self.release_outputs(msg)
+                    orphan = self.orphans.pop(msg.rid, None)
+                    if orphan is not None:
+                        orphan()
             elif isinstance(msg, P.Table):
                 self.table = ModelTable(msg)
                 self.table_event.set()
@@ -165,6 +169,9 @@ class BrokerClient:
                     if not fut.done():
                         fut.set_exception(err)
                 self.futures.clear()
+                orphans, self.orphans = self.orphans, {}
+                for orphan in orphans.values():
+                    orphan()
                 self._connect()
             if not self.alive:
                 await self._hello()
@@ -173,15 +180,20 @@ class BrokerClient:
         if not self.alive:
             raise TritonError("UNAVAILABLE", "the server's broker is not available")
 
-    async def infer(self, msg: P.Infer) -> P.InferReply:
+    async def infer(self, msg: P.Infer, on_orphan: Callable[[], None] | None = None) -> P.InferReply:
+        """Send one request and await its reply. If the caller is cancelled first, `on_orphan` runs
+        once the broker has answered after all (or is gone), so input blocks are not freed while a
+        worker may still read them."""
         self._check()
         fut = asyncio.get_running_loop().create_future()
         self.futures[msg.rid] = fut
-        await self.sock.send(P.encode(msg))
         try:
+            await self.sock.send(P.encode(msg))
             return await fut
         except asyncio.CancelledError:
             self.futures.pop(msg.rid, None)
+            if on_orphan is not None:
+                self.orphans[msg.rid] = on_orphan
             raise
 
     def next_id(self) -> int:
@@ -195,6 +207,8 @@ class BrokerClient:
         await self.sock.send(P.encode(P.Control(cid, op, args or {})))
         try:
             reply = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise TritonError("UNAVAILABLE", f"the server's broker did not answer '{op}' in time") from None
         finally:
             self.futures.pop(cid, None)
         if reply.error is not None:

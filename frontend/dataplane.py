@@ -6,6 +6,7 @@ arena), asks the broker, and hands back output views that point into the worker'
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -283,10 +284,12 @@ class Dataplane:
             ]
             msg = P.Infer(self.client.next_id(), entry.name, entry.version, descs, specs, opts.id,
                           opts.params, opts.priority, opts.timeout_us, opts.correlation_id, opts.flags)
-            reply = await self.client.infer(msg)
+            reply = await self.client.infer(msg, on_orphan=lambda held=blocks: self._free(held))
+        except asyncio.CancelledError:
+            blocks = []   # the broker still holds the request: freed when it answers
+            raise
         finally:
-            for block in blocks:
-                self.arena.free(block.seg, block.offset)
+            self._free(blocks)
         if reply.error is not None:
             raise TritonError(reply.error.code, reply.error.message)
         wanted = {o.name: o for o in outputs}
@@ -308,6 +311,10 @@ class Dataplane:
             if o.classification:
                 self._classify(result_outputs, o, entry)
         return InferResult(entry.name, reply.version, opts.id, result_outputs, reply)
+
+    def _free(self, blocks: list) -> None:
+        for block in blocks:
+            self.arena.free(block.seg, block.offset)
 
     def _classify(self, outputs: list[OutputTensor], req: OutputRequest, entry: P.ModelEntry) -> None:
         """Triton's classification extension: top-k "value:index" strings per batch row."""

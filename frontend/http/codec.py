@@ -76,9 +76,13 @@ def _json_data(name: str, datatype: str, shape: list[int], data: Any, max_bytes:
         return b""
     if not isinstance(data, list):
         raise invalid("Unable to parse 'data': attempt to access JSON non-array as array")
-    flat = _flatten(data)
+    types = set(map(type, data))
+    flat = data
+    if list in types:
+        flat = _flatten(data)
+        types = set(map(type, flat))
     if datatype == "BYTES":
-        if not all(isinstance(x, str) for x in flat):
+        if not types <= {str}:
             raise invalid(f"Unable to parse 'data': expected string for BYTES input '{name}'")
         items = [x.encode("utf-8") for x in flat]
         size = sum(len(x) + 4 for x in items)
@@ -94,15 +98,10 @@ def _json_data(name: str, datatype: str, shape: list[int], data: Any, max_bytes:
         raise invalid("Unable to parse 'data': Shape does not match true shape of 'data' field")
     if len(flat) < count:
         raise invalid("Failed to parse 'data' field: shape does not match true shape")
+    allowed = {bool} if datatype == "BOOL" else {int, float} if datatype.startswith("FP") else {int}
+    if not types <= allowed:
+        raise invalid(f"Unable to parse 'data': expected {datatype} values for input '{name}'")
     try:
-        if datatype == "BOOL":
-            ok = all(isinstance(x, bool) for x in flat)
-        elif datatype.startswith("FP"):
-            ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in flat)
-        else:
-            ok = all(isinstance(x, int) and not isinstance(x, bool) for x in flat)
-        if not ok:
-            raise TypeError
         arr = np.array(flat, dtype=WIRE_TO_NUMPY[datatype])
     except (TypeError, ValueError, OverflowError):
         raise invalid(f"Unable to parse 'data': expected {datatype} values for input '{name}'") from None
@@ -239,10 +238,10 @@ def _output(item: Any) -> OutputRequest:
         o.classification = c
     if "shared_memory_region" in params:
         o.region, o.offset, o.nbytes = _shm_parameters(params)
-    elif "binary_data" in params:
-        if not isinstance(params["binary_data"], bool):
+    else:   # a listed output is JSON unless it asks for binary; binary_data_output covers unlisted ones
+        o.binary = params.get("binary_data", False)
+        if not isinstance(o.binary, bool):
             raise invalid("Unable to parse 'binary_data'")
-        o.binary = params["binary_data"]
     return o
 
 

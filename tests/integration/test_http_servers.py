@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -257,8 +258,19 @@ def test_two_http_workers_then_sigterm_with_requests_in_flight(example_repo, tmp
     s.assert_clean()
 
 
+def disconnect_mid_request(server: TritondServer) -> None:
+    """Send a slow request and hang up before the answer comes."""
+    body = json.dumps({"parameters": {"sleep_ms": 500},
+                       "inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.http_port))
+    sock.sendall(b"POST /v2/models/batch_reporter/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+    time.sleep(0.2)
+    sock.close()
+
+
 def test_hypercorn(example_repo, tmp_path):
-    repo = small_repo(example_repo, tmp_path / "repo", ["identity_fp32"])
+    repo = small_repo(example_repo, tmp_path / "repo", ["identity_fp32", "batch_reporter"])
     s = TritondServer(repo, ["--http-server", "hypercorn"]).start()
     try:
         client = httpclient.InferenceServerClient(s.http_url)
@@ -268,5 +280,14 @@ def test_hypercorn(example_repo, tmp_path):
         status, headers, body = post(s, "/v2/models/nope/infer", b"{}")
         assert (status, json.loads(body)) == (400, {"error": "Request for unknown model: 'nope' is not found"})
         assert headers["server"].startswith("hypercorn")
+        disconnect_mid_request(s)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:   # the abandoned request still runs to completion
+            (stats,) = client.get_inference_statistics("batch_reporter")["model_stats"]
+            if stats["inference_stats"]["success"]["count"] == 1:
+                break
+            time.sleep(0.1)
+        assert stats["inference_stats"]["success"]["count"] == 1
+        np.testing.assert_array_equal(identity(client, x), x)
     finally:
         stop_clean(s)

@@ -1,11 +1,13 @@
 """Dataplane.validate: Triton's normalization checks, in Triton's order, with its messages."""
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from tritond.broker import protocol as P
-from tritond.frontend.dataplane import Dataplane, InputTensor, OutputRequest, split_parameters
+from tritond.frontend.dataplane import Dataplane, InputTensor, OutputRequest, RequestOptions, split_parameters
 from tritond.frontend.errors import TritonError
 from tritond.repository.datatypes import serialize_bytes
 
@@ -115,3 +117,52 @@ def test_split_parameters():
     assert opts.params == {"custom": "x"}
     with pytest.raises(TritonError):
         split_parameters({"triton_foo": 1})
+
+
+class FakeArena:
+    def __init__(self) -> None:
+        self.freed: list[tuple[str, int]] = []
+
+    def alloc(self, n: int):
+        from tritond.shm.arena import Block
+        return Block("seg", 0, n, memoryview(bytearray(n)))
+
+    def free(self, seg: str, offset: int) -> None:
+        self.freed.append((seg, offset))
+
+
+class HangingClient:
+    """Never answers; remembers what to run should the broker answer after the caller gave up."""
+
+    def __init__(self) -> None:
+        self.orphan = None
+
+    def next_id(self) -> int:
+        return 1
+
+    async def infer(self, msg, on_orphan=None):
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            self.orphan = on_orphan
+            raise
+
+
+def test_cancelled_infer_keeps_inputs_until_the_broker_answers():
+    arena, client = FakeArena(), HangingClient()
+    plane = Dataplane(client, arena, None)
+    entry = P.ModelEntry("big", 1, "READY", config={
+        "max_batch_size": 0, "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [-1]}], "output": []})
+    n = P.INLINE_MAX // 4 + 1   # large enough to go through the arena
+
+    async def run() -> None:
+        task = asyncio.create_task(plane.infer(entry, [fp32("X", [n])], [], RequestOptions()))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    assert arena.freed == []          # a worker may still be reading the input
+    client.orphan()                   # the broker's late answer
+    assert arena.freed == [("seg", 0)]

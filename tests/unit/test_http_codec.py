@@ -186,3 +186,11 @@ def test_render_json_and_binary():
     assert body[json_len:] == serialize_bytes(s)
     body, json_len = render_response(InferResult("m", 1, "", [OutputTensor("F", "FP32", [2], f.tobytes())]), False)
     assert json_len is None and "id" not in orjson.loads(body)
+
+
+def test_listed_outputs_are_json_unless_binary_requested():
+    doc = {"parameters": {"binary_data_output": True},
+           "inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}],
+           "outputs": [{"name": "A"}, {"name": "B", "parameters": {"binary_data": True}}]}
+    _, _, (a, b), default_binary = parse(doc)
+    assert (a.binary, b.binary, default_binary) == (False, True, True)
