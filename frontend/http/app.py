@@ -138,6 +138,8 @@ class HttpApi:
         if len(out) > limit or d.unconsumed_tail:
             raise invalid(f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. "
                           f"Use --http-max-input-size to increase the limit.")
+        if not d.eof:
+            raise invalid("failed to decompress the request body: the compressed stream is truncated")
         return out
 
     @staticmethod

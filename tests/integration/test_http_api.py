@@ -316,6 +316,13 @@ def test_compression_raw(server, algorithm):
     assert json.loads(plain)["outputs"][0]["data"] == [1.0, 2.0]
 
 
+def test_corrupt_compressed_body(server):
+    doc = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]}).encode()
+    for body in (gzip.compress(doc)[:-12], b"not gzip at all"):
+        status, _, data = request(server, "POST", "/v2/models/identity_fp32/infer", body, {"Content-Encoding": "gzip"})
+        assert status == 400 and json.loads(data)["error"].startswith("failed to decompress the request body")
+
+
 def test_raw_binary_request(server, example_repo):
     x = np.arange(5, dtype=np.float32)
     status, headers, body = request(server, "POST", "/v2/models/identity_fp32/infer", x.tobytes(),
