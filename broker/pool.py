@@ -2,6 +2,11 @@
 
 The broker owns this pool, so it learns of a death the moment the pidfd turns readable,
 without signal handlers or polling threads.
+
+Crash-loop policy: each death of a worker that never completed a batch counts; a worker
+generation that completed one clears the count (it was serving, so the next death is not
+part of a loop). More than CRASH_LIMIT counted deaths inside CRASH_WINDOW seconds mark the
+instance FAILED instead of restarting it forever. Backoff doubles with the count.
 """
 from __future__ import annotations
 
@@ -14,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-# Restart policy: backoff doubles from BACKOFF_MIN up to BACKOFF_MAX; more than
-# CRASH_LIMIT crashes inside CRASH_WINDOW seconds marks the instance failed.
+from .process import EXIT_NO_MEMORY
+
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 5.0
 CRASH_LIMIT = 5
@@ -23,7 +28,9 @@ CRASH_WINDOW = 60.0
 
 
 def describe_exit(returncode: int) -> str:
-    """'exit code 3' or 'killed by signal 9 (SIGKILL)'."""
+    """'exit code 3', 'killed by signal 9 (SIGKILL)' or 'out of memory'."""
+    if returncode == EXIT_NO_MEMORY:
+        return "out of memory"
     if returncode < 0:
         sig = -returncode
         try:
@@ -46,8 +53,10 @@ class Instance:
     generation: int = 0
     proc: subprocess.Popen | None = None
     pidfd: int = -1
-    state: str = "STARTING"        # STARTING | READY | BUSY | RESTARTING | FAILED | STOPPED
+    state: str = "STARTING"        # STARTING | READY | BUSY | KILLED | RESTARTING | FAILED | STOPPING | STOPPED
     batch: Any = None              # the in-flight batch, if any
+    served: bool = False           # this generation completed a batch
+    exit_reason: str = ""          # why this generation is expected to end (killed, failed to load)
     batch_started: float = 0.0
     last_heartbeat: float = 0.0
     crashes: list[float] = field(default_factory=list)
@@ -76,6 +85,8 @@ def spawn(inst: Instance, spec: dict[str, Any], env: dict[str, str] | None = Non
     inst.state = "STARTING"
     inst.last_heartbeat = time.monotonic()
     inst.batch = None
+    inst.served = False
+    inst.exit_reason = ""
 
 
 def reap(inst: Instance) -> int:
@@ -89,7 +100,10 @@ def reap(inst: Instance) -> int:
 
 
 def record_crash(inst: Instance, now: float) -> bool:
-    """Note a crash; True when the instance may restart, False when it must be marked failed."""
+    """Note a death; True when the instance may restart (at inst.restart_at), False when it
+    must be marked failed."""
+    if inst.served:
+        inst.crashes = []
     inst.crashes = [t for t in inst.crashes if now - t < CRASH_WINDOW] + [now]
     if len(inst.crashes) > CRASH_LIMIT:
         return False

@@ -1,13 +1,17 @@
-"""Process hygiene shared by every tritond process: parent-death signal and logging."""
+"""Process hygiene shared by every tritond process: parent-death signal, memory limit,
+logging, and the exit code a worker uses when it runs out of memory."""
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
+import resource
 import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+# A worker that hits MemoryError exits with this code (ENOMEM), so the broker can say why.
+EXIT_NO_MEMORY = 12
 
 
 def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL) -> None:
@@ -19,6 +23,18 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL) -> None:
         pass
     if os.getppid() != expected_parent:
         os._exit(1)
+
+
+def limit_memory(nbytes: int) -> None:
+    """Cap what this process may allocate (RLIMIT_DATA: heap and private mappings).
+
+    RLIMIT_DATA rather than RLIMIT_AS, so that mapping shared-memory tensors and client
+    regions, and address space reserved but never written, do not count against it.
+    """
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        nbytes = min(nbytes, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (nbytes, hard))
 
 
 def setup_logging(verbose: int, role: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,9 +163,9 @@ class Broker:
         }
 
     def start_instance(self, mv: ModelVersion, inst: Instance) -> None:
-        old = inst.identity
-        self.by_identity.pop(old, None)
-        self.by_identity.pop(old + b":hb", None)
+        """Spawn a (new generation of a) worker; it gets work only once it says WorkerUp."""
+        self.by_identity.pop(inst.identity, None)
+        self.by_identity.pop(inst.identity + b":hb", None)
         env = None
         if inst.kind == "GPU":
             # Set before any CUDA import in the worker: its GPU, and under --mps the server's daemon
@@ -233,7 +234,8 @@ class Broker:
             self.table_dirty = True
 
     def update_model_state(self, mv: ModelVersion) -> None:
-        """Derive the model state from its instances (load finished, crashed, restarted)."""
+        """Derive the model state from its instances (load finished, crashed, restarted):
+        READY while any instance can serve, else UNAVAILABLE with the reason."""
         if mv.state == UNAVAILABLE and mv.reason == "unloaded":
             return
         if mv.config and mv.config.get("platform") == "ensemble":
@@ -245,14 +247,14 @@ class Broker:
             if len(serving) == len(mv.instances):
                 self.finish_load(mv)
             return
+        reasons = "; ".join(sorted({i.last_error for i in mv.instances if i.last_error}))
         if serving:
             self.set_state(mv, READY)
         elif all(i.state == "FAILED" for i in mv.instances):
-            reasons = "; ".join(sorted({i.last_error for i in mv.instances if i.last_error}))
             self.set_state(mv, UNAVAILABLE, f"every instance of model '{mv.name}' failed: {reasons}")
-            self.fail_queued(mv, P.Err("UNAVAILABLE", f"model '{mv.name}' is unavailable: its instances failed"))
+            self.fail_queued(mv, P.Err("UNAVAILABLE", f"model '{mv.name}' is unavailable: {reasons}"))
         else:
-            self.set_state(mv, UNAVAILABLE, f"model '{mv.name}' has no live instance; restarting")
+            self.set_state(mv, UNAVAILABLE, f"model '{mv.name}' has no live instance (restarting): {reasons}")
 
     def finish_load(self, mv: ModelVersion) -> None:
         mv.scheduler = Scheduler(BatchPolicy.from_config(mv.config or {}))
@@ -260,6 +262,7 @@ class Broker:
         self.check_startup()
 
     def fail_load(self, mv: ModelVersion, reason: str) -> None:
+        """A first load failed: the model is UNAVAILABLE with the reason; nothing restarts."""
         for inst in mv.instances:
             inst.state = "FAILED"
             pool.kill(inst)
@@ -415,13 +418,14 @@ class Broker:
         inst.last_heartbeat = time.monotonic()
         mv = self.inst_model[id(inst)]
         if isinstance(msg, P.BatchDone):
+            inst.served = True
             self.on_batch_done(inst, msg)
         elif isinstance(msg, P.Heartbeat):
             pass
         elif isinstance(msg, P.WorkerUp):
             self.on_worker_up(mv, inst, msg)
         elif isinstance(msg, P.WorkerDown):
-            inst.last_error = msg.reason
+            inst.exit_reason = f"failed to initialize: {msg.reason}"
             if mv.state == LOADING:
                 self.fail_load(mv, f"load failed for model '{mv.name}': {msg.reason}")
         elif isinstance(msg, P.Infer):
@@ -438,54 +442,56 @@ class Broker:
         inst.state = "READY"
         inst.idle_since = time.monotonic()
         if inst.restarts:
-            log.info("instance %s of model '%s' restarted (generation %d)", inst.name, mv.name, inst.generation)
+            log.info("instance '%s' of model '%s' is serving again (restart %d, pid %d)",
+                     inst.name, mv.name, inst.restarts, msg.pid)
         self.update_model_state(mv)
         self.dispatch(mv)
 
     def on_worker_exit(self, inst: Instance) -> None:
+        """A worker process ended: answer (or retry) the batch it held, reclaim its shared
+        memory, drop its identity (so late frames are ignored) and schedule its restart."""
+        pid = inst.proc.pid
         rc = pool.reap(inst)
         self.by_pidfd = {fd: i for fd, i in self.by_pidfd.items() if i is not inst}
-        mv = self.inst_model[id(inst)]
-        how = inst.last_error if inst.state == "KILLED" and inst.last_error else pool.describe_exit(rc)
         self.by_identity.pop(inst.identity, None)
         self.by_identity.pop(inst.identity + b":hb", None)
-        sweep(owner_prefix(self.server_id, f"w{inst.proc.pid}"))
-        bid = inst.batch
-        inst.batch = None
-        if inst.state in ("STOPPING", "STOPPED") or not self.running:
-            inst.state = "STOPPED"
-            return
-        was_loading = mv.state == LOADING
+        sweep(owner_prefix(self.server_id, f"w{pid}"))
+        mv = self.inst_model[id(inst)]
+        how = inst.exit_reason or f"died ({pool.describe_exit(rc)})"
+        bid, inst.batch = inst.batch, None
         if bid is not None:
-            reqs = self.inflight.pop(bid, [])
-            msg = f"model '{mv.name}' instance '{inst.name}' died ({how}) while executing the request"
-            for r in reqs:
-                if mv.idempotent and not r.retried:
-                    r.retried = True
-                    r.dispatch_ns = 0
-                    mv.scheduler.queues[r.pending.level].appendleft(r.pending)
-                    mv.scheduler.count += 1
-                else:
-                    self.finish(r, P.InferReply(r.msg.rid, error=P.Err("UNAVAILABLE", msg)), False)
-        log.error("worker %s of model '%s' (pid %d) %s", inst.name, mv.name, inst.proc.pid, how)
-        inst.last_error = f"instance '{inst.name}' {how}"
-        if was_loading:
-            if inst.state != "FAILED":
-                self.fail_load(mv, f"load failed for model '{mv.name}': worker {how}")
-            return
-        if mv.state == UNAVAILABLE and mv.reason == "unloaded":
+            self.fail_batch(mv, self.inflight.pop(bid, []),
+                            f"inference failed because model '{mv.name}' instance '{inst.name}' {how}")
+        if inst.state in ("STOPPING", "STOPPED") or not self.running or mv.reason == "unloaded":
             inst.state = "STOPPED"
             return
-        mv.stats.restarts += 1
+        log.error("model '%s' instance '%s' (pid %d) %s", mv.name, inst.name, pid, how)
+        inst.last_error = f"instance '{inst.name}' {how}"
+        if inst.state == "FAILED":
+            return
+        if mv.state == LOADING:
+            self.fail_load(mv, f"load failed for model '{mv.name}': instance '{inst.name}' {how}")
+            return
         if pool.record_crash(inst, time.monotonic()):
             inst.state = "RESTARTING"
-            inst.restarts += 1
         else:
             inst.state = "FAILED"
-            log.error("instance %s of model '%s' crashed %d times in %ds; marked failed",
-                      inst.name, mv.name, len(inst.crashes), int(pool.CRASH_WINDOW))
+            inst.last_error = (f"instance '{inst.name}' failed {len(inst.crashes)} times within "
+                               f"{pool.CRASH_WINDOW:g} s without serving and is not restarted; last: {how}")
+            log.error("model '%s' %s", mv.name, inst.last_error)
         self.update_model_state(mv)
         self.dispatch(mv)
+
+    def fail_batch(self, mv: ModelVersion, reqs: list[Req], message: str) -> None:
+        """Answer the requests of a batch whose worker died; an idempotent model's requests
+        go back to the head of the queue once."""
+        for r in reqs:
+            if mv.idempotent and not r.retried and mv.scheduler is not None and self.running:
+                r.retried = True
+                r.dispatch_ns = 0
+                mv.scheduler.requeue_front(r.pending)
+            else:
+                self.finish(r, P.InferReply(r.msg.rid, error=P.Err("UNAVAILABLE", message)), False)
 
     def route_release(self, msg: P.Release) -> None:
         inst = self.by_identity.get(msg.owner)
@@ -542,23 +548,28 @@ class Broker:
         return min(next_s, self.next_check - now, self.next_ping - now)
 
     def check_instances(self, now: float) -> None:
+        """Restart instances whose backoff ended; kill hung, overrunning or stuck workers
+        (the pidfd then reports the death and on_worker_exit takes over)."""
         for versions in self.models.values():
             for mv in versions.values():
                 for inst in mv.instances:
-                    if inst.state == "RESTARTING" and now >= inst.restart_at and self.running:
-                        self.start_instance(mv, inst)
-                    elif inst.state in ("READY", "BUSY", "STARTING"):
-                        reason = ""
-                        if now - inst.last_heartbeat > HEARTBEAT_TIMEOUT_S:
-                            reason = f"stopped responding (no heartbeat for {HEARTBEAT_TIMEOUT_S:g} s)"
-                        elif inst.state == "BUSY" and now - inst.batch_started > mv.exec_timeout_s:
-                            reason = f"exceeded the execution timeout of {mv.exec_timeout_s:g} s"
-                        elif inst.state == "STARTING" and now - inst.batch_started > LOAD_TIMEOUT_S:
-                            reason = f"did not finish loading within {LOAD_TIMEOUT_S:g} s"
-                        if reason:
-                            inst.state = "KILLED"
-                            inst.last_error = reason
-                            pool.kill(inst)
+                    if inst.state == "RESTARTING":
+                        if now >= inst.restart_at and self.running:
+                            inst.restarts += 1
+                            mv.stats.restarts += 1
+                            self.start_instance(mv, inst)
+                        continue
+                    reason = ""
+                    if inst.state in ("READY", "BUSY") and now - inst.last_heartbeat > HEARTBEAT_TIMEOUT_S:
+                        reason = f"was killed after it sent no heartbeat for {HEARTBEAT_TIMEOUT_S:g} s (hung or stopped)"
+                    elif inst.state == "BUSY" and now - inst.batch_started > mv.exec_timeout_s:
+                        reason = f"was killed after it exceeded the execution timeout of {mv.exec_timeout_s:g} s"
+                    elif inst.state == "STARTING" and now - inst.batch_started > LOAD_TIMEOUT_S:
+                        reason = f"was killed after it did not finish loading within {LOAD_TIMEOUT_S:g} s"
+                    if reason:
+                        inst.state = "KILLED"
+                        inst.exit_reason = reason
+                        pool.kill(inst)
 
     # ------------------------------------------------------------------ loop
 
@@ -571,13 +582,13 @@ class Broker:
         self.check_startup()
         registered: set[int] = set()
         while self.running:
+            timeout = self.timers()
             for fd in set(self.by_pidfd) - registered:
                 poller.register(fd, zmq.POLLIN)
                 registered.add(fd)
             for fd in registered - set(self.by_pidfd):
                 poller.unregister(fd)
                 registered.discard(fd)
-            timeout = self.timers()
             if self.table_dirty:
                 self.broadcast_table()
             events = dict(poller.poll(max(0, int(timeout * 1000))))
@@ -608,17 +619,22 @@ class Broker:
         return 0
 
     def shutdown_workers(self) -> None:
-        """Stop every worker: ask, wait briefly, then kill; reclaim their segments."""
+        """Stop every worker: a busy one is killed at once (its requests were answered when
+        the drain ended), an idle one is asked to stop and killed if it does not within
+        5 s; then every worker segment is reclaimed."""
         live = [i for vs in self.models.values() for mv in vs.values() for i in mv.instances
                 if i.proc is not None and i.proc.poll() is None]
         for inst in live:
+            if inst.state in ("BUSY", "KILLED"):
+                pool.kill(inst)
+            else:
+                self.wk.send_multipart([inst.identity, P.encode(P.Stop())])
             inst.state = "STOPPING"
-            self.wk.send_multipart([inst.identity, P.encode(P.Stop())])
         deadline = time.monotonic() + 5.0
         for inst in live:
             try:
                 inst.proc.wait(max(0.0, deadline - time.monotonic()))
-            except Exception:
+            except subprocess.TimeoutExpired:
                 pool.kill(inst)
                 inst.proc.wait()
         sweep(f"{PREFIX}{self.server_id}.w")

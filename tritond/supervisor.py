@@ -3,7 +3,11 @@ they die, turns SIGTERM/SIGINT into a graceful drain, and leaves nothing behind.
 
 Exit codes: 0 clean stop; 1 startup failure (a model failed with --exit-on-error, a port
 could not be bound, the broker would not start); 2 in-flight requests had to be cancelled
-at the exit timeout; 3 the broker kept dying and the server gave up.
+at the exit timeout; 3 the broker or a frontend kept dying, or the broker could not be
+restarted, and the server gave up.
+
+After a child dies its shared-memory segments are swept; after the broker dies, also its
+workers' (they die with it by parent-death signal; any that linger are killed first).
 """
 from __future__ import annotations
 
@@ -25,13 +29,14 @@ import zmq
 from tritond.broker import protocol as P
 from tritond.broker.addresses import Addresses
 from tritond.mps import MpsError, from_options
-from tritond.shm.naming import PREFIX, new_server_id, sweep
+from tritond.shm.naming import PREFIX, new_server_id, owner_prefix, sweep
 
 log = logging.getLogger("tritond")
 
 RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
 STARTUP_TIMEOUT_S = 600.0
+ORPHAN_GRACE_S = 2.0
 
 
 @dataclass
@@ -46,6 +51,30 @@ class Child:
 
 class StartupError(Exception):
     pass
+
+
+class Interrupted(StartupError):
+    """SIGTERM/SIGINT arrived while the broker was (re)starting."""
+
+
+def processes_of(server_id: str, exclude: set[int]) -> list[int]:
+    """Live tritond processes (`python -m tritond.*` with this server's id in their
+    options) other than `exclude`: what must be gone before segments are swept."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                zombie = f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except OSError:
+            continue
+        if (not zombie and len(argv) >= 4 and argv[1] == b"-m" and argv[2].startswith(b"tritond.")
+                and server_id.encode() in argv[3]):
+            out.append(int(entry))
+    return out
 
 
 class Supervisor:
@@ -118,7 +147,7 @@ class Supervisor:
             if self.broker.proc.poll() is not None:
                 raise StartupError(f"the broker exited during startup (code {self.broker.proc.returncode})")
             if self.signals:
-                raise StartupError("interrupted during startup")
+                raise Interrupted("interrupted during startup")
             if self.sock.poll(100):
                 msg = self.decoder.decode(self.sock.recv())
                 if isinstance(msg, P.Table):
@@ -175,6 +204,12 @@ class Supervisor:
         log.info("server id %s: its shared-memory segments are /dev/shm/%s%s.*", self.server_id, PREFIX,
                  self.server_id)
         try:
+            return self.serve()
+        finally:
+            self.cleanup()
+
+    def serve(self) -> int:
+        try:
             self.start_broker()
             failed = self.failed_models()
             if failed and self.opts["exit_on_error"]:
@@ -184,14 +219,15 @@ class Supervisor:
                 self.stop_broker()
                 return 1
             self.start_frontends()
+        except Interrupted:
+            log.info("stopping: interrupted during startup")
+            self.stop_all()
+            return 0
         except StartupError as e:
             log.error("%s", e)
             self.stop_all()
             return 1
-        try:
-            return self.watch()
-        finally:
-            self.cleanup()
+        return self.watch()
 
     def watch(self) -> int:
         poller = zmq.Poller()
@@ -220,6 +256,7 @@ class Supervisor:
                         return code
 
     def on_child_exit(self, child: Child) -> int | None:
+        """Restart a dead child, or give up (exit code 3) when it keeps dying."""
         rc = child.proc.wait()
         os.close(child.pidfd)
         child.pidfd = -1
@@ -232,17 +269,41 @@ class Supervisor:
                       int(RESTART_WINDOW_S))
             self.stop_all()
             return 3
-        if child is self.broker:
-            sweep(f"{PREFIX}{self.server_id}.w")
-            try:
-                self.start_broker()
-            except StartupError as e:
-                log.error("could not restart the broker: %s", e)
-                self.stop_all()
-                return 3
-        else:
+        if child is not self.broker:
+            sweep(owner_prefix(self.server_id, f"f{child.proc.pid}"))
             self.spawn(child)
+            return None
+        self.reap_orphans({f.proc.pid for f in self.frontends if f.proc})
+        sweep(f"{PREFIX}{self.server_id}.w")
+        try:
+            self.start_broker()
+        except Interrupted:
+            log.info("stopping: interrupted while the broker restarted")
+            self.stop_all()
+            return 0
+        except StartupError as e:
+            log.error("could not restart the broker: %s", e)
+            self.stop_all()
+            return 3
+        log.info("the broker is back (pid %d)", self.broker.proc.pid)
         return None
+
+    def reap_orphans(self, keep: set[int]) -> None:
+        """Wait briefly for processes of this server outside `keep` to go, then kill them."""
+        keep = keep | {os.getpid()}
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while (left := processes_of(self.server_id, keep)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in left:
+            log.warning("killing leftover process %d", pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = processes_of(self.server_id, keep)
 
     # ---------------------------------------------------------------- stopping
 
@@ -285,9 +346,12 @@ class Supervisor:
         self.stop_broker()
 
     def cleanup(self) -> None:
+        """Idempotent: close sockets, end leftover processes, sweep segments and the run dir."""
         if self.sock is not None:
             self.sock.close(0)
-        self.ctx.term()
+        if not self.ctx.closed:
+            self.ctx.term()
+        self.reap_orphans(set())
         if self.mps is not None:
             self.mps.stop()
         sweep(f"{PREFIX}{self.server_id}.")

@@ -3,6 +3,9 @@
 `python -m tritond.workers.main <spec-json>`; spawned by the broker with an argv list.
 The main thread computes; a heartbeat thread keeps telling the broker it is alive (and
 exits the process if the broker is gone), so a long batch is never mistaken for a hang.
+A config parameter `memory_limit_bytes` caps what the model may allocate; a MemoryError
+anywhere ends the process with EXIT_NO_MEMORY, since its state can no longer be trusted,
+and the broker restarts it.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import time
 import zmq
 
 from tritond.broker import protocol as P
-from tritond.broker.process import die_with_parent, setup_logging
+from tritond.broker.process import EXIT_NO_MEMORY, die_with_parent, limit_memory, setup_logging
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
 
@@ -29,6 +32,11 @@ from .tensors import Leases, desc_to_array, write_outputs
 log = logging.getLogger("tritond.worker")
 
 HEARTBEAT_INTERVAL_S = 0.5
+
+
+def config_parameter(config: dict, key: str) -> str:
+    entry = (config.get("parameters") or {}).get(key)
+    return str(entry.get("string_value", "")) if isinstance(entry, dict) else ""
 
 
 def heartbeat(ctx: zmq.Context, spec: dict, stop: threading.Event) -> None:
@@ -76,6 +84,11 @@ class Worker:
 
     def load(self):
         s = self.spec
+        limit = config_parameter(s["config"], "memory_limit_bytes")
+        if limit:
+            if not limit.isdigit():
+                raise ValueError(f"parameter memory_limit_bytes must be a number of bytes, got '{limit}'")
+            limit_memory(int(limit))
         info = InstanceInfo(
             model_name=s["model"], model_version=s["version"], model_dir=s["model_dir"],
             version_dir=s["version_dir"], instance_name=s["instance_name"], kind=s["kind"],
@@ -108,6 +121,8 @@ class Worker:
         try:
             responses = backend.execute(requests) if requests else []
             batch_error = None
+        except MemoryError:
+            raise
         except Exception as e:
             responses, batch_error = [], P.Err("INTERNAL", str(e) or type(e).__name__)
         t2 = time.monotonic_ns()
@@ -139,14 +154,10 @@ class Worker:
             self.close()
             return 1
         self.send(P.WorkerUp(os.getpid(), completed))
-        while True:
-            msg = self.decoder.decode(self.sock.recv())
-            if isinstance(msg, P.Exec):
-                self.send(self.execute(backend, msg))
-            elif isinstance(msg, P.Stop):
-                break
-            elif not self.handle_side(msg):
-                self.bls.stray(msg)
+        try:
+            self.serve(backend)
+        except MemoryError:
+            out_of_memory(self.spec["model"])
         stop.set()
         try:
             backend.close()
@@ -154,11 +165,29 @@ class Worker:
             self.close()
         return 0
 
+    def serve(self, backend) -> None:
+        while True:
+            msg = self.decoder.decode(self.sock.recv())
+            if isinstance(msg, P.Exec):
+                self.send(self.execute(backend, msg))
+            elif isinstance(msg, P.Stop):
+                return
+            elif not self.handle_side(msg):
+                self.bls.stray(msg)
+
     def close(self) -> None:
         self.sock.close()
         self.ctx.term()
         self.maps.close()
         self.arena.close()
+
+
+def out_of_memory(model: str) -> None:
+    """Leave at once: the broker fails the batch and starts a fresh worker."""
+    try:
+        log.error("model '%s' ran out of memory; this worker exits", model)
+    finally:
+        os._exit(EXIT_NO_MEMORY)
 
 
 def main(argv: list[str]) -> int:

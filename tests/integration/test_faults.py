@@ -1,0 +1,372 @@
+"""Worker faults through the real clients: a dead, stopped, looping, crashing or memory-hungry
+worker costs only the requests it was executing, is replaced, and the server tells the truth
+about it meanwhile. Every test ends with the server live, another model serving, no orphan
+worker; the module ends with a clean stop and no shared-memory segment left."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import TritondServer, http_get
+
+MODEL_PY = textwrap.dedent('''
+    """Identity whose behaviour a test picks per request with the parameter "fault"."""
+    import ctypes
+    import json
+    import os
+    import time
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            config = json.loads(args["model_config"])
+            params = {k: v["string_value"] for k, v in (config.get("parameters") or {}).items()}
+            self.markers = params.get("marker_dir", "")
+            while self.markers and os.path.exists(os.path.join(self.markers, "hold_init")):
+                time.sleep(0.05)
+
+        def note_batch(self, ids):
+            if self.markers:
+                path = os.path.join(self.markers, f"busy-{os.getpid()}")
+                with open(path + ".tmp", "w") as f:
+                    json.dump(ids, f)
+                os.replace(path + ".tmp", path)
+
+        def execute(self, requests):
+            params = [json.loads(r.parameters() or "{}") for r in requests]
+            self.note_batch([r.request_id() for r in requests])
+            faults = {p.get("fault", "") for p in params}
+            time.sleep(max(float(p.get("sleep_ms", 0)) for p in params) / 1000.0)
+            if "raise" in faults:
+                raise ValueError("execute refused this batch")
+            if "exit" in faults:
+                os._exit(7)
+            if "abort" in faults:
+                os.abort()
+            if "segv" in faults:
+                ctypes.string_at(0)
+            if "memory" in faults:
+                raise MemoryError("the model could not allocate")
+            if "alloc" in faults:
+                hog = np.ones(1 << 28)
+                hog[::4096] = 2.0
+            if "loop" in faults:
+                while True:
+                    pass
+            responses = []
+            n = len(requests)
+            for r, p in zip(requests, params):
+                if p.get("fault") == "error":
+                    responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("this request was refused")))
+                    continue
+                x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                rows = (x.shape[0], 1)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("OUTPUT0", x),
+                    pb_utils.Tensor("PID", np.full(rows, os.getpid(), dtype=np.int64)),
+                    pb_utils.Tensor("BATCH_SIZE", np.full(rows, n, dtype=np.int32)),
+                ]))
+            if self.markers:
+                os.unlink(os.path.join(self.markers, f"busy-{os.getpid()}"))
+            return responses
+''')
+
+
+def model_config(name: str, count: int, max_batch: int, delay_us: int, params: dict[str, str]) -> str:
+    entries = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in params.items())
+    return textwrap.dedent(f'''
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch}
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        output [
+          {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }},
+          {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }},
+          {{ name: "BATCH_SIZE" data_type: TYPE_INT32 dims: [ 1 ] }}
+        ]
+        dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
+        instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+    ''') + entries
+
+
+MODELS = {
+    # name: (instances, max_batch_size, queue delay in us, extra parameters)
+    "slow2": (2, 8, 1000, {}),
+    "faulty": (1, 4, 100000, {"execution_timeout_seconds": "2", "memory_limit_bytes": str(768 << 20)}),
+    "idem": (1, 4, 1000, {"idempotent": "true"}),
+    "other": (1, 4, 0, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def markers(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("markers")
+
+
+@pytest.fixture(scope="module")
+def fserver(tmp_path_factory, markers):
+    repo = tmp_path_factory.mktemp("faults") / "models"
+    for name, (count, mbs, delay, params) in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(MODEL_PY)
+        (repo / name / "config.pbtxt").write_text(
+            model_config(name, count, mbs, delay, dict(params, marker_dir=str(markers))))
+    s = TritondServer(repo).start()
+    yield s
+    code = s.stop()
+    s.assert_clean()
+    assert code == 0, s.log
+
+
+def infer(url: str, model: str, request_id: str = "", timeout: float = 60.0, **params):
+    client = httpclient.InferenceServerClient(url, network_timeout=timeout, connection_timeout=timeout)
+    try:
+        inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+        return client.infer(model, [inp], request_id=request_id, parameters=params or None)
+    finally:
+        client.close()
+
+
+def expect_error(url: str, model: str, **params) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as info:
+        infer(url, model, **params)
+    return info.value
+
+
+def metric(server: TritondServer, name: str, model: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    prefix = f'{name}{{model="{model}",'
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} for {model} in /metrics")
+
+
+def model_ready(server: TritondServer, model: str) -> bool:
+    return http_get(f"http://{server.http_url}/v2/models/{model}/ready", 2.0)[0] == 200
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_serving(server: TritondServer, model: str, instances: int) -> list[int]:
+    """Wait until `model` is ready with `instances` live workers; return their pids."""
+    wait_for(lambda: model_ready(server, model) and
+             metric(server, "tritond_model_ready_instances", model) == instances, what=f"{model} ready")
+    pids = server.worker_pids(model)
+    assert len(pids) == instances, (pids, server.log)
+    return pids
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def assert_healthy(server: TritondServer, gone: list[int] = ()) -> None:
+    """Server live, an unrelated model serving, the dead workers gone for good."""
+    assert http_get(f"http://{server.http_url}/v2/health/live")[0] == 200
+    assert infer(server.http_url, "other").as_numpy("OUTPUT0").shape == (1, 4)
+    for pid in gone:
+        wait_for(lambda: not pid_alive(pid), 10, f"pid {pid} to be gone")
+
+
+def busy_batch(markers: Path, pid: int, timeout: float = 30.0) -> list[str]:
+    """Request ids of the batch worker `pid` is executing right now."""
+    path = markers / f"busy-{pid}"
+    wait_for(path.exists, timeout, f"worker {pid} to execute a batch")
+    return json.loads(path.read_text())
+
+
+def assert_no_internals(message: str) -> None:
+    for secret in ("/dev/shm", "tritond.", "ipc://", ".sock", "/tmp"):
+        assert secret not in message, message
+
+
+class Load:
+    """`n` clients in threads, each sending requests back to back until stopped."""
+
+    def __init__(self, url: str, model: str, n: int, **params) -> None:
+        self.url, self.model, self.params = url, model, params
+        self.stop = threading.Event()
+        self.ok: list[str] = []
+        self.failed: dict[str, InferenceServerException] = {}
+        self.threads = [threading.Thread(target=self.client, args=(i,)) for i in range(n)]
+
+    def client(self, i: int) -> None:
+        k = 0
+        while not self.stop.is_set():
+            rid = f"c{i}-{k}"
+            k += 1
+            try:
+                infer(self.url, self.model, rid, **self.params)
+                self.ok.append(rid)
+            except InferenceServerException as e:
+                self.failed[rid] = e
+
+    def __enter__(self) -> "Load":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+
+def test_kill_worker_mid_batch_fails_only_that_batch(fserver, markers):
+    pids = wait_serving(fserver, "slow2", 2)
+    restarts = metric(fserver, "tritond_model_restart_count", "slow2")
+    with Load(fserver.http_url, "slow2", 16, sleep_ms=300) as load:
+        victim = pids[0]
+        batch = busy_batch(markers, victim)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: metric(fserver, "tritond_model_restart_count", "slow2") == restarts + 1,
+                 what="the restart to be counted")
+        new_pids = wait_serving(fserver, "slow2", 2)
+        served_after = len(load.ok)
+        wait_for(lambda: len(load.ok) > served_after + 16, what="requests served after the restart")
+    assert victim not in new_pids and pids[1] in new_pids
+    assert batch and sorted(load.failed) == sorted(batch), (batch, load.failed)
+    for e in load.failed.values():
+        assert e.status() == "503"
+        assert "'slow2'" in e.message() and "died" in e.message() and "signal 9" in e.message(), e.message()
+        assert_no_internals(e.message())
+    assert "instance" in fserver.log and f"pid {victim}" in fserver.log
+    assert_healthy(fserver, [victim])
+
+
+def test_stopped_worker_is_replaced_after_heartbeat_loss(fserver, markers):
+    pids = wait_serving(fserver, "slow2", 2)
+    with Load(fserver.http_url, "slow2", 4, sleep_ms=200) as load:
+        victim = pids[0]
+        batch = busy_batch(markers, victim)
+        os.kill(victim, signal.SIGSTOP)
+        wait_for(lambda: not pid_alive(victim), what="the stopped worker to be killed")
+        wait_serving(fserver, "slow2", 2)
+    assert batch and sorted(load.failed) == sorted(batch)
+    for e in load.failed.values():
+        assert e.status() == "503" and "'slow2'" in e.message() and "heartbeat" in e.message(), e.message()
+    assert_healthy(fserver, [victim])
+
+
+def test_infinite_loop_is_killed_at_the_execution_deadline(fserver):
+    [pid] = wait_serving(fserver, "faulty", 1)
+    t0 = time.monotonic()
+    e = expect_error(fserver.http_url, "faulty", fault="loop")
+    assert time.monotonic() - t0 >= 2.0
+    assert e.status() == "503" and "'faulty'" in e.message() and "execution timeout of 2 s" in e.message()
+    wait_serving(fserver, "faulty", 1)
+    infer(fserver.http_url, "faulty")
+    assert_healthy(fserver, [pid])
+
+
+def test_exception_in_execute_fails_the_batch_and_keeps_the_worker(fserver):
+    [pid] = wait_serving(fserver, "faulty", 1)
+    e = expect_error(fserver.http_url, "faulty", fault="raise")
+    assert e.status() == "500" and "execute refused this batch" in e.message()
+    assert fserver.worker_pids("faulty") == [pid]
+    infer(fserver.http_url, "faulty")
+    assert_healthy(fserver)
+
+
+def test_error_for_one_request_fails_only_that_request(fserver):
+    [pid] = wait_serving(fserver, "faulty", 1)
+    results: dict[int, object] = {}
+
+    def send(i: int) -> None:
+        try:
+            results[i] = infer(fserver.http_url, "faulty", **({"fault": "error"} if i == 2 else {}))
+        except InferenceServerException as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    failed = {i for i, r in results.items() if isinstance(r, InferenceServerException)}
+    assert failed == {2}
+    assert "this request was refused" in results[2].message()
+    sizes = {int(r.as_numpy("BATCH_SIZE")[0, 0]) for i, r in results.items() if i != 2}
+    assert sizes == {4}, "the four requests did not share one batch"
+    assert fserver.worker_pids("faulty") == [pid]
+    assert_healthy(fserver)
+
+
+@pytest.mark.parametrize("fault, how", [
+    ("exit", "exit code 7"),
+    ("abort", "signal 6 (SIGABRT)"),
+    ("segv", "signal 11 (SIGSEGV)"),
+    ("memory", "out of memory"),
+    ("alloc", "out of memory"),
+])
+def test_crashing_execute_is_contained_and_restarted(fserver, fault, how):
+    [pid] = wait_serving(fserver, "faulty", 1)
+    e = expect_error(fserver.http_url, "faulty", fault=fault)
+    assert e.status() == "503" and "'faulty'" in e.message() and how in e.message(), e.message()
+    assert_no_internals(e.message())
+    [new] = wait_serving(fserver, "faulty", 1)
+    assert new != pid
+    infer(fserver.http_url, "faulty")
+    assert_healthy(fserver, [pid])
+
+
+def test_idempotent_model_retries_once_on_the_replacement(fserver, markers):
+    [pid] = wait_serving(fserver, "idem", 1)
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", infer(fserver.http_url, "idem", "retry-me", sleep_ms=1500)))
+    t.start()
+    assert busy_batch(markers, pid) == ["retry-me"]
+    os.kill(pid, signal.SIGKILL)
+    t.join(60)
+    result = box["r"]
+    assert result.as_numpy("PID")[0, 0] != pid
+    assert_healthy(fserver, [pid])
+
+
+def test_readiness_is_false_while_no_instance_can_serve(fserver, markers):
+    [pid] = wait_serving(fserver, "faulty", 1)
+    assert http_get(f"http://{fserver.http_url}/v2/health/ready")[0] == 200
+    hold = markers / "hold_init"
+    hold.touch()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not model_ready(fserver, "faulty"), what="faulty to be not ready")
+        wait_for(lambda: fserver.worker_pids("faulty"), what="the replacement to start")
+        assert http_get(f"http://{fserver.http_url}/v2/health/ready")[0] != 200
+        index = httpclient.InferenceServerClient(fserver.http_url).get_model_repository_index()
+        entry = next(m for m in index if m["name"] == "faulty")
+        assert entry["state"] == "UNAVAILABLE" and "signal 9" in entry["reason"]
+        assert model_ready(fserver, "other")
+    finally:
+        hold.unlink()
+    wait_serving(fserver, "faulty", 1)
+    assert http_get(f"http://{fserver.http_url}/v2/health/ready")[0] == 200
+    assert_healthy(fserver, [pid])
