@@ -187,8 +187,7 @@ def test_bad_model_exits_by_default(example_repo, tmp_path):
 
 # ------------------------------------------------------------------------- workers, SIGTERM, hypercorn
 
-def established(pid: int, port: int) -> int:
-    """Accepted TCP connections on `port` held by process `pid`."""
+def socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -197,13 +196,23 @@ def established(pid: int, port: int) -> int:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
-    count = 0
-    with open(f"/proc/{pid}/net/tcp") as f:
+    return inodes
+
+
+def accepted(port: int) -> dict[int, str]:
+    """Established connections accepted on `port`: peer port -> socket inode."""
+    out = {}
+    with open("/proc/net/tcp") as f:
         for line in f.readlines()[1:]:
             fields = line.split()
-            if int(fields[1].split(":")[1], 16) == port and fields[3] == "01" and fields[9] in inodes:
-                count += 1
-    return count
+            if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":
+                out[int(fields[2].split(":")[1], 16)] = fields[9]
+    return out
+
+
+def established(pid: int, port: int) -> int:
+    """Accepted TCP connections on `port` held by process `pid`."""
+    return len(set(accepted(port).values()) & socket_inodes(pid))
 
 
 def test_two_http_workers_then_sigterm_with_requests_in_flight(example_repo, tmp_path):
@@ -212,15 +221,19 @@ def test_two_http_workers_then_sigterm_with_requests_in_flight(example_repo, tmp
     try:
         frontends = s.role_pids("tritond.frontend.http.server")
         assert len(frontends) == 2, frontends
-        # Many connections held open: SO_REUSEPORT spreads them over both processes, and each served.
-        clients = [httpclient.InferenceServerClient(s.http_url) for _ in range(16)]
-        for i, c in enumerate(clients):
-            x = np.full(4, i, np.float32)
-            np.testing.assert_array_equal(identity(c, x), x)
-        held = {pid: established(pid, s.http_port) for pid in frontends}
-        assert sum(held.values()) == 16 and all(held.values()), held
-        for c in clients:
-            c.close()
+        # New connections are spread over both processes by SO_REUSEPORT; each one that served a
+        # request is traced to the process holding it.
+        body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]}).encode()
+        served_by: list[int] = []
+        for _ in range(16):
+            conn = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=60)
+            conn.request("POST", "/v2/models/identity_fp32/infer", body=body)
+            r = conn.getresponse()
+            assert r.status == 200 and json.loads(r.read())["outputs"][0]["data"] == [1.0]
+            inode = accepted(s.http_port)[conn.sock.getsockname()[1]]
+            served_by += [pid for pid in frontends if inode in socket_inodes(pid)]
+            conn.close()
+        assert len(served_by) == 16 and set(served_by) == set(frontends), served_by
 
         results: list[object] = []
         finished: list[float] = []
