@@ -305,9 +305,11 @@ def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, i
             if t.datatype == "BYTES":
                 entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
                                  for x in arr.reshape(-1)]
-            elif t.datatype in ("FP16", "BF16"):
-                entry["data"] = arr.astype(np.float32).reshape(-1).tolist() if t.datatype == "FP16" \
-                    else arr.reshape(-1).tolist()
+            elif t.datatype == "FP16":
+                entry["data"] = arr.astype(np.float32).reshape(-1).tolist()
+            elif t.datatype == "BF16":
+                raise invalid("sending BF16 data via JSON is not supported. Please use the binary data format "
+                              "for output")
             else:
                 entry["data"] = arr.reshape(-1).tolist()
         outputs.append(entry)

@@ -194,3 +194,11 @@ def test_listed_outputs_are_json_unless_binary_requested():
            "outputs": [{"name": "A"}, {"name": "B", "parameters": {"binary_data": True}}]}
     _, _, (a, b), default_binary = parse(doc)
     assert (a.binary, b.binary, default_binary) == (False, True, True)
+
+
+def test_bf16_output_needs_binary():
+    t = OutputTensor("B", "BF16", [1], b"\x80\x3f")
+    assert error_of(lambda: render_response(InferResult("m", 1, "", [t]), False)) == \
+        "sending BF16 data via JSON is not supported. Please use the binary data format for output"
+    body, json_len = render_response(InferResult("m", 1, "", [t]), True)
+    assert body[json_len:] == b"\x80\x3f"
