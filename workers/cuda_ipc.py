@@ -70,11 +70,11 @@ class DeviceArray:
     ptr: int
     shape: tuple[int, ...]
     dtype: np.dtype
-    device: int = 0
+    device: int = 0         # CUDA ordinal as this process sees it
     owner: Any = None
 
     @classmethod
-    def from_torch(cls, tensor: Any, device: int | None = None) -> "DeviceArray":
+    def from_torch(cls, tensor: Any) -> "DeviceArray":
         """Wrap a CUDA torch tensor (made contiguous; BF16 travels as its uint16 bits)."""
         import torch
         t = tensor.detach().contiguous()
@@ -83,7 +83,7 @@ class DeviceArray:
             dtype = np.dtype(np.uint16)
         else:
             dtype = torch.empty((), dtype=t.dtype).numpy().dtype
-        return cls(int(t.data_ptr()), tuple(t.shape), dtype, t.device.index if device is None else device, t)
+        return cls(int(t.data_ptr()), tuple(t.shape), dtype, t.device.index or 0, t)
 
     @property
     def nbytes(self) -> int:
@@ -113,6 +113,12 @@ class DeviceArray:
                 "strides": None, "version": 3}
 
     def copy_to_host(self) -> np.ndarray:
+        owner = self.owner
+        if hasattr(owner, "data_ptr") and hasattr(owner, "cpu"):    # a torch tensor: torch copies it
+            count = int(np.prod(self.shape, dtype=np.int64))
+            start = (self.ptr - int(owner.data_ptr())) // owner.element_size()
+            host = owner.reshape(-1)[start:start + count].cpu().numpy()
+            return host.view(self.dtype).reshape(self.shape)
         out = np.empty(self.shape, dtype=self.dtype)
         if self.nbytes:
             cudart = cuda_runtime()
@@ -131,7 +137,7 @@ class IpcRef:
     handle: bytes          # cudaIpcMemHandle_t of the allocation (64 bytes)
     offset: int            # tensor start inside that allocation
     nbytes: int
-    device: int
+    device: int            # the producer's CUDA ordinal (a consumer opens on its current device)
 
 
 def _handle_bytes(handle: Any) -> bytes:
@@ -153,10 +159,11 @@ def export(array: DeviceArray) -> IpcRef:
     Caching allocators (PyTorch's) carve tensors out of larger allocations, and a handle
     always names a whole allocation, so the base comes from cuMemGetAddressRange.
     """
-    cuda = cuda_driver()
+    cudart, cuda = cuda_runtime(), cuda_driver()
+    check(cudart.cudaSetDevice(array.device), "cudaSetDevice")    # makes the device's context current
     base, _size = check(cuda.cuMemGetAddressRange(array.ptr), "cuMemGetAddressRange")
     base = int(base)
-    handle = check(cuda_runtime().cudaIpcGetMemHandle(base), "cudaIpcGetMemHandle")
+    handle = check(cudart.cudaIpcGetMemHandle(base), "cudaIpcGetMemHandle")
     return IpcRef(_handle_bytes(handle), array.ptr - base, array.nbytes, array.device)
 
 

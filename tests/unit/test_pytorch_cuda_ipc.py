@@ -50,3 +50,13 @@ def test_a_malformed_handle_is_refused():
     pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed")
     with pytest.raises(CudaIpcError, match="64 bytes"):
         Imports().open(IpcRef(b"short", 0, 4, 0), (1,), np.float32)
+
+
+def test_host_copy_of_a_torch_owned_slice():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    owner = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    arr = DeviceArray(int(owner.data_ptr()), (3, 4), np.dtype(np.float32), owner=owner)
+    np.testing.assert_array_equal(np.asarray(arr[1:3]), owner[1:3].numpy())
+    bf16 = torch.tensor([1.5, -2.0, 3.0], dtype=torch.bfloat16).view(torch.int16)
+    bits = DeviceArray(int(bf16.data_ptr()), (3,), np.dtype(np.uint16), owner=bf16)
+    assert np.asarray(bits[1:]).tolist() == bf16[1:].numpy().view(np.uint16).tolist()

@@ -290,7 +290,7 @@ class TorchBackend(Backend):
             raise RuntimeError(f"output '{name}' is a scalar which is not supported.")
         if self.keep_on_device:
             from tritond.workers.cuda_ipc import DeviceArray
-            return DeviceArray.from_torch(value, self.instance.device_id)
+            return DeviceArray.from_torch(value)
         return value.detach().cpu().contiguous().numpy()
 
 

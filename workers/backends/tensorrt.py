@@ -46,6 +46,13 @@ def import_tensorrt() -> Any:
     return tensorrt
 
 
+def numpy_dtype(trt: Any, dtype: Any) -> np.dtype:
+    """numpy type of a TensorRT tensor type; BF16 travels as its uint16 bits (Triton's BF16 wire format)."""
+    if dtype == trt.DataType.BF16:
+        return np.dtype(np.uint16)
+    return np.dtype(trt.nptype(dtype))
+
+
 def select_profile(ranges: list[dict[str, tuple[tuple[int, ...], tuple[int, ...]]]],
                    shapes: dict[str, tuple[int, ...]]) -> int:
     """Index of the first optimization profile whose [min, max] range admits every input shape.
@@ -98,7 +105,7 @@ class TensorRTBackend(Backend):
         mode = trt.TensorIOMode.INPUT
         self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == mode]
         self.output_names = [n for n in names if self.engine.get_tensor_mode(n) != mode]
-        self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        self.dtypes = {n: numpy_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
         for kind, known in (("input", self.input_names), ("output", self.output_names)):
             for t in self.config.get(kind) or []:
                 if t["name"] not in known:
