@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from tritond.repository.devices import gpu_count
 from tritond.repository.errors import ConfigError
 from tritond.repository.layout import scan
 from tritond.repository.normalize import normalize_config
 from tritond.repository.render import config_from_json, config_to_json
 from tritond.repository.validation import validate_config
-from tritond.shm.regions import RegionError, RegionTable
+from tritond.shm.regions import CUDA, SYSTEM, RegionError, RegionTable
 
 from . import protocol as P
 from .models import LOADING, READY, UNAVAILABLE, ModelVersion
@@ -158,17 +159,19 @@ class ControlHandler:
     # ---------------------------------------------------------------- regions
 
     def resolve_regions(self, msg: P.Infer) -> tuple[list, P.Err | None]:
+        """Bounds-check every tensor placed in a client region and point its descriptor at
+        the region's location; the regions stay in use until `release_regions`."""
         used = []
         try:
             for d in msg.inputs:
                 if d.region:
                     region, off = self.regions.resolve(d.region, d.offset, d.nbytes)
-                    d.seg, d.offset = region.key, off
+                    d.seg, d.offset = region.location, off
                     used.append(region)
             for o in msg.outputs:
                 if o.region:
                     region, off = self.regions.resolve(o.region, o.offset, o.nbytes)
-                    o.seg, o.offset = region.key, off
+                    o.seg, o.offset = region.location, off
                     used.append(region)
         except RegionError as e:
             return [], P.Err(e.code, e.message)
@@ -184,8 +187,9 @@ class ControlHandler:
             self.unmap(keys)
 
     def unmap(self, keys: list[str]) -> None:
+        """Tell every worker to drop its mappings of client regions nobody uses any more."""
         frame = P.encode(P.Unmap(keys))
-        for ident, inst in list(self.b.by_identity.items()):
+        for ident in list(self.b.by_identity):
             if not ident.endswith(b":hb"):
                 self.b.wk.send_multipart([ident, frame])
 
@@ -197,36 +201,42 @@ class ControlHandler:
 
     def op_shm_register(self, src, cid, a):
         self._require_shm()
-        self.regions.register(a["name"], str(a.get("key", "")), int(a.get("offset", 0)), int(a["byte_size"]))
+        self.regions.register(str(a.get("name", "")), a.get("key", ""), a.get("offset", 0), a.get("byte_size", 0))
         return {}
 
     def op_shm_unregister(self, src, cid, a):
         self._require_shm()
-        keys = self.regions.unregister(a.get("name") or None)
+        keys = self.regions.unregister(a.get("name") or None, SYSTEM)
         if keys:
             self.unmap(keys)
         return {}
 
     def op_shm_status(self, src, cid, a):
-        return self.regions.status(a.get("name") or None)
+        return self.regions.status(a.get("name") or None, SYSTEM)
 
     def op_cuda_register(self, src, cid, a):
+        """Workers open the IPC handle on first use; the broker never loads CUDA, it only
+        checks (cheaply, via nvidia-smi) that the device exists."""
         self._require_shm()
-        raise ControlError(
-            "INVALID_ARG", f"failed to register CUDA shared memory region: '{a.get('name', '')}', GPUs not supported")
+        name = str(a.get("name", ""))
+        device_id = a.get("device_id", 0)
+        count = gpu_count()
+        if count == 0:
+            raise ControlError("INVALID_ARG", f"failed to register CUDA shared memory region: '{name}', GPUs not supported")
+        if not isinstance(device_id, int) or isinstance(device_id, bool) or not 0 <= device_id < count:
+            raise ControlError("INVALID_ARG", f"failed to register shared memory region '{name}': invalid args")
+        self.regions.register_cuda(name, a.get("raw_handle", b""), device_id, a.get("byte_size", 0))
+        return {}
 
     def op_cuda_unregister(self, src, cid, a):
         self._require_shm()
+        keys = self.regions.unregister(a.get("name") or None, CUDA)
+        if keys:
+            self.unmap(keys)
         return {}
 
     def op_cuda_status(self, src, cid, a):
-        name = a.get("name")
-        if name:
-            if name in self.regions.regions:
-                raise ControlError(
-                    "NOT_FOUND", f"The region named '{name}' is registered as system shared memory, not CUDA shared memory")
-            raise ControlError("NOT_FOUND", f"Unable to find cuda shared memory region: '{name}'")
-        return []
+        return self.regions.status(a.get("name") or None, CUDA)
 
     # ---------------------------------------------------------------- repository
 

@@ -104,8 +104,8 @@ class Arena:
             off = seg.alloc(nbytes)
             if off is not None:
                 return Block(seg.name, off, nbytes, seg.view[off:off + nbytes])
-        size = self.segment_bytes
-        while size < nbytes:
+        size = _align(self.segment_bytes)
+        while size < _align(max(nbytes, 1)):
             size *= 2
         seg = _Segment(segment_name(self.server_id, self.owner), size)
         self.segments[seg.name] = seg

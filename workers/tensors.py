@@ -1,7 +1,9 @@
 """Tensor descriptors <-> numpy arrays inside a worker.
 
-Inputs become views on shared memory (no copy); outputs are written once, either into a
-client's region, inline (small), or into one arena block shared by the whole batch.
+Inputs become views on shared memory (no copy), including a client's system region; an
+input in a CUDA region is copied to the host once. Outputs are written once, either into a
+client's region (system or CUDA), inline (small), or into one arena block shared by the
+whole batch.
 """
 from __future__ import annotations
 
@@ -11,12 +13,34 @@ from tritond.broker.protocol import INLINE_MAX, Err, ExecResult, OutputSpec, Ten
 from tritond.repository.datatypes import array_to_bytes, bytes_to_array, numpy_to_wire
 from tritond.shm.arena import ALIGN, Arena
 from tritond.shm.mapping import SegmentMaps
+from tritond.shm.regions import CUDA_PREFIX
 
 
 def desc_to_array(desc: TensorDesc, maps: SegmentMaps) -> np.ndarray:
     if desc.data is not None:
         return bytes_to_array(desc.data, desc.datatype, desc.shape)
+    if desc.seg.startswith(CUDA_PREFIX):
+        return bytes_to_array(maps.cuda.read(desc.seg, desc.offset, desc.nbytes), desc.datatype, desc.shape)
     return bytes_to_array(maps.view(desc.seg, desc.offset, desc.nbytes), desc.datatype, desc.shape)
+
+
+def _write_region(maps: SegmentMaps, spec: OutputSpec, payload: memoryview | bytes, size: int) -> None:
+    if spec.seg.startswith(CUDA_PREFIX):
+        maps.cuda.write(spec.seg, spec.offset, payload)
+        return
+    dst = maps.view(spec.seg, spec.offset, size)
+    if not _same_memory(dst, payload):
+        dst[:] = payload
+
+
+def _same_memory(dst: memoryview, payload: memoryview | bytes) -> bool:
+    """True when the output already sits where it must go (a model that returns its input,
+    with input and output registered over the same bytes): the copy would be a no-op."""
+    if isinstance(payload, bytes) or len(payload) != len(dst) or not len(dst):
+        return False
+    a = np.frombuffer(dst, dtype=np.uint8)
+    b = np.frombuffer(payload, dtype=np.uint8)
+    return a.ctypes.data == b.ctypes.data
 
 
 class Leases:
@@ -73,7 +97,11 @@ def write_outputs(
                 if size > spec.nbytes:
                     error = _shm_too_small(name, spec.nbytes, size)
                     break
-                maps.view(spec.seg, spec.offset, size)[:] = payload
+                try:
+                    _write_region(maps, spec, payload, size)
+                except Exception as e:  # region vanished or shrank, CUDA copy failed
+                    error = Err("INTERNAL", f"failed to write output '{name}' to shared memory: {e}")
+                    break
                 desc.region = spec.region
                 desc.nbytes = size
             elif size <= INLINE_MAX:
