@@ -20,10 +20,8 @@ def _nesting_error() -> Exception:
     return invalid(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})")
 
 
-def _flatten(data: Any) -> list:
+def _flatten(data: list) -> list:
     """Row-major leaves of a nested JSON array, refusing nesting deeper than Triton allows."""
-    if not isinstance(data, list):
-        return [data]
     out: list = []
     stack = [iter(data)]
     while stack:

@@ -453,7 +453,8 @@ F16 = list(range(16))
     ("identity_fp32", {"inputs": [{"name": "INPUT0", "shape": [-1], "datatype": "FP32", "data": [1]}]}, 400,
      "Unable to parse 'shape'"),
     ("identity_fp32", {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}],
-                       "outputs": [{"name": "NOPE"}]}, 400, "unexpected inference output 'NOPE' for model 'identity_fp32'"),
+                       "outputs": [{"name": "NOPE"}]}, 400,
+     "unexpected inference output 'NOPE' for model 'identity_fp32'"),
     ("mlp_onnx", {"inputs": [{"name": "INPUT0", "shape": [1, 256], "datatype": "FP32", "data": [0] * 256}]}
      | {"id": 3}, 400, "Unable to parse 'id'"),
 ])
@@ -481,7 +482,8 @@ def test_bytes_element_count_mismatch(server):
     payload = (3).to_bytes(4, "little") + b"abc"
     head = json.dumps({"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "BYTES",
                                    "parameters": {"binary_data_size": len(payload)}}]}).encode()
-    status, doc = infer_json(server, "string_upper", head + payload, {"Inference-Header-Content-Length": str(len(head))})
+    status, doc = infer_json(server, "string_upper", head + payload,
+                             {"Inference-Header-Content-Length": str(len(head))})
     assert (status, doc["error"]) == (400, "[request id: <id_unknown>] expected 2 string elements for inference "
                                            "input 'INPUT0' for model 'string_upper', got 1")
 
