@@ -18,6 +18,7 @@ import argparse
 import os
 import shutil
 import signal
+import statistics
 import socket
 import subprocess
 import sys
@@ -107,11 +108,24 @@ def add_identity_models(repository: Path) -> None:
                 IDENTITY_CONFIG.format(name=name, count=count, batching=batching))
 
 
-def measure(server: Server, protocol: str, model: str, shape: tuple[int, ...], conc: int,
-            args: argparse.Namespace) -> loadgen.Result:
+def measure(server: Server, protocol: str, models: list[str], shape: tuple[int, ...], conc: int,
+            args: argparse.Namespace) -> list[loadgen.Result]:
+    """Each model `args.rounds` times, interleaved so load from elsewhere hits all alike;
+    per model the median of each figure."""
     target = server.http if protocol == "http" else server.grpc
     inputs = [loadgen.make_input("INPUT0", shape, "FP32")]
-    return loadgen.run(target, protocol, model, inputs, conc, args.duration, args.warmup, binary=True)
+    runs: dict[str, list[loadgen.Result]] = {m: [] for m in models}
+    for _ in range(args.rounds):
+        for model in models:
+            runs[model].append(loadgen.run(target, protocol, model, inputs, conc, args.duration, args.warmup, binary=True))
+    return [
+        loadgen.Result(
+            statistics.median(r.infer_per_s for r in rs), statistics.median(r.p50_ms for r in rs),
+            statistics.median(r.p90_ms for r in rs), statistics.median(r.p99_ms for r in rs),
+            sum(r.count for r in rs), sum(r.errors for r in rs),
+        )
+        for rs in runs.values()
+    ]
 
 
 def cells(r: loadgen.Result) -> str:
@@ -128,8 +142,7 @@ def bench_batching(server: Server, protocols: list[str], args: argparse.Namespac
     ]
     for protocol in protocols:
         for conc in args.concurrency:
-            base = measure(server, protocol, "mlp_onnx_nobatch", MLP_SHAPE, conc, args)
-            dyn = measure(server, protocol, "mlp_onnx", MLP_SHAPE, conc, args)
+            base, dyn = measure(server, protocol, ["mlp_onnx_nobatch", "mlp_onnx"], MLP_SHAPE, conc, args)
             lines.append(
                 f"| {protocol} | {conc} | {cells(dyn)} | {cells(base)} "
                 f"| {dyn.infer_per_s / base.infer_per_s:.2f} | {dyn.p99_ms / base.p99_ms:.2f} |"
@@ -147,11 +160,10 @@ def bench_instances(server: Server, protocols: list[str], args: argparse.Namespa
     ]
     for protocol in protocols:
         for variant, (prefix, _) in IDENTITY_VARIANTS.items():
-            one = None
-            for count in INSTANCE_COUNTS:
-                r = measure(server, protocol, f"{prefix}{count}", IDENTITY_SHAPE, conc, args)
-                one = one or r
-                lines.append(f"| {protocol} | {variant} | {count} | {cells(r)} | {r.infer_per_s / one.infer_per_s:.2f} |")
+            results = measure(server, protocol, [f"{prefix}{n}" for n in INSTANCE_COUNTS], IDENTITY_SHAPE, conc, args)
+            for count, r in zip(INSTANCE_COUNTS, results):
+                ratio = r.infer_per_s / results[0].infer_per_s
+                lines.append(f"| {protocol} | {variant} | {count} | {cells(r)} | {ratio:.2f} |")
     return "\n".join(lines)
 
 
@@ -160,7 +172,8 @@ def main() -> None:
     p.add_argument("--protocols", default="http,grpc", help="comma-separated: http, grpc")
     p.add_argument("--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16, 32])
     p.add_argument("--instance-concurrency", type=int, default=32)
-    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per point")
+    p.add_argument("--duration", type=float, default=3.0, help="measured seconds per point and round")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per point; medians are shown")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per point")
     p.add_argument("--skip-instances", action="store_true", help="only the batching comparison")
     args = p.parse_args()
@@ -187,8 +200,8 @@ def main() -> None:
         finally:
             server.stop()
     cpus = os.cpu_count()
-    print(f"tritond batching benchmark: {args.duration:g} s per point after {args.warmup:g} s warm-up, "
-          f"{cpus} CPUs shared by client and server\n")
+    print(f"tritond batching benchmark: median of {args.rounds} interleaved rounds of {args.duration:g} s "
+          f"(after {args.warmup:g} s warm-up) per point, {cpus} CPUs shared by client and server\n")
     for note in notes:
         print(f"note: {note}\n")
     print("\n\n".join(reports))
