@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -145,7 +146,7 @@ def repo(tmp_path_factory, example_repo) -> Path:
 
 @pytest.fixture(scope="module")
 def srv(repo):
-    s = TritondServer(repo, grpc=False).start()
+    s = TritondServer(repo).start()
     yield s
     code = s.stop()
     s.assert_clean()
@@ -488,6 +489,29 @@ def test_failed_request_counts_as_failure_only(srv, gates, pool):
     sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}
     sizes0 = {b["batch_size"]: b["compute_infer"]["count"] for b in before["batch_stats"]}
     assert sizes.get(5, 0) - sizes0.get(5, 0) == 1          # the execution had 3 + 2 elements
+
+
+def test_grpc_queue_full_and_statistics(srv, gates, pool):
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    blocker = occupy(pool, srv, gates, "policy")
+    queued = queue_in_order(pool, srv, "policy", [rows(1), rows(1)])
+    inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(rows(1))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("policy", [inp], request_id="g1")
+    assert e.value.status() == "StatusCode.UNAVAILABLE"
+    assert e.value.message() == "[request id: g1] Exceeds maximum queue size"
+    gates.open("gate")
+    for f in [blocker, *queued]:
+        f.result(WAIT_S)
+    as_json = stats(srv, "policy")
+    [proto] = client.get_inference_statistics("policy", "1").model_stats
+    client.close()
+    assert (proto.inference_count, proto.execution_count) == (as_json["inference_count"], as_json["execution_count"])
+    assert proto.inference_stats.success.count == as_json["inference_stats"]["success"]["count"]
+    assert proto.inference_stats.fail.count == as_json["inference_stats"]["fail"]["count"]
+    assert [(b.batch_size, b.compute_infer.count) for b in proto.batch_stats] == [
+        (b["batch_size"], b["compute_infer"]["count"]) for b in as_json["batch_stats"]]
 
 
 # ------------------------------------------------------------------ config advice
