@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import subprocess
 import time
@@ -536,6 +537,9 @@ class Broker:
                 for t in (deadline, mv.wake_ns):
                     if t:
                         next_s = min(next_s, max(0.0, (t - now_ns) / 1e9))
+        if 0.0 < next_s < 0.001:
+            self.wait_briefly(next_s)
+            next_s = 0.0
         if now >= self.next_check:
             self.next_check = now + 0.25
             self.check_instances(now)
@@ -546,6 +550,14 @@ class Broker:
                 self.fe.send_multipart([ident, frame])
         self.control.tick(now)
         return min(next_s, self.next_check - now, self.next_ping - now)
+
+    def wait_briefly(self, seconds: float) -> None:
+        """Wait out a batcher delay shorter than the poller's 1 ms resolution without spinning;
+        a message arriving meanwhile ends the wait."""
+        socks = (self.fe, self.wk)
+        if any(s.getsockopt(zmq.EVENTS) & zmq.POLLIN for s in socks):
+            return
+        select.select([s.getsockopt(zmq.FD) for s in socks], [], [], seconds)
 
     def check_instances(self, now: float) -> None:
         """Restart instances whose backoff ended; kill hung, overrunning or stuck workers
