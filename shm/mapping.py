@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import posix_ipc
 
-from .naming import is_internal_key
+from .naming import internal_inodes, is_internal_key
 from .regions import CUDA_PREFIX
 
 if TYPE_CHECKING:
@@ -34,6 +34,12 @@ class _Mapping:
         self.fd = fd    # -1 for our own segments, which never shrink
 
 
+def _aliases_internal(fd: int) -> bool:
+    """A client's key that is a hard link to one of our segments (made after registration)."""
+    st = os.fstat(fd)
+    return st.st_nlink > 1 and (st.st_dev, st.st_ino) in internal_inodes()
+
+
 class SegmentMaps:
     def __init__(self) -> None:
         self._maps: dict[str, _Mapping] = {}
@@ -50,6 +56,8 @@ class SegmentMaps:
             try:
                 if shm.size == 0:
                     raise MappingError("shared memory segment is empty")
+                if keep and _aliases_internal(shm.fd):
+                    raise MappingError("shared memory region is reserved for internal use")
                 m = mmap.mmap(shm.fd, shm.size)
             except BaseException:
                 shm.close_fd()

@@ -33,6 +33,23 @@ def is_internal_key(key: str) -> bool:
     return key.lstrip("/").startswith(PREFIX)
 
 
+def internal_inodes() -> set[tuple[int, int]]:
+    """(device, inode) of every segment named like ours, of any server on this host."""
+    found = set()
+    try:
+        with os.scandir(SHM_DIR) as entries:
+            for entry in entries:
+                if entry.name.startswith(PREFIX):
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    found.add((st.st_dev, st.st_ino))
+    except FileNotFoundError:
+        pass
+    return found
+
+
 def sweep(prefix: str) -> int:
     """Unlink every segment whose name starts with `prefix`; returns how many went."""
     try:

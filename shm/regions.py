@@ -11,11 +11,12 @@ system memory, or `cuda:<device>:<byte_size>:<hex handle>` for a CUDA IPC alloca
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import posix_ipc
 
-from .naming import is_internal_key
+from .naming import internal_inodes, is_internal_key
 
 U64_MAX = (1 << 64) - 1
 SYSTEM = "system"
@@ -60,15 +61,20 @@ def parse_cuda_location(location: str) -> tuple[int, int, bytes]:
     return int(device), int(size), bytes.fromhex(handle)
 
 
-def _object_size(key: str, path: str) -> int:
+def _object_size(name: str, key: str, path: str) -> int:
+    """Size of the client's object; refuses one that is (a hard link to) our own segment."""
     try:
         shm = posix_ipc.SharedMemory(path)
     except (posix_ipc.Error, OSError, ValueError):
         raise RegionError("INTERNAL", f"Unable to open shared memory region: '{key}'") from None
     try:
-        return shm.size
+        st = os.fstat(shm.fd)
     finally:
         shm.close_fd()
+    if st.st_nlink > 1 and (st.st_dev, st.st_ino) in internal_inodes():
+        raise RegionError("INVALID_ARG", f"cannot register shared memory region '{name}' - "
+                                         f"the key is reserved for internal use")
+    return st.st_size
 
 
 def _is_uint(v: object) -> bool:
@@ -97,7 +103,7 @@ class RegionTable:
         if not _is_uint(offset) or not _is_uint(byte_size):
             raise RegionError("INVALID_ARG", f"failed to register shared memory region '{name}': invalid args")
         path = "/" + stripped
-        if offset + byte_size > _object_size(key, path):
+        if offset + byte_size > _object_size(name, key, path):
             raise RegionError("INVALID_ARG", f"failed to register shared memory region '{name}': invalid args")
         region = Region(name, key, offset, byte_size, path)
         self.regions[name] = region

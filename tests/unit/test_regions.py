@@ -175,3 +175,22 @@ def test_mapping_rechecks_a_client_object_that_shrank(key):
             maps.view(key, 0, 4096)
     finally:
         maps.close()
+
+
+def test_hard_link_to_an_internal_segment_is_refused():
+    from tritond.shm.arena import Arena
+    from tritond.shm.naming import new_server_id
+    arena = Arena(new_server_id(), "t", segment_bytes=4096)
+    block = arena.alloc(64)
+    alias = f"test_regions_alias_{secrets.token_hex(4)}"
+    os.link(f"/dev/shm{block.seg}", f"/dev/shm/{alias}")
+    maps = SegmentMaps()
+    try:
+        code, message = error_of(RegionTable().register, "r", "/" + alias, 0, 64)
+        assert code == "INVALID_ARG" and "reserved" in message and "tritond." not in message
+        with pytest.raises(MappingError, match="reserved"):
+            maps.view("/" + alias, 0, 64)
+    finally:
+        maps.close()
+        os.unlink(f"/dev/shm/{alias}")
+        arena.close()
