@@ -238,6 +238,7 @@ class Scheduler:
         for p in out:
             p.deadline_ns = 0
         self.count -= len(out)
+        self._compact()
         return out
 
     # ---------------------------------------------------------------- batching
@@ -257,7 +258,15 @@ class Scheduler:
             if len(out) == n:
                 break
         self.count -= n
+        self._compact()
         return out
+
+    def _compact(self) -> None:
+        """Entries of requests no longer queued linger until they reach the top; keep the heap
+        (and the requests it references) proportional to what is still queued."""
+        if len(self._deadlines) > 2 * self.count + 64:
+            self._deadlines = [e for e in self._deadlines if e[2].deadline_ns == e[0]]
+            heapq.heapify(self._deadlines)
 
     def next_batch(self, now_ns: int) -> tuple[list[Pending], int]:
         """Called when an instance is free: (batch, 0) to dispatch now, or ([], wake_ns) to look

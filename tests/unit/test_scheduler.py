@@ -317,6 +317,14 @@ def test_dispatched_requests_do_not_time_out():
     assert (s.next_deadline(), s.expire(10**9)) == (0, [])
 
 
+def test_dispatched_requests_leave_the_timeout_heap():
+    s = make(default_queue_policy={"default_timeout_microseconds": 10**9})
+    for i in range(1000):
+        add(s, f"r{i}", i)
+        s.next_batch(i)
+    assert len(s) == 0 and len(s._deadlines) <= 64
+
+
 def test_remove_and_requeue_front():
     s = make(max_queue_delay_microseconds=1000, default_queue_policy={"default_timeout_microseconds": 10})
     for n in ("a", "b", "c"):
