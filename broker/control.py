@@ -3,6 +3,7 @@ model control, client shared-memory regions, log/trace settings, drain and stop.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -130,12 +131,13 @@ class ControlHandler:
                     self.cancel_all("Server is shutting down: the exit timeout expired")
                 if self.stop_at == 0.0 and self.b.opts.get("_stop_after_drain"):
                     self.stop_at = now + STOP_GRACE_S
-            if self.stop_at and now >= self.stop_at:
+            if self.stop_at and (now >= self.stop_at or os.getppid() != self.b.opts.get("supervisor_pid")):
                 b.running = False
 
     def begin_stop(self) -> None:
         """SIGTERM to the broker: drain within the exit timeout, then stop unless the
-        supervisor (which usually got the same signal) stops us first."""
+        supervisor (which usually got the same signal) stops us first; at once when the
+        supervisor is gone (its death sends this SIGTERM), since nobody else will."""
         self.b.opts["_stop_after_drain"] = True
         self.start_drain()
 

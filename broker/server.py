@@ -460,13 +460,13 @@ class Broker:
         mv = self.inst_model[id(inst)]
         how = inst.exit_reason or f"died ({pool.describe_exit(rc)})"
         bid, inst.batch = inst.batch, None
-        if bid is not None:
-            self.fail_batch(mv, self.inflight.pop(bid, []),
-                            f"inference failed because model '{mv.name}' instance '{inst.name}' {how}")
+        lost = self.inflight.pop(bid, []) if bid is not None else []
+        retried = self.fail_batch(mv, lost, f"inference failed because model '{mv.name}' instance '{inst.name}' {how}")
         if inst.state in ("STOPPING", "STOPPED") or not self.running or mv.reason == "unloaded":
             inst.state = "STOPPED"
             return
-        log.error("model '%s' instance '%s' (pid %d) %s", mv.name, inst.name, pid, how)
+        log.error("model '%s' instance '%s' (pid %d) %s; its batch held %d request(s): %d failed, %d retried",
+                  mv.name, inst.name, pid, how, len(lost), len(lost) - retried, retried)
         inst.last_error = f"instance '{inst.name}' {how}"
         if inst.state == "FAILED":
             return
@@ -483,16 +483,19 @@ class Broker:
         self.update_model_state(mv)
         self.dispatch(mv)
 
-    def fail_batch(self, mv: ModelVersion, reqs: list[Req], message: str) -> None:
+    def fail_batch(self, mv: ModelVersion, reqs: list[Req], message: str) -> int:
         """Answer the requests of a batch whose worker died; an idempotent model's requests
-        go back to the head of the queue once."""
+        go back to the head of the queue once. Returns how many were retried."""
+        retried = 0
         for r in reqs:
             if mv.idempotent and not r.retried and mv.scheduler is not None and self.running:
                 r.retried = True
                 r.dispatch_ns = 0
                 mv.scheduler.requeue_front(r.pending)
+                retried += 1
             else:
                 self.finish(r, P.InferReply(r.msg.rid, error=P.Err("UNAVAILABLE", message)), False)
+        return retried
 
     def route_release(self, msg: P.Release) -> None:
         inst = self.by_identity.get(msg.owner)

@@ -196,11 +196,20 @@ def assert_healthy(server: TritondServer, gone: list[int] = ()) -> None:
         wait_for(lambda: not pid_alive(pid), 10, f"pid {pid} to be gone")
 
 
-def busy_batch(markers: Path, pid: int, timeout: float = 30.0) -> list[str]:
-    """Request ids of the batch worker `pid` is executing right now."""
+def stop_while_busy(markers: Path, pid: int, timeout: float = 30.0) -> list[str]:
+    """SIGSTOP worker `pid` inside execute(); return the request ids of the batch it holds.
+
+    The model writes the marker on entering execute() and removes it before returning, so
+    with the worker frozen the marker says exactly which batch is inside it."""
     path = markers / f"busy-{pid}"
-    wait_for(path.exists, timeout, f"worker {pid} to execute a batch")
-    return json.loads(path.read_text())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        os.kill(pid, signal.SIGSTOP)
+        if path.exists():
+            return json.loads(path.read_text())
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError(f"worker {pid} never executed a batch")
 
 
 def assert_no_internals(message: str) -> None:
@@ -245,7 +254,7 @@ def test_kill_worker_mid_batch_fails_only_that_batch(fserver, markers):
     restarts = metric(fserver, "tritond_model_restart_count", "slow2")
     with Load(fserver.http_url, "slow2", 16, sleep_ms=300) as load:
         victim = pids[0]
-        batch = busy_batch(markers, victim)
+        batch = stop_while_busy(markers, victim)
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: metric(fserver, "tritond_model_restart_count", "slow2") == restarts + 1,
                  what="the restart to be counted")
@@ -266,8 +275,7 @@ def test_stopped_worker_is_replaced_after_heartbeat_loss(fserver, markers):
     pids = wait_serving(fserver, "slow2", 2)
     with Load(fserver.http_url, "slow2", 4, sleep_ms=200) as load:
         victim = pids[0]
-        batch = busy_batch(markers, victim)
-        os.kill(victim, signal.SIGSTOP)
+        batch = stop_while_busy(markers, victim)
         wait_for(lambda: not pid_alive(victim), what="the stopped worker to be killed")
         wait_serving(fserver, "slow2", 2)
     assert batch and sorted(load.failed) == sorted(batch)
@@ -329,11 +337,13 @@ def test_error_for_one_request_fails_only_that_request(fserver):
 ])
 def test_crashing_execute_is_contained_and_restarted(fserver, fault, how):
     [pid] = wait_serving(fserver, "faulty", 1)
+    bystanders = sorted(fserver.worker_pids("slow2") + fserver.worker_pids("other"))
     e = expect_error(fserver.http_url, "faulty", fault=fault)
     assert e.status() == "503" and "'faulty'" in e.message() and how in e.message(), e.message()
     assert_no_internals(e.message())
     [new] = wait_serving(fserver, "faulty", 1)
     assert new != pid
+    assert sorted(fserver.worker_pids("slow2") + fserver.worker_pids("other")) == bystanders
     infer(fserver.http_url, "faulty")
     assert_healthy(fserver, [pid])
 
@@ -343,7 +353,7 @@ def test_idempotent_model_retries_once_on_the_replacement(fserver, markers):
     box: dict[str, object] = {}
     t = threading.Thread(target=lambda: box.setdefault("r", infer(fserver.http_url, "idem", "retry-me", sleep_ms=1500)))
     t.start()
-    assert busy_batch(markers, pid) == ["retry-me"]
+    assert stop_while_busy(markers, pid) == ["retry-me"]
     os.kill(pid, signal.SIGKILL)
     t.join(60)
     result = box["r"]

@@ -138,3 +138,16 @@ def test_broker_that_cannot_restart_makes_the_server_exit_non_zero(tmp_path):
     assert code == 3, s.log
     assert "could not restart the broker" in s.log
     s.assert_clean()
+
+
+def test_supervisor_killed_takes_every_process_and_segment_with_it(tmp_path):
+    s = TritondServer(build(tmp_path / "models")).start()
+    try:
+        infer(s.http_url, "pair")
+        os.kill(s.proc.pid, signal.SIGKILL)
+        s.proc.wait(10)
+        wait_for(lambda: not s.pids(), 60, "every process of the server to exit")
+        wait_for(lambda: not s.segments(), 10, "every segment to be removed")
+    finally:
+        s.stop()
+    s.assert_clean()

@@ -1,0 +1,169 @@
+"""Graceful shutdown on SIGTERM, over HTTP and gRPC: new requests are refused with 503 /
+UNAVAILABLE, in-flight requests complete and the server exits 0; past --exit-timeout-secs the
+in-flight requests are cancelled with an error and the exit code is 2."""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import TritondServer
+
+MODEL_PY = r'''
+import json
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.markers = config["parameters"]["marker_dir"]["string_value"]
+
+    def execute(self, requests):
+        params = [json.loads(r.parameters() or "{}") for r in requests]
+        with open(os.path.join(self.markers, "started"), "a") as f:
+            f.write(f"{len(requests)}\n")
+        time.sleep(max(float(p.get("sleep_ms", 0)) for p in params) / 1000.0)
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+'''
+
+CONFIG = '''
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 100000 }}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters {{ key: "marker_dir" value: {{ string_value: "{markers}" }} }}
+'''
+
+
+def build(root: Path) -> tuple[Path, Path]:
+    repo, markers = root / "models", root / "markers"
+    markers.mkdir(parents=True)
+    for name in ("slow", "other"):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(MODEL_PY)
+        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, markers=markers))
+    return repo, markers
+
+
+def started(markers: Path) -> int:
+    """How many requests the model has begun to execute."""
+    path = markers / "started"
+    return sum(int(n) for n in path.read_text().split()) if path.exists() else 0
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Protocol:
+    """Just enough of either client to send one request and read its error status."""
+
+    def __init__(self, kind: str, server: TritondServer) -> None:
+        self.kind = kind
+        self.mod = httpclient if kind == "http" else grpcclient
+        self.url = server.http_url if kind == "http" else server.grpc_url
+        self.unavailable = "503" if kind == "http" else "StatusCode.UNAVAILABLE"
+
+    def infer(self, model: str, sleep_ms: int = 0):
+        if self.kind == "http":
+            client = httpclient.InferenceServerClient(self.url, network_timeout=120, connection_timeout=120)
+        else:
+            client = grpcclient.InferenceServerClient(self.url)
+        inp = self.mod.InferInput("INPUT0", [1, 2], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 2), dtype=np.float32))
+        try:
+            return client.infer(model, [inp], parameters={"sleep_ms": sleep_ms} if sleep_ms else None)
+        finally:
+            client.close()
+
+
+def send_in_background(proto: Protocol, n: int, sleep_ms: int) -> tuple[list, list[threading.Thread]]:
+    outcomes: list = []
+
+    def one() -> None:
+        try:
+            outcomes.append(proto.infer("slow", sleep_ms))
+        except InferenceServerException as e:
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return outcomes, threads
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(tmp_path, kind):
+    repo, markers = build(tmp_path)
+    s = TritondServer(repo, grpc=kind == "grpc").start()
+    proto = Protocol(kind, s)
+    try:
+        proto.infer("other")
+        outcomes, threads = send_in_background(proto, 4, 3000)
+        wait_for(lambda: started(markers) == 5, what="the slow requests to start")
+        s.send_signal(signal.SIGTERM)
+        refused = None
+        deadline = time.monotonic() + 30
+        while refused is None and time.monotonic() < deadline:
+            try:
+                proto.infer("other")
+                time.sleep(0.05)
+            except InferenceServerException as e:
+                refused = e
+        assert refused is not None and refused.status() == proto.unavailable, refused
+        for t in threads:
+            t.join(120)
+        assert len(outcomes) == 4
+        for r in outcomes:
+            assert not isinstance(r, InferenceServerException), r
+            np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), np.ones((1, 2)))
+        s.proc.wait(120)
+    finally:
+        code = s.stop()
+    assert code == 0, s.log
+    s.assert_clean()
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_in_flight_requests_past_the_exit_timeout_are_cancelled(tmp_path, kind):
+    repo, markers = build(tmp_path)
+    s = TritondServer(repo, ["--exit-timeout-secs", "2"], grpc=kind == "grpc").start()
+    proto = Protocol(kind, s)
+    try:
+        outcomes, threads = send_in_background(proto, 3, 60000)
+        wait_for(lambda: started(markers) == 3, what="the slow requests to start")
+        s.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(120)
+        s.proc.wait(120)
+    finally:
+        code = s.stop()
+    assert code == 2, s.log
+    assert len(outcomes) == 3
+    for e in outcomes:
+        assert isinstance(e, InferenceServerException) and e.status() == proto.unavailable, e
+        assert "exit timeout" in e.message()
+    assert "cancelled" in s.log
+    s.assert_clean()
