@@ -83,15 +83,19 @@ def make_repository(dest: Path) -> Path:
     return dest
 
 
-def p50_ms(call, requests: int, warmup: int) -> float:
-    for _ in range(warmup):
-        call()
-    times = []
+def p50_ms(calls: dict, requests: int, warmup: int) -> dict[str, float]:
+    """Median latency per call; the calls take turns, so load from elsewhere on the host
+    hits every path alike and the ratios between them hold."""
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(requests):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
 def body_call(client, mod, x: np.ndarray, http: bool):
@@ -149,14 +153,14 @@ def latency_table(http: str, grpc: str, args) -> tuple[dict, str]:
         for nbytes, label in SIZES:
             x = np.random.default_rng(0).random(nbytes // 4, dtype=np.float32)
             n = args.requests if nbytes < (4 << 20) else max(args.requests // 2, 10)
-            row = {"HTTP binary": p50_ms(body_call(hc, httpclient, x, True), n, args.warmup),
-                   "gRPC": p50_ms(body_call(gc, grpcclient, x, False), n, args.warmup)}
             regions = Regions([hc], x)
             try:
-                row["shm/HTTP"] = p50_ms(regions.call(hc, httpclient, x), n, args.warmup)
-                row["shm/gRPC"] = p50_ms(regions.call(gc, grpcclient, x), n, args.warmup)
+                row = p50_ms({"HTTP binary": body_call(hc, httpclient, x, True),
+                              "gRPC": body_call(gc, grpcclient, x, False),
+                              "shm/HTTP": regions.call(hc, httpclient, x),
+                              "shm/gRPC": regions.call(gc, grpcclient, x),
+                              "in-place/HTTP": regions.call(hc, httpclient, x, in_place=True)}, n, args.warmup)
                 regions.check(x)
-                row["in-place/HTTP"] = p50_ms(regions.call(hc, httpclient, x, in_place=True), n, args.warmup)
             finally:
                 regions.close()
             rows[label] = row
