@@ -456,7 +456,7 @@ class Broker:
         self.by_pidfd = {fd: i for fd, i in self.by_pidfd.items() if i is not inst}
         self.by_identity.pop(inst.identity, None)
         self.by_identity.pop(inst.identity + b":hb", None)
-        sweep(owner_prefix(self.server_id, f"w{pid}"))
+        sweep(owner_prefix(self.server_id, inst.owner))
         mv = self.inst_model[id(inst)]
         how = inst.exit_reason or f"died ({pool.describe_exit(rc)})"
         bid, inst.batch = inst.batch, None

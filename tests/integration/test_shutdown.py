@@ -3,7 +3,6 @@ UNAVAILABLE, in-flight requests complete and the server exits 0; past --exit-tim
 in-flight requests are cancelled with an error and the exit code is 2."""
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -18,7 +17,6 @@ from tritonclient.utils import InferenceServerException
 from conftest import TritondServer
 
 MODEL_PY = r'''
-import json
 import os
 import time
 
