@@ -70,13 +70,17 @@ class Plan:
         self.inputs = [io["name"] for io in config.get("input") or []]
         self.outputs = [io["name"] for io in config.get("output") or []]
         self.producer = {t: s.index for s in self.steps for t in s.outputs.values()}
+        self._needed: dict[tuple[str, ...], tuple[tuple[bool, ...], frozenset[str]]] = {}
         self.consumers: dict[str, list[int]] = {}
         for s in self.steps:
             for t in dict.fromkeys(s.inputs.values()):
                 self.consumers.setdefault(t, []).append(s.index)
 
-    def needed(self, wanted: Iterable[str]) -> tuple[list[bool], set[str]]:
+    def needed(self, wanted: tuple[str, ...]) -> tuple[tuple[bool, ...], frozenset[str]]:
         """Steps that contribute to the wanted outputs, and every tensor they must produce."""
+        known = self._needed.get(wanted)
+        if known is not None:
+            return known
         run = [False] * len(self.steps)
         tensors: set[str] = set()
         todo = list(wanted)
@@ -89,7 +93,9 @@ class Plan:
             if i is not None and not run[i]:
                 run[i] = True
                 todo.extend(self.steps[i].inputs.values())
-        return run, tensors
+        if len(self._needed) < 64:       # requested-output sets are few; bound it all the same
+            self._needed[wanted] = (tuple(run), frozenset(tensors))
+        return tuple(run), frozenset(tensors)
 
 
 # ---------------------------------------------------------------------- the table entry
@@ -214,7 +220,7 @@ class _Run:
         self.regions = regions
         self.arrival_ns = time.monotonic_ns()
         self.out_specs = {o.name: o for o in msg.outputs}
-        self.wanted = [o.name for o in msg.outputs] or plan.outputs
+        self.wanted = tuple(o.name for o in msg.outputs) or tuple(plan.outputs)
         self.run_step, self.needed = plan.needed(self.wanted)
         self.tensors: dict[str, P.TensorDesc] = {d.name: d for d in msg.inputs}
         self.owner_of: dict[str, bytes] = {}

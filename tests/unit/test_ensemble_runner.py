@@ -189,8 +189,8 @@ def test_plan_knows_producers_consumers_and_needed_steps():
     plan = Plan(config_to_json(config(DIAMOND)))
     assert plan.producer == {"a": 0, "b": 0, "l": 1, "LT": 1, "r": 2, "SUM": 3}
     assert plan.consumers == {"IN": [0], "a": [1], "b": [2], "l": [3], "r": [3]}
-    assert plan.needed(["LT"]) == ([True, True, False, False], {"LT", "a", "IN"})
-    assert plan.needed(["SUM"])[0] == [True, True, True, True]
+    assert plan.needed(("LT",)) == ((True, True, False, False), {"LT", "a", "IN"})
+    assert plan.needed(("SUM",))[0] == (True, True, True, True)
 
 
 def test_steps_start_when_their_inputs_exist_and_leases_move_to_the_receiver(broker, ens):
