@@ -284,12 +284,13 @@ class Broker:
         self.send_reply(src, P.InferReply(msg.rid, error=err))
 
     def on_infer(self, src: tuple[zmq.Socket, bytes], msg: P.Infer) -> None:
-        if self.stopping:
+        bls = src[0] is self.wk     # a model's call to another model, made by a request in flight
+        if self.stopping and not bls:
             return self.reject(src, msg, P.Err("UNAVAILABLE", "Server is shutting down and has stopped accepting new requests"))
         mv, err = self.resolve(msg.model, msg.version)
         if err is not None:
             return self.reject(src, msg, err)
-        if src[0] is self.wk:       # a BLS call: refused when it could never be answered
+        if bls:                     # refused when it could never be answered
             src = self.ensembles.bls_call(src, msg, mv)
             if src is None:
                 return

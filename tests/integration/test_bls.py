@@ -7,18 +7,28 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import TritondServer
+from conftest import TritondServer, http_get
 
 CALLER = '''
-import asyncio, json
+import asyncio, json, os, time
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+
+def hold(gate):
+    """Say "started" in the directory `gate`, then wait for "open" there."""
+    open(os.path.join(gate, "started"), "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(gate, "open")) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def request_for(target, x, params):
@@ -49,12 +59,14 @@ def answer(response, shape):
 
 class TritonPythonModel:
     """Calls the model named by the request parameter "target" with "mode" exec or async
-    (its own parameter "then" becomes the callee's "target")."""
+    (its own parameter "then" becomes the callee's "target"; "gate" holds it first)."""
 
     async def execute(self, requests):
         out = []
         for request in requests:
             params = json.loads(request.parameters() or "{}")
+            if "gate" in params:
+                hold(params["gate"])
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             call = request_for(params["target"], x, {"target": params["then"]} if "then" in params else {})
             if params.get("mode") == "async":
@@ -258,3 +270,25 @@ def test_a_chain_without_a_cycle_is_served(client):
     out, error = via(client, np.arange(4, dtype=np.float32), target="bls_call2", then="identity_fp32")
     assert error == "" and out.tolist() == [0, 1, 2, 3]
 
+
+
+def test_calls_made_while_the_server_drains_are_served(server, tmp_path):
+    """Runs last: it stops the module's server. A request in flight when SIGTERM arrives may
+    still call other models; only new requests from clients are refused."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    x = np.arange(4, dtype=np.float32)
+    with futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(lambda: via(httpclient.InferenceServerClient(server.http_url, network_timeout=120), x,
+                                      target="identity_fp32", gate=str(gate)))
+        deadline = time.monotonic() + 60
+        while not (gate / "started").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        server.send_signal(signal.SIGTERM)
+        while http_get(f"http://{server.http_url}/v2/health/ready")[0] == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        (gate / "open").touch()
+        out, error = fut.result(timeout=60)
+    assert error == "" and out.tolist() == x.tolist()
