@@ -98,8 +98,7 @@ class BrokerClient:
         self.tasks: list[asyncio.Task] = []
 
     def _connect(self) -> None:
-        if self.sock is not None:
-            self.sock.close(0)
+        """One DEALER for the frontend's life: ZeroMQ reconnects it to a restarted broker."""
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.IMMEDIATE, 1)
@@ -172,7 +171,6 @@ class BrokerClient:
                 orphans, self.orphans = self.orphans, {}
                 for orphan in orphans.values():
                     orphan()
-                self._connect()
             if not self.alive:
                 await self._hello()
 

@@ -79,9 +79,6 @@ def owners_alive(server: TritondServer) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="the frontend's BrokerClient replaces its socket when the broker falls silent, "
-                          "which cancels its reader task, so it never hears the restarted broker",
-                   strict=False)
 def test_broker_killed_is_restarted_and_frontends_reconnect(tmp_path):
     s = TritondServer(build(tmp_path / "models")).start()
     try:
