@@ -15,7 +15,7 @@ from tritond.repository.layout import scan
 from tritond.repository.normalize import normalize_config
 from tritond.repository.render import config_from_json, config_to_json
 from tritond.repository.validation import validate_config
-from tritond.shm.regions import CUDA, SYSTEM, RegionError, RegionTable
+from tritond.shm.regions import CUDA, CUDA_HANDLE_BYTES, SYSTEM, RegionError, RegionTable
 
 from . import protocol as P
 from .models import LOADING, READY, UNAVAILABLE, ModelVersion
@@ -221,6 +221,9 @@ class ControlHandler:
         checks (cheaply, via nvidia-smi) that the device exists."""
         self._require_shm()
         name = str(a.get("name", ""))
+        handle = a.get("raw_handle", b"")
+        if not isinstance(handle, bytes) or len(handle) != CUDA_HANDLE_BYTES:
+            raise ControlError("INVALID_ARG", "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
         device_id = a.get("device_id", 0)
         count = gpu_count()
         if count == 0:

@@ -5,6 +5,13 @@ from typing import Any
 
 from tritond.repository.datatypes import CONFIG_TO_WIRE
 
+SERVER_VERSION = "2.73.0"
+EXTENSIONS = [
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+    "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
+    "binary_tensor_data", "parameters", "statistics", "trace", "logging",
+]
+
 PLATFORMS = {
     "onnxruntime": "onnxruntime_onnx",
     "pytorch": "pytorch_libtorch",

@@ -20,8 +20,7 @@ from tritond.repository.render import config_from_json
 
 from ..dataplane import Dataplane
 from ..errors import GRPC_CODE_NAME, TritonError
-from ..http.app import EXTENSIONS, SERVER_VERSION
-from ..metadata import model_metadata
+from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
 from . import converters as cv
 
 log = logging.getLogger("tritond.grpc")

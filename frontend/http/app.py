@@ -16,15 +16,9 @@ from starlette.routing import Route
 
 from ..dataplane import Dataplane, split_parameters
 from ..errors import TritonError, invalid
-from ..metadata import model_metadata
+from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
 from .codec import parse_infer, parse_json, render_response
 
-EXTENSIONS = [
-    "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
-    "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
-    "binary_tensor_data", "parameters", "statistics", "trace", "logging",
-]
-SERVER_VERSION = "2.73.0"
 
 log = logging.getLogger("tritond.http")
 
@@ -296,13 +290,13 @@ class HttpApi:
     async def cuda_register(self, request: Request) -> Response:
         name = request.path_params["region"]
         doc = parse_json(await self.body(request))
-        raw = (doc.get("raw_handle") or {}).get("b64") if isinstance(doc.get("raw_handle"), dict) else None
+        raw = doc.get("raw_handle")
+        if not isinstance(raw, dict) or "b64" not in raw:
+            raise invalid("Shared memory register request has no 'raw_handle' field")
         try:
-            handle = base64.b64decode(raw or "", validate=True)
+            handle = base64.b64decode(raw["b64"], validate=True)
         except (ValueError, TypeError):
             handle = b""
-        if len(handle) != 64:
-            raise invalid("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
         await self.client.control("cuda_register", {
             "name": name, "raw_handle": handle, "device_id": doc.get("device_id", 0),
             "byte_size": doc.get("byte_size", 0)})
