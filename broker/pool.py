@@ -10,6 +10,7 @@ instance FAILED instead of restarting it forever. Backoff doubles with the count
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -75,9 +76,15 @@ class Instance:
         return f"w{self.proc.pid if self.proc else 0}"
 
 
+_generations = itertools.count(1)
+
+
 def spawn(inst: Instance, spec: dict[str, Any], env: dict[str, str] | None = None) -> None:
-    """Start a worker process for `inst` (argv list, never a shell)."""
-    inst.generation += 1
+    """Start a worker process for `inst` (argv list, never a shell).
+
+    Generations are unique across the broker, not per slot, so a model unloaded and loaded
+    again never reuses the identity of a worker that may still be exiting."""
+    inst.generation = next(_generations)
     spec = dict(spec, identity=inst.identity.decode(), broker_pid=os.getpid())
     argv = [sys.executable, "-m", "tritond.workers.main", json.dumps(spec)]
     inst.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)

@@ -499,6 +499,8 @@ class Broker:
         return retried
 
     def route_release(self, msg: P.Release) -> None:
+        if self.ensembles.release_handover(msg):
+            return
         inst = self.by_identity.get(msg.owner)
         if inst is not None:
             self.wk.send_multipart([msg.owner, P.encode(msg)])

@@ -157,8 +157,9 @@ class BlsClient:
                     with self.cond:
                         self.replies[msg.rid] = msg
                         self.cond.notify_all()
+                elif isinstance(msg, P.Stop):
+                    w.stop_requested = True
                 elif not w.handle_side(msg):
-                    log.warning("%s arrived during a BLS call and was not handled; the broker repeats a stop "
-                                "when it shuts down", type(msg).__name__)
+                    log.warning("%s arrived during a BLS call and was dropped", type(msg).__name__)
         for frame in frames:
             w.sock.send(frame)

@@ -66,6 +66,7 @@ class Worker:
         self.leases = Leases(self.arena)
         self.decoder = P.decoder(P.BrokerToWorker)
         self.bls = BlsClient(self)
+        self.stop_requested = False   # a Stop the BLS reader received while execute() ran
 
     def send(self, msg) -> None:
         self.sock.send(P.encode(msg))
@@ -166,7 +167,7 @@ class Worker:
         return 0
 
     def serve(self, backend) -> None:
-        while True:
+        while not self.stop_requested:
             msg = self.decoder.decode(self.sock.recv())
             if isinstance(msg, P.Exec):
                 self.send(self.execute(backend, msg))

@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import TritondServer
 
 MODEL_PY = r'''
+import json
 import os
 import time
 

@@ -25,7 +25,13 @@ MODELS = {
     "string_upper",
     "dtypes_py",
     "batch_reporter",
+    "image_preprocess_model",
+    "image_encoder_onnx",
+    "search_pipeline_ensemble",
+    "bls_router",
 }
+TORCH_MODELS = {"mlp_torch"}  # built only where torch is importable
+COMMITTED = MODELS | TORCH_MODELS
 
 
 def _load(name: str, path: Path) -> types.ModuleType:
@@ -54,7 +60,9 @@ def _config(path: Path) -> model_config_pb2.ModelConfig:
 
 
 def test_repository_has_every_model(repo):
-    assert {p.name for p in repo.iterdir()} == MODELS
+    expected = MODELS | (TORCH_MODELS if importlib.util.find_spec("torch") else set())
+    assert {p.name for p in repo.iterdir()} == expected
+    assert {p.name for p in SOURCE.iterdir() if p.is_dir()} == COMMITTED
     for name in MODELS:
         assert (repo / name / "config.pbtxt").is_file()
         assert (repo / name / "1").is_dir()
@@ -96,11 +104,11 @@ def test_add_sub_values_and_dynamic_batch(repo):
     np.testing.assert_array_equal(subtracted, a - b)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(COMMITTED))
 def test_config_parses_as_model_config(name):
     config = _config(SOURCE / name / "config.pbtxt")
     assert config.name == name
-    assert config.platform == "onnxruntime_onnx" or config.backend == "python"
+    assert config.platform in ("onnxruntime_onnx", "pytorch_libtorch", "ensemble") or config.backend == "python"
 
 
 def test_config_details():
