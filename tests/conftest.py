@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+LOG_DIR: str | None = None   # server logs go under pytest's temporary directory
 
 
 def free_port() -> int:
@@ -101,7 +102,7 @@ class TritondServer:
     def start(self, wait: str = "ready", timeout: float = 120.0) -> "TritondServer":
         """Start and wait until `wait` is 'ready', 'live', or 'exit' (a startup expected to fail)."""
         import tempfile
-        fd, path = tempfile.mkstemp(prefix="tritond-test-", suffix=".log")
+        fd, path = tempfile.mkstemp(prefix="tritond-test-", suffix=".log", dir=LOG_DIR)
         self.log_path = Path(path)
         env = dict(os.environ, **(self.env or {}))
         self.proc = subprocess.Popen(self.command(), stdout=fd, stderr=subprocess.STDOUT, env=env,
@@ -211,6 +212,14 @@ class TritondServer:
             self.kill()
         assert not leftover, f"processes left behind: {leftover}"
         assert not segments, f"shared-memory segments left behind: {segments}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server_log_dir(tmp_path_factory) -> Path:
+    global LOG_DIR
+    path = tmp_path_factory.mktemp("server-logs")
+    LOG_DIR = str(path)
+    return path
 
 
 @pytest.fixture(scope="session")
