@@ -613,18 +613,10 @@ class Broker:
             if self.sig_r in events:
                 os.read(self.sig_r, 64)
                 self.control.begin_stop()
-            for _ in range(256):
-                try:
-                    ident, frame = self.wk.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self.on_worker_msg(ident, frame)
-            for _ in range(256):
-                try:
-                    ident, frame = self.fe.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self.on_frontend_msg(ident, frame)
+            if self.wk in events:
+                self.drain(self.wk, self.on_worker_msg)
+            if self.fe in events:
+                self.drain(self.fe, self.on_frontend_msg)
             for fd in list(events):
                 inst = self.by_pidfd.get(fd) if isinstance(fd, int) else None
                 if inst is not None:
@@ -635,6 +627,15 @@ class Broker:
                 self.broadcast_table()
         self.shutdown_workers()
         return 0
+
+    @staticmethod
+    def drain(sock: zmq.Socket, handle) -> None:
+        """Handle what has arrived on a socket, at most a bounded burst per loop turn."""
+        for _ in range(256):
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return
+            ident, frame = sock.recv_multipart(zmq.NOBLOCK)
+            handle(ident, frame)
 
     def shutdown_workers(self) -> None:
         """Stop every worker: a busy one is killed at once (its requests were answered when

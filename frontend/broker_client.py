@@ -14,7 +14,6 @@ import time
 from typing import Any, Callable
 
 import zmq
-import zmq.asyncio
 
 from tritond.broker import protocol as P
 
@@ -85,8 +84,8 @@ class BrokerClient:
     def __init__(self, endpoint: str, kind: str) -> None:
         self.endpoint = endpoint
         self.kind = kind
-        self.ctx = zmq.asyncio.Context()
-        self.sock: zmq.asyncio.Socket | None = None
+        self.ctx = zmq.Context()
+        self.sock: zmq.Socket | None = None
         self.futures: dict[int, asyncio.Future] = {}
         self.orphans: dict[int, Callable[[], None]] = {}
         self.ids = itertools.count(1)
@@ -110,13 +109,26 @@ class BrokerClient:
 
     async def start(self) -> None:
         self._connect()
-        self.tasks = [asyncio.create_task(self._reader()), asyncio.create_task(self._watchdog())]
+        asyncio.get_running_loop().add_reader(self.sock.getsockopt(zmq.FD), self._drain)
+        self.tasks = [asyncio.create_task(self._watchdog())]
         await self._hello()
+
+    def _send(self, frame: bytes) -> None:
+        """Send without blocking the event loop (the pipe has no high-water mark).
+
+        ZeroMQ's FD is edge-triggered and a send may consume its readiness, so look for
+        arrived replies right after every send."""
+        try:
+            self.sock.send(frame, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            raise TritonError("UNAVAILABLE", "the server's broker is not reachable") from None
+        finally:
+            asyncio.get_running_loop().call_soon(self._drain)
 
     async def _hello(self) -> None:
         try:
-            await self.sock.send(P.encode(P.Hello(self.kind, os.getpid())), zmq.NOBLOCK)
-        except zmq.Again:
+            self._send(P.encode(P.Hello(self.kind, os.getpid())))
+        except TritonError:
             pass
 
     async def wait_table(self, timeout: float) -> bool:
@@ -126,22 +138,23 @@ class BrokerClient:
         except asyncio.TimeoutError:
             return False
 
-    async def _reader(self) -> None:
+    def _drain(self) -> None:
+        """Read every frame that has arrived (called when the socket's FD turns readable)."""
+        sock = self.sock
         while True:
-            sock = self.sock
             try:
-                frame = await sock.recv()
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
             except zmq.ZMQError:
-                await asyncio.sleep(0.05)
-                continue
+                return
             try:
                 msg = self.decoder.decode(frame)
             except P.DecodeError:
                 log.warning("dropped an undecodable frame from the broker")
                 continue
             self.last_heard = time.monotonic()
-            if not self.alive:
-                self.alive = True
+            self.alive = True
             if isinstance(msg, (P.InferReply, P.ControlReply)):
                 fut = self.futures.pop(msg.rid if isinstance(msg, P.InferReply) else msg.cid, None)
                 if fut is not None and not fut.done():
@@ -186,8 +199,11 @@ class BrokerClient:
         fut = asyncio.get_running_loop().create_future()
         self.futures[msg.rid] = fut
         try:
-            await self.sock.send(P.encode(msg))
+            self._send(P.encode(msg))
             return await fut
+        except TritonError:
+            self.futures.pop(msg.rid, None)
+            raise
         except asyncio.CancelledError:
             self.futures.pop(msg.rid, None)
             if on_orphan is not None:
@@ -202,8 +218,8 @@ class BrokerClient:
         cid = next(self.ids)
         fut = asyncio.get_running_loop().create_future()
         self.futures[cid] = fut
-        await self.sock.send(P.encode(P.Control(cid, op, args or {})))
         try:
+            self._send(P.encode(P.Control(cid, op, args or {})))
             reply = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise TritonError("UNAVAILABLE", f"the server's broker did not answer '{op}' in time") from None
@@ -217,13 +233,17 @@ class BrokerClient:
         leases = sorted({d.lease for d in reply.outputs if d.lease})
         if leases and self.sock is not None:
             try:
-                self.sock.send(P.encode(P.Release(reply.owner, leases)), zmq.NOBLOCK)
-            except zmq.ZMQError:
+                self._send(P.encode(P.Release(reply.owner, leases)))
+            except TritonError:
                 pass
 
     def close(self) -> None:
         for t in self.tasks:
             t.cancel()
         if self.sock is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self.sock.getsockopt(zmq.FD))
+            except RuntimeError:
+                pass
             self.sock.close(0)
         self.ctx.term()
