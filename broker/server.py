@@ -19,7 +19,7 @@ import zmq
 
 from tritond.repository.catalog import ModelSpec, load_spec
 from tritond.repository.layout import scan
-from tritond.repository.render import config_from_json, config_to_json
+from tritond.repository.render import config_to_json
 from tritond.shm.naming import PREFIX, owner_prefix, sweep
 
 from . import pool, protocol as P

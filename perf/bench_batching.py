@@ -17,17 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import loadgen
-from bench_core import ServerStartError, build_repository, free_port, is_ready, tritond_argv
+from bench_core import Server, ServerStartError, build_repository
 
 READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
@@ -45,56 +41,6 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 {batching}
 instance_group [ {{ count: {count} kind: KIND_CPU }} ]
 """
-
-
-class Server:
-    """tritond on free ports (HTTP, gRPC, metrics), stopped with SIGTERM."""
-
-    def __init__(self, repository: Path, log_path: Path, grpc: bool) -> None:
-        self.http = f"127.0.0.1:{free_port()}"
-        self.grpc = f"127.0.0.1:{free_port()}"
-        argv = tritond_argv() + [
-            "start", "--model-repository", str(repository),
-            "--http-port", self.http.rsplit(":", 1)[1],
-            "--grpc-port", self.grpc.rsplit(":", 1)[1],
-            "--metrics-port", str(free_port()),
-        ]
-        if not grpc:
-            argv.append("--allow-grpc=false")
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not is_ready(self.http):
-            if self.proc.poll() is not None:
-                raise ServerStartError(f"tritond exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise ServerStartError(f"tritond not ready after {timeout:g} s:\n{self.log_tail()}")
-            time.sleep(0.2)
-
-    def grpc_listening(self) -> bool:
-        host, port = self.grpc.rsplit(":", 1)
-        try:
-            with socket.create_connection((host, int(port)), timeout=1.0):
-                return True
-        except OSError:
-            return False
-
-    def log_tail(self, lines: int = 40) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 def add_identity_models(repository: Path) -> None:
@@ -183,7 +129,7 @@ def main() -> None:
         repository = Path(tmp) / "models"
         build_repository(repository)
         add_identity_models(repository)
-        server = Server(repository, Path(tmp) / "tritond.log", grpc="grpc" in protocols)
+        server = Server(repository, Path(tmp) / "tritond.log", [] if "grpc" in protocols else ["--allow-grpc=false"])
         notes = []
         try:
             server.wait_ready(READY_TIMEOUT_S)

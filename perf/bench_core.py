@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -93,18 +94,28 @@ def is_ready(http: str) -> bool:
 class Server:
     """tritond as a child process: started on free ports, stopped with SIGTERM."""
 
-    def __init__(self, repository: Path, log_path: Path):
+    def __init__(self, repository: Path, log_path: Path, extra: Sequence[str] = ()):
         self.http = f"127.0.0.1:{free_port()}"
+        self.grpc = f"127.0.0.1:{free_port()}"
         argv = tritond_argv() + [
             "start",
             "--model-repository", str(repository),
             "--http-port", self.http.rsplit(":", 1)[1],
-            "--grpc-port", str(free_port()),
+            "--grpc-port", self.grpc.rsplit(":", 1)[1],
             "--metrics-port", str(free_port()),
+            *extra,
         ]
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def grpc_listening(self) -> bool:
+        host, port = self.grpc.rsplit(":", 1)
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return True
+        except OSError:
+            return False
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

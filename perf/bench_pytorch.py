@@ -69,17 +69,9 @@ def in_process(model_path: Path, x: np.ndarray, seconds: float, threads: int, de
     return percentile_us(times, 50), len(times) / elapsed, percentile_us(times, 99)
 
 
-class ServerWith(bench_core.Server):
+def server_with(repository: Path, tmp: Path, extra: list[str]) -> bench_core.Server:
     """bench_core.Server with extra tritond options (e.g. --mps)."""
-
-    def __init__(self, repository: Path, tmp: Path, extra: list[str]) -> None:
-        self.http = f"127.0.0.1:{bench_core.free_port()}"
-        argv = bench_core.tritond_argv() + [
-            "start", "--model-repository", str(repository), "--http-port", self.http.rsplit(":", 1)[1],
-            "--grpc-port", str(bench_core.free_port()), "--metrics-port", str(bench_core.free_port()), *extra]
-        self.log_path = tmp / f"tritond-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+    return bench_core.Server(repository, tmp / f"tritond-{time.monotonic_ns()}.log", extra)
 
 
 def measure(http: str, model: str, shape: tuple[int, ...], concurrency: list[int], args) -> list:
@@ -95,7 +87,7 @@ def cpu_bench(args, tmp: Path) -> str:
     repository = tmp / "models"
     repository.mkdir()
     shutil.copytree(full / "mlp_torch", repository / "mlp_torch")
-    server = ServerWith(repository, tmp, [])
+    server = server_with(repository, tmp, [])
     try:
         server.wait_ready(bench_core.READY_TIMEOUT_S)
         rows = measure(server.http, "mlp_torch", (1, WIDTH), args.concurrency, args)
@@ -150,7 +142,7 @@ def gpu_instances_bench(args, tmp: Path) -> str:
         (repository / "heavy" / "1").mkdir(parents=True)
         (repository / "heavy" / "config.pbtxt").write_text(GPU_CONFIG.format(name="heavy", width=WIDTH, count=count))
         shutil.copy(model, repository / "heavy" / "1" / "model.pt")
-        server = ServerWith(repository, tmp, extra)
+        server = server_with(repository, tmp, extra)
         try:
             server.wait_ready(bench_core.READY_TIMEOUT_S)
             ((_, r),) = measure(server.http, "heavy", (1, WIDTH), [args.gpu_concurrency], args)

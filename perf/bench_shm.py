@@ -40,7 +40,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
-from bench_core import READY_TIMEOUT_S, ROOT, Server, ServerStartError, free_port, tritond_argv
+from bench_core import READY_TIMEOUT_S, ROOT, Server, ServerStartError
 
 MODEL = "identity_fp32"
 SIZES = ((64 << 10, "64 KB"), (1 << 20, "1 MB"), (4 << 20, "4 MB"), (16 << 20, "16 MB"))
@@ -49,19 +49,10 @@ THROUGHPUT = re.compile(r"Concurrency: (\d+), throughput: ([0-9.]+) infer/sec")
 
 
 class ShmServer(Server):
-    """bench_core's Server, with gRPC on a known port and client shared memory allowed."""
+    """bench_core's Server with client shared memory allowed, ready once gRPC answers too."""
 
     def __init__(self, repository: Path, log_path: Path):
-        self.http = f"127.0.0.1:{free_port()}"
-        self.grpc = f"127.0.0.1:{free_port()}"
-        argv = tritond_argv() + [
-            "start", "--model-repository", str(repository), "--allow-client-shm=true",
-            "--http-port", self.http.rsplit(":", 1)[1], "--grpc-port", self.grpc.rsplit(":", 1)[1],
-            "--metrics-port", str(free_port()),
-        ]
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+        super().__init__(repository, log_path, ["--allow-client-shm=true"])
 
     def wait_ready(self, timeout: float) -> None:
         super().wait_ready(timeout)

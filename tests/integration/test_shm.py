@@ -350,7 +350,7 @@ def test_mixed_raw_and_shm_inputs(client, regions):
 
 
 def test_outputs_at_offsets_of_one_region(client, regions):
-    handles = four_regions(client, regions)
+    four_regions(client, regions)
     both, key = regions("both_outputs", 256)
     client.c.register_system_shared_memory("both", key, 192, offset=64)
     inputs = [client.mod.InferInput("INPUT0", [1, 16], "INT32"), client.mod.InferInput("INPUT1", [1, 16], "INT32")]

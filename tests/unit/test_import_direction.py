@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"tritond": "tritond", "broker": "tritond.broker", "workers": "tritond.workers",
