@@ -5,7 +5,10 @@ a step becomes an ordinary request to its composing model's scheduler (so dynami
 applies across ensemble requests) as soon as every tensor it reads exists, and independent
 steps run at the same time. Tensors move between steps as descriptors, never as bytes:
 an intermediate stays in the producing worker's arena under a lease the broker holds until
-the ensemble request is answered, then releases (also on every error path).
+the ensemble request is answered, then releases (also on every error path). An intermediate
+that only GPU instances read may stay in the producer's device memory (`OutputSpec.device_ok`:
+its descriptor then carries a CUDA IPC handle, under the same lease rule); what the runner
+answers with is always in host memory unless its own requester accepts device memory.
 
 A BLS call is an Infer that a Python worker sends while it executes. Before it is queued the
 broker checks that some instance able to serve it is not itself waiting, directly or through
@@ -269,7 +272,18 @@ class _Run:
         o = self.out_specs.get(tensor)
         if o is not None and o.seg:
             return P.OutputSpec(model_output, "", o.seg, o.offset, o.nbytes)
-        return P.OutputSpec(model_output)
+        return P.OutputSpec(model_output, device_ok=self.device_ok(tensor))
+
+    def device_ok(self, tensor: str) -> bool:
+        """Whether `tensor` may stay in its producer's device memory: every step of this request
+        reading it runs on GPU instances, and it is not part of the answer (unless the requester,
+        an enclosing ensemble, takes device memory for it too)."""
+        if tensor in self.wanted:
+            spec = self.out_specs.get(tensor)
+            if spec is None or not spec.device_ok:
+                return False
+        steps = self.plan.steps
+        return all(self.ens.on_gpu(steps[j]) for j in self.plan.consumers.get(tensor, ()) if self.run_step[j])
 
     def on_step_reply(self, i: int, reply: P.InferReply, owners: dict[str, bytes] | None) -> None:
         self.active.pop(i, None)
@@ -475,6 +489,14 @@ class Ensembles:
         run = _Run(self, src, msg, mv, regions)
         run.start()
         return None if run.done else run
+
+    def on_gpu(self, step: Step) -> bool:
+        """True when the model serving `step` runs only GPU instances, whose workers open device
+        inputs in place (a nested ensemble is not looked into: it gets host memory)."""
+        mv, err = self.b.resolve(step.model, step.version)
+        if err is not None or isinstance(mv, EnsembleVersion) or not mv.instances:
+            return False
+        return all(inst.kind == "GPU" for inst in mv.instances)
 
     # ---------------------------------------------------------------- leases
 

@@ -42,6 +42,7 @@ class OutputSpec(_S):
     offset: int = 0
     nbytes: int = 0
     classification: int = 0
+    device_ok: bool = False    # the consumer opens device memory: a GPU output may stay there (CUDA IPC)
 
 
 class Err(_S):

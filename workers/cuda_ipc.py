@@ -15,8 +15,9 @@ cuda-python (`cuda.bindings`) is imported on first use, so CPU-only workers neve
 from __future__ import annotations
 
 import ctypes
+import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -131,6 +132,33 @@ class DeviceArray:
         return host if dtype is None else host.astype(dtype, copy=False)
 
 
+def device_array(value: Any) -> DeviceArray | None:
+    """`value` as a DeviceArray when it lives in device memory (a DeviceArray, a CUDA torch
+    tensor, anything with a C-contiguous `__cuda_array_interface__`), else None."""
+    if isinstance(value, DeviceArray):
+        return value
+    if hasattr(value, "data_ptr") and hasattr(value, "is_cuda"):      # torch, on the device or not
+        return DeviceArray.from_torch(value) if value.is_cuda else None
+    if not hasattr(value, "__cuda_array_interface__"):
+        return None
+    cai = value.__cuda_array_interface__
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(int(n) for n in cai["shape"])
+    strides = cai.get("strides")
+    if strides is not None and tuple(strides) != _contiguous_strides(shape, dtype.itemsize):
+        raise CudaIpcError("a device tensor must be C-contiguous to be handed on")
+    device = getattr(getattr(value, "device", None), "id", 0)     # CuPy names its device; else the worker's one GPU
+    return DeviceArray(int(cai["data"][0]), shape, dtype, int(device or 0), value)
+
+
+def _contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
 @dataclass
 class IpcRef:
     """Where a device tensor lives, as another process can open it."""
@@ -168,16 +196,18 @@ def export(array: DeviceArray) -> IpcRef:
 
 
 class Exports:
-    """Device arrays handed out by IPC handle; each is kept alive until its holders release it."""
+    """Device arrays handed out by IPC handle; each is kept alive until its holders release it.
 
-    def __init__(self) -> None:
+    `ids` may be shared with the worker's arena leases, so one Release names either kind."""
+
+    def __init__(self, ids: Iterator[int] | None = None) -> None:
         self.entries: dict[int, list] = {}    # lease -> [arrays, holders]
-        self.next = 0
+        self.ids = ids if ids is not None else itertools.count(1)
 
     def add(self, arrays: list[DeviceArray], holders: int = 1) -> int:
-        self.next += 1
-        self.entries[self.next] = [list(arrays), max(holders, 1)]
-        return self.next
+        lease = next(self.ids)
+        self.entries[lease] = [list(arrays), max(holders, 1)]
+        return lease
 
     def release(self, lease: int) -> bool:
         """Drop one holder; True when the arrays were let go (their memory may be reused)."""
@@ -193,12 +223,16 @@ class Exports:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def __contains__(self, lease: int) -> bool:
+        return lease in self.entries
+
 
 class Imports:
     """Mappings of other processes' device memory that this process opened."""
 
     def __init__(self) -> None:
         self.opened: list[int] = []
+        self.spans: list[tuple[int, int]] = []     # [start, end) of each tensor opened
 
     def open(self, ref: IpcRef, shape: tuple[int, ...] | list[int], dtype: np.dtype) -> DeviceArray:
         cudart = cuda_runtime()
@@ -209,13 +243,20 @@ class Imports:
         array = DeviceArray(base + ref.offset, tuple(shape), np.dtype(dtype), ref.device, self)
         if array.nbytes > ref.nbytes:
             raise CudaIpcError(f"tensor of {array.nbytes} bytes does not fit the {ref.nbytes} bytes exported")
+        self.spans.append((base + ref.offset, base + ref.offset + ref.nbytes))
         return array
+
+    def holds(self, array: DeviceArray) -> bool:
+        """True when `array` lies in memory opened here (a model that returns its input): such
+        memory is another process's and is unmapped at `close`, so it cannot be handed on."""
+        return any(start <= array.ptr < end for start, end in self.spans)
 
     def close(self) -> None:
         """Close every mapping opened since the last close (call once the consumer is done)."""
         if not self.opened:
             return
         cudart = cuda_runtime()
-        opened, self.opened = self.opened, []
-        for base in opened:
-            check(cudart.cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle")
+        opened, self.opened, self.spans = self.opened, [], []
+        failed = [base for base in opened if int(cudart.cudaIpcCloseMemHandle(base)[0]) != 0]
+        if failed:
+            raise CudaIpcError(f"cudaIpcCloseMemHandle failed for {len(failed)} of {len(opened)} mapping(s)")

@@ -9,6 +9,7 @@ and the broker restarts it.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from tritond.shm.mapping import SegmentMaps
 from .backends import create
 from .backends.base import InstanceInfo, WorkerRequest
 from .bls import BlsClient
+from .cuda_ipc import Exports, Imports
 from .tensors import Leases, desc_to_array, write_outputs
 
 log = logging.getLogger("tritond.worker")
@@ -63,7 +65,10 @@ class Worker:
         self.sock.connect(spec["workers"])
         self.maps = SegmentMaps()
         self.arena = Arena(spec["server_id"], f"w{os.getpid()}")
-        self.leases = Leases(self.arena)
+        lease_ids = itertools.count(1)          # one numbering: a Release names an arena block or an export
+        self.leases = Leases(self.arena, lease_ids)
+        self.exports = Exports(lease_ids)       # device outputs handed on by CUDA IPC handle
+        self.imports = Imports()                # device inputs opened by handle, closed after each batch
         self.decoder = P.decoder(P.BrokerToWorker)
         self.bls = BlsClient(self)
         self.stop_requested = False   # a Stop the BLS reader received while execute() ran
@@ -75,7 +80,10 @@ class Worker:
         """Messages that may arrive at any time; True when handled."""
         if isinstance(msg, P.Release):
             for lease in msg.leases:
-                self.leases.release(lease)
+                if lease in self.exports:
+                    self.exports.release(lease)
+                else:
+                    self.leases.release(lease)
             return True
         if isinstance(msg, P.Unmap):
             for key in msg.keys:
@@ -109,9 +117,10 @@ class Worker:
         t0 = time.monotonic_ns()
         requests: list[WorkerRequest] = []
         slots: list = []
+        on_device = backend.accepts_device_inputs
         for r in msg.requests:
             try:
-                inputs = {d.name: desc_to_array(d, self.maps) for d in r.inputs}
+                inputs = {d.name: desc_to_array(d, self.maps, self.imports, on_device) for d in r.inputs}
             except Exception as e:  # malformed BYTES payload, vanished region
                 slots.append((None, r.outputs, P.Err("INVALID_ARG", f"failed to read inputs: {e}")))
                 continue
@@ -138,9 +147,19 @@ class Worker:
                 resp = next(it)
                 err = P.Err(*resp.error) if resp.error else None
                 per_request.append((resp.outputs, r.outputs, err))
-        results = write_outputs(per_request, self.maps, self.leases)
+        results = write_outputs(per_request, self.maps, self.leases, self.exports, self.imports)
+        self.close_imports()
         t3 = time.monotonic_ns()
+        if log.isEnabledFor(logging.DEBUG):
+            log_device_traffic(msg, results, on_device)
         return P.BatchDone(msg.bid, results, t1 - t0, t2 - t1, t3 - t2)
+
+    def close_imports(self) -> None:
+        """Unmap the producers' device memory this batch opened; its outputs are written."""
+        try:
+            self.imports.close()
+        except Exception as e:  # the producer is gone; nothing of ours is left mapped
+            log.warning("closing CUDA IPC inputs: %s", e)
 
     def run(self) -> int:
         stop = threading.Event()
@@ -181,6 +200,17 @@ class Worker:
         self.ctx.term()
         self.maps.close()
         self.arena.close()
+
+
+def log_device_traffic(msg: P.Exec, results: list[P.ExecResult], on_device: bool) -> None:
+    """With --log-verbose: how many tensors of a batch crossed by CUDA IPC handle."""
+    opened = sum(1 for r in msg.requests for d in r.inputs if d.cuda_handle)
+    exported = sum(1 for r in results for d in r.outputs if d.cuda_handle)
+    if opened:
+        log.debug("batch %d: %d input(s) opened by CUDA IPC handle, %s", msg.bid, opened,
+                  "used on the device" if on_device else "copied to the host")
+    if exported:
+        log.debug("batch %d: %d output(s) exported by CUDA IPC handle", msg.bid, exported)
 
 
 def out_of_memory(model: str) -> None:

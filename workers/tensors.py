@@ -1,22 +1,38 @@
-"""Tensor descriptors <-> numpy arrays inside a worker.
+"""Tensor descriptors <-> arrays inside a worker.
 
 Inputs become views on shared memory (no copy), including a client's system region; an
-input in a CUDA region is copied to the host once. Outputs are written once, either into a
-client's region (system or CUDA), inline (small), or into one arena block shared by the
-whole batch.
+input in a CUDA region is copied to the host once; an input handed over by CUDA IPC handle
+is opened in place (a DeviceArray) for a backend that computes on the device, else copied
+to the host once. Outputs are written once: a device output whose consumer opens device
+memory (`OutputSpec.device_ok`) is exported by handle and never leaves the device; any
+other output goes into a client's region (system or CUDA; device-to-device into a CUDA
+region), inline (small), or into one arena block shared by the whole batch.
 """
 from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Iterator
 
 import numpy as np
 
 from tritond.broker.protocol import INLINE_MAX, Err, ExecResult, OutputSpec, TensorDesc
-from tritond.repository.datatypes import array_to_bytes, bytes_to_array, numpy_to_wire
+from tritond.repository.datatypes import WIRE_TO_NUMPY, array_to_bytes, bytes_to_array, numpy_to_wire
 from tritond.shm.arena import ALIGN, Arena
 from tritond.shm.mapping import SegmentMaps
 from tritond.shm.regions import CUDA_PREFIX
 
+from .cuda_ipc import CudaIpcError, DeviceArray, Exports, Imports, IpcRef, check, cuda_runtime, device_array, export
 
-def desc_to_array(desc: TensorDesc, maps: SegmentMaps) -> np.ndarray:
+log = logging.getLogger("tritond.worker")
+
+
+def desc_to_array(desc: TensorDesc, maps: SegmentMaps, imports: Imports | None = None,
+                  on_device: bool = False) -> np.ndarray | DeviceArray:
+    """The array a descriptor names. One handed over by CUDA IPC handle is opened through
+    `imports` and stays a DeviceArray when `on_device`, else it is copied to the host."""
+    if desc.cuda_handle:
+        return _open_device(desc, imports, on_device)
     if desc.data is not None:
         return bytes_to_array(desc.data, desc.datatype, desc.shape)
     if desc.seg.startswith(CUDA_PREFIX):
@@ -24,7 +40,20 @@ def desc_to_array(desc: TensorDesc, maps: SegmentMaps) -> np.ndarray:
     return bytes_to_array(maps.view(desc.seg, desc.offset, desc.nbytes), desc.datatype, desc.shape)
 
 
-def _write_region(maps: SegmentMaps, spec: OutputSpec, payload: memoryview | bytes, size: int) -> None:
+def _open_device(desc: TensorDesc, imports: Imports | None, on_device: bool) -> np.ndarray | DeviceArray:
+    if imports is None:
+        raise ValueError(f"'{desc.name}' is in another process's device memory, which this caller cannot open")
+    if desc.datatype == "BYTES":
+        raise ValueError(f"'{desc.name}' is a BYTES tensor, which never travels as device memory")
+    ref = IpcRef(desc.cuda_handle, desc.offset, desc.nbytes, desc.device)
+    array = imports.open(ref, desc.shape, WIRE_TO_NUMPY[desc.datatype])
+    return array if on_device else array.copy_to_host()
+
+
+def _write_region(maps: SegmentMaps, spec: OutputSpec, payload: memoryview | bytes | DeviceArray, size: int) -> None:
+    if isinstance(payload, DeviceArray):
+        _copy_device_to_region(maps, spec, payload)
+        return
     if spec.seg.startswith(CUDA_PREFIX):
         maps.cuda.write(spec.seg, spec.offset, payload)
         return
@@ -43,18 +72,32 @@ def _same_memory(dst: memoryview, payload: memoryview | bytes) -> bool:
     return a.ctypes.data == b.ctypes.data
 
 
-class Leases:
-    """Output blocks handed to consumers; a block is freed when every holder released it."""
+def _copy_device_to_region(maps: SegmentMaps, spec: OutputSpec, array: DeviceArray) -> None:
+    """A device output into a client's CUDA region, device to device (no host staging).
+    The copy is waited for: the client reads the region as soon as it has the reply."""
+    if not array.nbytes:
+        return
+    dst, _device = maps.cuda.pointer(spec.seg)
+    cudart = cuda_runtime()
+    check(cudart.cudaMemcpy(dst + spec.offset, array.ptr, array.nbytes,
+                            cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice), "cudaMemcpy")
+    check(cudart.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
-    def __init__(self, arena: Arena) -> None:
+
+class Leases:
+    """Output blocks handed to consumers; a block is freed when every holder released it.
+
+    `ids` may be shared with the worker's CUDA IPC exports, so one Release names either kind."""
+
+    def __init__(self, arena: Arena, ids: Iterator[int] | None = None) -> None:
         self.arena = arena
         self.blocks: dict[int, list] = {}   # lease -> [seg, offset, holders]
-        self.next = 0
+        self.ids = ids if ids is not None else itertools.count(1)
 
     def add(self, seg: str, offset: int, holders: int) -> int:
-        self.next += 1
-        self.blocks[self.next] = [seg, offset, holders]
-        return self.next
+        lease = next(self.ids)
+        self.blocks[lease] = [seg, offset, holders]
+        return lease
 
     def release(self, lease: int) -> None:
         entry = self.blocks.get(lease)
@@ -71,14 +114,33 @@ def _shm_too_small(name: str, have: int, need: int) -> Err:
                            f"({have} bytes) should be at least {need} bytes to hold the results")
 
 
+def _exported(name: str, array: DeviceArray, imports: Imports | None) -> TensorDesc | None:
+    """The descriptor of a device output handed on by CUDA IPC handle; None when it cannot be
+    (memory this worker itself opened, or the runtime refuses), and it goes through the host."""
+    if imports is not None and imports.holds(array):
+        return None
+    try:
+        ref = export(array)
+    except CudaIpcError as e:
+        log.debug("output '%s' cannot be exported by CUDA IPC handle, copied to the host: %s", name, e)
+        return None
+    return TensorDesc(name, numpy_to_wire(array.dtype), list(array.shape), offset=ref.offset, nbytes=ref.nbytes,
+                      cuda_handle=ref.handle, device=ref.device)
+
+
 def write_outputs(
-    per_request: list[tuple[dict[str, np.ndarray] | None, list[OutputSpec], Err | None]],
+    per_request: list[tuple[dict[str, Any] | None, list[OutputSpec], Err | None]],
     maps: SegmentMaps,
     leases: Leases,
+    exports: Exports | None = None,
+    imports: Imports | None = None,
 ) -> list[ExecResult]:
-    """Turn backend outputs into descriptors; large ones share one arena block."""
+    """Turn backend outputs into descriptors. Large host ones share one arena block; device
+    ones whose spec says `device_ok` are exported under one lease of `exports` (held by every
+    request referencing them); other device outputs are copied out of the device."""
     results: list[ExecResult] = []
     large: list[tuple[TensorDesc, memoryview | bytes, int]] = []
+    on_device: list[tuple[TensorDesc, DeviceArray, int]] = []
     for req_index, (outputs, specs, err) in enumerate(per_request):
         if err is not None or outputs is None:
             results.append(ExecResult(error=err))
@@ -86,14 +148,30 @@ def write_outputs(
         by_name = {s.name: s for s in specs}
         descs: list[TensorDesc] = []
         error: Err | None = None
-        for name, arr in outputs.items():
-            arr = np.asarray(arr)
-            datatype = numpy_to_wire(arr.dtype)
-            payload = array_to_bytes(arr, datatype)
-            size = len(payload) if isinstance(payload, bytes) else payload.nbytes
-            spec = by_name.get(name)
-            desc = TensorDesc(name, datatype, list(arr.shape))
-            if spec is not None and spec.seg:
+        for name, value in outputs.items():
+            spec = by_name.get(name) or OutputSpec(name)
+            try:
+                device = device_array(value)
+                if device is not None and spec.device_ok and exports is not None:
+                    desc = _exported(name, device, imports)
+                    if desc is not None:
+                        on_device.append((desc, device, req_index))
+                        descs.append(desc)
+                        continue
+                if device is not None and not spec.seg.startswith(CUDA_PREFIX):
+                    value, device = device.copy_to_host(), None
+            except Exception as e:  # a strided device tensor, a failed device-to-host copy
+                error = Err("INTERNAL", f"failed to read output '{name}' from the device: {e}")
+                break
+            if device is not None:      # bound for a client's CUDA region: stays on the device
+                datatype, shape, payload, size = numpy_to_wire(device.dtype), device.shape, device, device.nbytes
+            else:
+                arr = np.asarray(value)
+                datatype, shape = numpy_to_wire(arr.dtype), arr.shape
+                payload = array_to_bytes(arr, datatype)
+                size = len(payload) if isinstance(payload, bytes) else payload.nbytes
+            desc = TensorDesc(name, datatype, list(shape))
+            if spec.seg:
                 if size > spec.nbytes:
                     error = _shm_too_small(name, spec.nbytes, size)
                     break
@@ -123,4 +201,10 @@ def write_outputs(
             off += (size + ALIGN - 1) & ~(ALIGN - 1)
         if not holders:
             leases.release(lease)
+    if on_device:
+        holders = {i for _, _, i in on_device if results[i].error is None}
+        if holders:
+            lease = exports.add([a for _, a, i in on_device if i in holders], len(holders))
+            for desc, _, _ in on_device:
+                desc.lease = lease
     return results

@@ -2,7 +2,8 @@
 
 A backend sees numpy arrays and returns numpy arrays; it never touches sockets or
 shared memory. The worker loop builds the arrays (views on shared memory) and writes
-the outputs back, so every backend gets zero-copy inputs for free.
+the outputs back, so every backend gets zero-copy inputs for free. A GPU backend may also
+return device arrays and, with `accepts_device_inputs`, take them (see workers/cuda_ipc.py).
 """
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ class WorkerResponse:
 
 class Backend:
     """Base class: load once, execute batches, close on exit."""
+
+    # True when execute() takes inputs in device memory (a DeviceArray opened by CUDA IPC
+    # handle, exposing __cuda_array_interface__); otherwise the worker copies them to the host.
+    accepts_device_inputs: bool = False
 
     def __init__(self, config: dict, instance: InstanceInfo) -> None:
         self.config = config          # Triton config JSON (as GET /config renders it)

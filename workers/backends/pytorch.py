@@ -121,6 +121,7 @@ class TorchBackend(Backend):
         self.inference_mode = flag(cfg, PARAM_INFERENCE_MODE, True)
         self.optimized = not flag(cfg, PARAM_DISABLE_OPTIMIZED, False)
         self.keep_on_device = self.device.type == "cuda" and flag(cfg, PARAM_CUDA_IPC, False)
+        self.accepts_device_inputs = self.device.type == "cuda"
 
         filename = cfg.get("default_model_filename") or "model.pt"
         path = os.path.join(self.instance.version_dir, filename)
