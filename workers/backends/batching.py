@@ -1,9 +1,11 @@
 """Gathering a batch (one copy per input) and splitting its outputs (views, no copy)."""
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
-from .base import WorkerRequest
+from .base import WorkerRequest, WorkerResponse
 
 
 def concat_inputs(requests: list[WorkerRequest]) -> tuple[dict[str, np.ndarray], list[int]]:
@@ -23,3 +25,26 @@ def split_outputs(outputs: dict[str, np.ndarray], sizes: list[int]) -> list[dict
             out[i][name] = arr[start:start + n]
             start += n
     return out
+
+
+def execute_batch(
+    requests: list[WorkerRequest],
+    run: Callable[[dict[str, Any]], dict[str, Any]],
+    batching: bool,
+    concat: Callable[[list[WorkerRequest]], tuple[dict[str, Any], list[int]]] = concat_inputs,
+) -> list[WorkerResponse]:
+    """Run a framework once per batch (batching models) or once per request, and hand each
+    request the outputs it asked for."""
+    if batching:
+        if len(requests) > 1:
+            inputs, sizes = concat(requests)
+        else:
+            inputs, sizes = requests[0].inputs, None
+        outputs = run(inputs)
+        per_request = split_outputs(outputs, sizes) if sizes else [outputs]
+    else:
+        per_request = [run(r.inputs) for r in requests]
+    return [
+        WorkerResponse({k: v for k, v in out.items() if not req.requested_outputs or k in req.requested_outputs})
+        for req, out in zip(requests, per_request)
+    ]

@@ -10,7 +10,7 @@ from tritond.repository.datatypes import CONFIG_TO_WIRE, WIRE_TO_NUMPY
 
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
-from .batching import concat_inputs, split_outputs
+from .batching import execute_batch
 
 
 def _param(config: dict, key: str) -> str:
@@ -70,10 +70,9 @@ class OnnxBackend(Backend):
         return feed
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
-        if self.batching and len(requests) > 1:
-            inputs, sizes = concat_inputs(requests)
-        else:
-            inputs, sizes = requests[0].inputs, None
+        return execute_batch(requests, self._run, self.batching)
+
+    def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = self.session.run(self.output_names, self._feed(inputs))
         outputs = dict(zip(self.output_names, results))
         for name, dims in self.output_dims.items():
@@ -83,8 +82,4 @@ class OnnxBackend(Backend):
         for name, arr in outputs.items():
             if arr.dtype.kind == "U" or arr.dtype == np.object_:
                 outputs[name] = np.array([str(x).encode() for x in arr.reshape(-1)], dtype=object).reshape(arr.shape)
-        per_request = split_outputs(outputs, sizes) if sizes else [outputs]
-        return [
-            WorkerResponse({k: v for k, v in out.items() if not req.requested_outputs or k in req.requested_outputs})
-            for req, out in zip(requests, per_request)
-        ]
+        return outputs

@@ -29,7 +29,7 @@ from tritond.repository.datatypes import CONFIG_TO_WIRE
 
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
-from .batching import concat_inputs, split_outputs
+from .batching import concat_inputs, execute_batch
 
 log = logging.getLogger("tritond.worker.pytorch")
 
@@ -192,19 +192,7 @@ class TorchBackend(Backend):
     # ------------------------------------------------------------------ execute
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
-        if self.batching:
-            if len(requests) > 1:
-                inputs, sizes = self._concat(requests)
-            else:
-                inputs, sizes = requests[0].inputs, None
-            outputs = self._run(inputs)
-            per_request = split_outputs(outputs, sizes) if sizes else [outputs]
-        else:
-            per_request = [self._run(r.inputs) for r in requests]
-        return [
-            WorkerResponse({k: v for k, v in out.items() if not req.requested_outputs or k in req.requested_outputs})
-            for req, out in zip(requests, per_request)
-        ]
+        return execute_batch(requests, self._run, self.batching, self._concat)
 
     def _concat(self, requests: list[WorkerRequest]) -> tuple[dict[str, Any], list[int]]:
         """One batch from several requests: numpy inputs through concat_inputs (one host copy);

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
-from .batching import concat_inputs, split_outputs
+from .batching import execute_batch
 
 # Config data types a TensorRT engine can bind (TensorRT has no 16-bit-plus unsigned,
 # INT16, FP64 or string tensors).
@@ -163,19 +163,7 @@ class TensorRTBackend(Backend):
         return outputs
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
-        if self.batching:
-            if len(requests) > 1:
-                inputs, sizes = concat_inputs(requests)
-            else:
-                inputs, sizes = requests[0].inputs, None
-            outputs = self._run(inputs)
-            per_request = split_outputs(outputs, sizes) if sizes else [outputs]
-        else:
-            per_request = [self._run(r.inputs) for r in requests]
-        return [
-            WorkerResponse({k: v for k, v in out.items() if not req.requested_outputs or k in req.requested_outputs})
-            for req, out in zip(requests, per_request)
-        ]
+        return execute_batch(requests, self._run, self.batching)
 
     def close(self) -> None:
         cudart = getattr(self, "cudart", None)
