@@ -68,6 +68,10 @@ class ControlHandler:
         except RegionError as e:
             self.reply(src, msg.cid, error=P.Err(e.code, e.message))
             return
+        except (KeyError, TypeError, ValueError, AttributeError):
+            log.warning("control '%s' with malformed arguments", msg.op, exc_info=True)
+            self.reply(src, msg.cid, error=P.Err("INVALID_ARG", f"malformed arguments for '{msg.op}'"))
+            return
         if result is not _DEFERRED:
             self.reply(src, msg.cid, result)
 

@@ -12,7 +12,11 @@ import msgspec
 
 # Inline tensors up to this size ride inside the message; larger ones go through shm.
 INLINE_MAX = 64 * 1024
-# Largest frame any socket accepts (inline tensors plus metadata fit well inside).
+# At most this many inline bytes per message a frontend or worker builds; the rest go by shm.
+INLINE_BUDGET = 1 << 20
+# Largest frame the broker and frontends accept from their peers (inline budgets keep every
+# message they send far below it). Workers take any frame from the broker: an Exec of a big
+# batch carries the inline tensors of all its requests.
 MAX_FRAME = 16 << 20
 
 

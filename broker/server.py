@@ -283,10 +283,30 @@ class Broker:
     def reject(self, src, msg: P.Infer, err: P.Err) -> None:
         self.send_reply(src, P.InferReply(msg.rid, error=err))
 
+    def untrusted_locations(self, msg: P.Infer) -> P.Err | None:
+        """A request from a frontend or a model names memory by region or by one of this
+        server's segments only; device handles, leases and output targets are the broker's
+        to set, so whatever the sender put there is discarded."""
+        own = f"/{PREFIX}{self.server_id}."
+        for d in msg.inputs:
+            if any(x < 0 for x in d.shape):
+                return P.Err("INVALID_ARG", f"invalid shape for input '{d.name}': negative dimension")
+            d.cuda_handle, d.device, d.lease = b"", 0, 0
+            if not d.region and d.data is None and not d.seg.startswith(own):
+                return P.Err("INVALID_ARG", f"input '{d.name}' has no data")
+        for o in msg.outputs:
+            o.device_ok = False
+            if not o.region:
+                o.seg, o.offset, o.nbytes = "", 0, 0
+        return None
+
     def on_infer(self, src: tuple[zmq.Socket, bytes], msg: P.Infer) -> None:
         bls = src[0] is self.wk     # a model's call to another model, made by a request in flight
         if self.stopping and not bls:
             return self.reject(src, msg, P.Err("UNAVAILABLE", "Server is shutting down and has stopped accepting new requests"))
+        err = self.untrusted_locations(msg)
+        if err is not None:
+            return self.reject(src, msg, err)
         mv, err = self.resolve(msg.model, msg.version)
         if err is not None:
             return self.reject(src, msg, err)
@@ -382,12 +402,15 @@ class Broker:
                 self.send_reply(src, r)
 
     def on_batch_done(self, inst: Instance, msg: P.BatchDone) -> None:
+        if inst.batch != msg.bid:
+            return                  # not this instance's batch: a stale or confused worker
         reqs = self.inflight.pop(msg.bid, None)
-        if reqs is None or inst.batch != msg.bid:
+        if reqs is None:
             return
         mv = self.inst_model[id(inst)]
         inst.batch = None
-        inst.state = "READY"
+        if inst.state == "BUSY":    # a worker being killed or stopped gets no more work
+            inst.state = "READY"
         inst.idle_since = time.monotonic()
         mv.scheduler.note_busy(inst.name, int((inst.idle_since - inst.batch_started) * 1e9))
         times = (msg.input_ns, msg.infer_ns, msg.output_ns)
@@ -395,7 +418,9 @@ class Broker:
         # its Python backend reports every execution.
         if mv.config.get("backend") == "python" or any(res.error is None for res in msg.results):
             mv.stats.record_execution(sum(r.pending.batch_size for r in reqs), *times)
-        for req, res in zip(reqs, msg.results):
+        missing = P.ExecResult(error=P.Err("INTERNAL", f"model '{mv.name}' returned no result for the request"))
+        for i, req in enumerate(reqs):
+            res = msg.results[i] if i < len(msg.results) else missing
             reply = P.InferReply(req.msg.rid, mv.version, res.outputs, res.error, inst.identity)
             self.finish(req, reply, res.error is None, times)
         self.dispatch(mv)
@@ -567,7 +592,11 @@ class Broker:
 
     def check_instances(self, now: float) -> None:
         """Restart instances whose backoff ended; kill hung, overrunning or stuck workers
-        (the pidfd then reports the death and on_worker_exit takes over)."""
+        (the pidfd then reports the death and on_worker_exit takes over).
+
+        Silence is judged only when no worker message waits unread: after a slow loop turn
+        the heartbeats are in the socket, not missing."""
+        judge_silence = not self.wk.getsockopt(zmq.EVENTS) & zmq.POLLIN
         for versions in self.models.values():
             for mv in versions.values():
                 for inst in mv.instances:
@@ -578,9 +607,11 @@ class Broker:
                             self.start_instance(mv, inst)
                         continue
                     reason = ""
-                    if inst.state in ("READY", "BUSY") and now - inst.last_heartbeat > HEARTBEAT_TIMEOUT_S:
+                    silent = now - inst.last_heartbeat > HEARTBEAT_TIMEOUT_S
+                    if judge_silence and inst.state in ("READY", "BUSY", "STOPPING") and silent:
                         reason = f"was killed after it sent no heartbeat for {HEARTBEAT_TIMEOUT_S:g} s (hung or stopped)"
-                    elif inst.state == "BUSY" and now - inst.batch_started > mv.exec_timeout_s:
+                    elif inst.state in ("BUSY", "STOPPING") and inst.batch is not None \
+                            and now - inst.batch_started > mv.exec_timeout_s:
                         reason = f"was killed after it exceeded the execution timeout of {mv.exec_timeout_s:g} s"
                     elif inst.state == "STARTING" and now - inst.batch_started > LOAD_TIMEOUT_S:
                         reason = f"was killed after it did not finish loading within {LOAD_TIMEOUT_S:g} s"
@@ -630,12 +661,21 @@ class Broker:
 
     @staticmethod
     def drain(sock: zmq.Socket, handle) -> None:
-        """Handle what has arrived on a socket, at most a bounded burst per loop turn."""
+        """Handle what has arrived on a socket, at most a bounded burst per loop turn.
+
+        Every frame is untrusted: one that breaks its handler is logged and dropped, and
+        the broker (with every model it serves) carries on."""
         for _ in range(256):
             if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return
-            ident, frame = sock.recv_multipart(zmq.NOBLOCK)
-            handle(ident, frame)
+            parts = sock.recv_multipart(zmq.NOBLOCK)
+            if len(parts) != 2:
+                log.warning("dropped a message of %d frames", len(parts))
+                continue
+            try:
+                handle(*parts)
+            except Exception:
+                log.exception("dropped a message that could not be handled")
 
     def shutdown_workers(self) -> None:
         """Stop every worker: a busy one is killed at once (its requests were answered when

@@ -264,6 +264,7 @@ class Dataplane:
         self.validate(entry, inputs, outputs, opts.id)
         blocks = []
         descs = []
+        inline_total = 0
         try:
             for t in inputs:
                 d = P.TensorDesc(t.name, t.datatype, list(t.shape))
@@ -271,8 +272,9 @@ class Dataplane:
                     d.region, d.offset, d.nbytes = t.region, t.offset, t.nbytes
                 else:
                     n = len(t.data)
-                    if n <= P.INLINE_MAX:
+                    if n <= P.INLINE_MAX and inline_total + n <= P.INLINE_BUDGET:
                         d.data = bytes(t.data)
+                        inline_total += n
                     else:
                         block = self.arena.alloc(n)
                         block.view[:n] = t.data

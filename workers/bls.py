@@ -57,8 +57,9 @@ class BlsClient:
         blocks = []
         descs = []
         try:
+            inline = [0]
             for name, arr in inputs.items():
-                descs.append(self._place(name, np.asarray(arr), blocks))
+                descs.append(self._place(name, np.asarray(arr), blocks, inline))
             with self.cond:
                 rid = next(self.rids)
             frame = P.encode(P.Infer(
@@ -78,14 +79,16 @@ class BlsClient:
                 self._send_later(P.encode(P.Release(reply.owner, leases)))
         return outputs, None
 
-    def _place(self, name: str, arr: np.ndarray, blocks: list) -> P.TensorDesc:
-        """Inline when small, else one copy into this worker's arena (freed after the reply)."""
+    def _place(self, name: str, arr: np.ndarray, blocks: list, inline: list[int]) -> P.TensorDesc:
+        """Inline when small (within the message's inline budget, counted in inline[0]), else one
+        copy into this worker's arena (freed after the reply)."""
         datatype = numpy_to_wire(arr.dtype)
         payload = array_to_bytes(arr, datatype)
         size = len(payload) if isinstance(payload, bytes) else payload.nbytes
         desc = P.TensorDesc(name, datatype, list(arr.shape))
-        if size <= P.INLINE_MAX:
+        if size <= P.INLINE_MAX and inline[0] + size <= P.INLINE_BUDGET:
             desc.data = bytes(payload)
+            inline[0] += size
             return desc
         block = self.w.arena.alloc(size)
         blocks.append(block)

@@ -61,7 +61,6 @@ class Worker:
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, spec["identity"].encode())
         self.sock.setsockopt(zmq.LINGER, 2000)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_FRAME)
         self.sock.connect(spec["workers"])
         self.maps = SegmentMaps()
         self.arena = Arena(spec["server_id"], f"w{os.getpid()}")

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from tritond.broker.protocol import INLINE_MAX, Err, ExecResult, OutputSpec, TensorDesc
+from tritond.broker.protocol import INLINE_BUDGET, INLINE_MAX, Err, ExecResult, OutputSpec, TensorDesc
 from tritond.repository.datatypes import WIRE_TO_NUMPY, array_to_bytes, bytes_to_array, numpy_to_wire
 from tritond.shm.arena import ALIGN, Arena
 from tritond.shm.mapping import SegmentMaps
@@ -141,6 +141,7 @@ def write_outputs(
     results: list[ExecResult] = []
     large: list[tuple[TensorDesc, memoryview | bytes, int]] = []
     on_device: list[tuple[TensorDesc, DeviceArray, int]] = []
+    inline_total = 0        # keeps the reply frame far below the sockets' size limit
     for req_index, (outputs, specs, err) in enumerate(per_request):
         if err is not None or outputs is None:
             results.append(ExecResult(error=err))
@@ -166,9 +167,13 @@ def write_outputs(
             if device is not None:      # bound for a client's CUDA region: stays on the device
                 datatype, shape, payload, size = numpy_to_wire(device.dtype), device.shape, device, device.nbytes
             else:
-                arr = np.asarray(value)
-                datatype, shape = numpy_to_wire(arr.dtype), arr.shape
-                payload = array_to_bytes(arr, datatype)
+                try:
+                    arr = np.asarray(value)
+                    datatype, shape = numpy_to_wire(arr.dtype), arr.shape
+                    payload = array_to_bytes(arr, datatype)
+                except (ValueError, TypeError) as e:  # complex, ragged or otherwise unservable
+                    error = Err("INTERNAL", f"model returned output '{name}' that cannot be sent: {e}")
+                    break
                 size = len(payload) if isinstance(payload, bytes) else payload.nbytes
             desc = TensorDesc(name, datatype, list(shape))
             if spec.seg:
@@ -182,8 +187,9 @@ def write_outputs(
                     break
                 desc.region = spec.region
                 desc.nbytes = size
-            elif size <= INLINE_MAX:
+            elif size <= INLINE_MAX and inline_total + size <= INLINE_BUDGET:
                 desc.data = bytes(payload)
+                inline_total += size
             else:
                 large.append((desc, payload, req_index))
             descs.append(desc)
