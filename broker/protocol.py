@@ -115,10 +115,11 @@ class Table(_S, tag="table"):
     names: list[str]        # every model name in the repository, loaded or not
     startup_done: bool
     stopping: bool = False
+    boot: int = 0           # the broker's pid: a new value means the broker was restarted
 
 
 class Ping(_S, tag="ping"):
-    pass
+    boot: int = 0
 
 
 # ---------------------------------------------------------------- broker <-> worker
@@ -168,15 +169,20 @@ class Stop(_S, tag="stop"):
     pass
 
 
+class Gone(_S, tag="gone"):
+    """Segments with this name prefix were unlinked (their owner died): drop any mapping."""
+    prefix: str
+
+
 class Unmap(_S, tag="unmap"):
     """Drop cached mappings of client regions that were unregistered."""
     keys: list[str]
 
 
 FrontendMsg = Union[Hello, Infer, Release, Control]
-BrokerToFrontend = Union[Table, InferReply, ControlReply, Ping]
+BrokerToFrontend = Union[Table, InferReply, ControlReply, Ping, Gone]
 WorkerMsg = Union[WorkerUp, WorkerDown, BatchDone, Heartbeat, Infer, Release]
-BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap]
+BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap, Gone]
 
 encode = msgspec.msgpack.Encoder().encode
 

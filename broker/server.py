@@ -137,12 +137,12 @@ class Broker:
             self.models[spec.name][v] = mv
             index = 0
             for g, group in enumerate(config.get("instance_group") or []):
-                for i in range(int(group.get("count", 1))):
-                    kind = str(group.get("kind", "KIND_CPU")).replace("KIND_", "")
-                    gpus = group.get("gpus") or [0]
-                    inst = Instance(spec.name, v, index, f"{group.get('name') or spec.name + '_' + str(g)}_{i}",
-                                    kind=kind, device_id=int(gpus[i % len(gpus)]) if kind == "GPU" else 0)
-                    mv.instances.append(inst)
+                kind = str(group.get("kind", "KIND_CPU")).replace("KIND_", "")
+                # As Triton: a GPU group has `count` instances on each of its GPUs.
+                devices = [int(d) for d in group.get("gpus") or [0]] if kind == "GPU" else [0]
+                name = group.get("name") or f"{spec.name}_{g}"
+                for i, device in enumerate(d for d in devices for _ in range(int(group.get("count", 1)))):
+                    mv.instances.append(Instance(spec.name, v, index, f"{name}_{i}", kind=kind, device_id=device))
                     index += 1
             for inst in mv.instances:
                 self.start_instance(mv, inst)
@@ -171,7 +171,9 @@ class Broker:
         if inst.kind == "GPU":
             # Set before any CUDA import in the worker: its GPU, and under --mps the server's daemon
             # with the model's SM share (parameter mps_active_thread_percentage; the worker checks it).
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(inst.device_id), **self.opts.get("mps_env", {}))
+            visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+            device = visible[inst.device_id] if inst.device_id < len(visible) else str(inst.device_id)
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=device, **self.opts.get("mps_env", {}))
             share = ((mv.config.get("parameters") or {}).get("mps_active_thread_percentage") or {}).get("string_value")
             if share and "mps_env" in self.opts:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = share
@@ -218,7 +220,7 @@ class Broker:
             for versions in self.models.values()
             for mv in versions.values()
         ]
-        return P.Table(self.epoch, entries, self.names, self.startup_done, self.stopping)
+        return P.Table(self.epoch, entries, self.names, self.startup_done, self.stopping, os.getpid())
 
     def broadcast_table(self) -> None:
         self.epoch += 1
@@ -482,7 +484,9 @@ class Broker:
         self.by_pidfd = {fd: i for fd, i in self.by_pidfd.items() if i is not inst}
         self.by_identity.pop(inst.identity, None)
         self.by_identity.pop(inst.identity + b":hb", None)
-        sweep(owner_prefix(self.server_id, inst.owner))
+        prefix = owner_prefix(self.server_id, inst.owner)
+        sweep(prefix)
+        self.announce_gone(prefix)
         mv = self.inst_model[id(inst)]
         how = inst.exit_reason or f"died ({pool.describe_exit(rc)})"
         bid, inst.batch = inst.batch, None
@@ -508,6 +512,16 @@ class Broker:
             log.error("model '%s' %s", mv.name, inst.last_error)
         self.update_model_state(mv)
         self.dispatch(mv)
+
+    def announce_gone(self, prefix: str) -> None:
+        """Frontends and workers that mapped a dead worker's segments let go of them, so the
+        memory is freed rather than held by their mappings."""
+        frame = P.encode(P.Gone(prefix))
+        for ident in self.frontends:
+            self.fe.send_multipart([ident, frame])
+        for ident in self.by_identity:
+            if not ident.endswith(b":hb"):
+                self.wk.send_multipart([ident, frame])
 
     def fail_batch(self, mv: ModelVersion, reqs: list[Req], message: str) -> int:
         """Answer the requests of a batch whose worker died; an idempotent model's requests
@@ -538,6 +552,11 @@ class Broker:
         except P.DecodeError:
             log.warning("dropped an undecodable frame from a frontend")
             return
+        if ident not in self.frontends:     # a new frontend, or one that outlived our predecessor
+            self.frontends.add(ident)
+            self.fe.send_multipart([ident, P.encode(self.table())])
+            if isinstance(msg, P.Hello):
+                return
         if isinstance(msg, P.Infer):
             self.on_infer((self.fe, ident), msg)
         elif isinstance(msg, P.Release):
@@ -576,7 +595,7 @@ class Broker:
             self.check_instances(now)
         if now >= self.next_ping:
             self.next_ping = now + PING_INTERVAL_S
-            frame = P.encode(P.Ping())
+            frame = P.encode(P.Ping(os.getpid()))
             for ident in self.frontends:
                 self.fe.send_multipart([ident, frame])
         self.control.tick(now)

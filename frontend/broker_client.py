@@ -38,6 +38,8 @@ class ModelTable:
 
     def resolve(self, name: str, version: int = -1) -> P.ModelEntry:
         """The entry serving (name, version), or Triton's error for it."""
+        if self.table is None:
+            raise TritonError("UNAVAILABLE", "the server's broker is not available")
         versions = self.by_name.get(name)
         if versions is None:
             if name in self.names:
@@ -93,6 +95,8 @@ class BrokerClient:
         self.table_event = asyncio.Event()
         self.last_heard = 0.0
         self.alive = False
+        self.boot = 0
+        self.on_gone: Callable[[str], None] | None = None   # drops mappings of a dead owner's segments
         self.decoder = P.decoder(P.BrokerToFrontend)
         self.tasks: list[asyncio.Task] = []
 
@@ -118,6 +122,9 @@ class BrokerClient:
 
         ZeroMQ's FD is edge-triggered and a send may consume its readiness, so look for
         arrived replies right after every send."""
+        if len(frame) > P.MAX_FRAME:
+            raise TritonError("INVALID_ARG", f"request of {len(frame)} bytes is larger than the "
+                                             f"{P.MAX_FRAME} bytes a request may carry besides its tensors")
         try:
             self.sock.send(frame, zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -132,11 +139,18 @@ class BrokerClient:
             pass
 
     async def wait_table(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self.table_event.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+        """Say hello until the broker's model table arrives (a hello sent before the
+        connection is up is dropped, so it is repeated every 50 ms)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.table_event.is_set():
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self.table_event.wait(), min(0.05, remaining))
+            except asyncio.TimeoutError:
+                await self._hello()
+        return True
 
     def _drain(self) -> None:
         """Read every frame that has arrived (called when the socket's FD turns readable)."""
@@ -165,27 +179,42 @@ class BrokerClient:
                     if orphan is not None:
                         orphan()
             elif isinstance(msg, P.Table):
+                self._note_boot(msg.boot)
                 self.table = ModelTable(msg)
                 self.table_event.set()
+            elif isinstance(msg, P.Ping):
+                self._note_boot(msg.boot)
+            elif isinstance(msg, P.Gone) and self.on_gone is not None:
+                self.on_gone(msg.prefix)
 
     async def _watchdog(self) -> None:
         while True:
             await asyncio.sleep(0.5)
             if self.alive and time.monotonic() - self.last_heard > BROKER_SILENCE_S:
-                log.error("the broker stopped answering; failing %d pending requests", len(self.futures))
+                self._broker_lost("the broker stopped answering")
                 self.alive = False
                 self.table = ModelTable()
                 self.table_event.clear()
-                err = TritonError("UNAVAILABLE", "the server's broker is restarting; retry shortly")
-                for fut in self.futures.values():
-                    if not fut.done():
-                        fut.set_exception(err)
-                self.futures.clear()
-                orphans, self.orphans = self.orphans, {}
-                for orphan in orphans.values():
-                    orphan()
             if not self.alive:
                 await self._hello()
+
+    def _broker_lost(self, why: str) -> None:
+        """Requests the old broker held will never be answered: fail them now."""
+        log.error("%s; failing %d pending requests", why, len(self.futures))
+        err = TritonError("UNAVAILABLE", "the server's broker is restarting; retry shortly")
+        for fut in self.futures.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.futures.clear()
+        orphans, self.orphans = self.orphans, {}
+        for orphan in orphans.values():
+            orphan()
+
+    def _note_boot(self, boot: int) -> None:
+        if boot and self.boot and boot != self.boot:
+            self._broker_lost("the broker was restarted")
+        if boot:
+            self.boot = boot
 
     def _check(self) -> None:
         if not self.alive:
@@ -206,7 +235,13 @@ class BrokerClient:
             raise
         except asyncio.CancelledError:
             self.futures.pop(msg.rid, None)
-            if on_orphan is not None:
+            if fut.done() and not fut.cancelled():
+                # Answered (or failed) in the same loop turn as the cancel: settle it now.
+                if fut.exception() is None:
+                    self.release_outputs(fut.result())
+                if on_orphan is not None:
+                    on_orphan()
+            elif on_orphan is not None:
                 self.orphans[msg.rid] = on_orphan
             raise
 

@@ -154,6 +154,7 @@ class Dataplane:
         self.client = client
         self.arena = arena
         self.maps = maps
+        client.on_gone = maps.drop_prefix
 
     def entry(self, name: str, version: int = -1) -> P.ModelEntry:
         return self.client.table.resolve(name, version)
@@ -294,6 +295,14 @@ class Dataplane:
             self._free(blocks)
         if reply.error is not None:
             raise TritonError(reply.error.code, reply.error.message)
+        try:
+            return self._outputs(entry, outputs, opts, reply)
+        except Exception:
+            self.client.release_outputs(reply)
+            raise
+
+    def _outputs(self, entry: P.ModelEntry, outputs: list[OutputRequest], opts: RequestOptions,
+                 reply: P.InferReply) -> InferResult:
         wanted = {o.name: o for o in outputs}
         result_outputs = []
         for d in reply.outputs:
@@ -324,6 +333,8 @@ class Dataplane:
         for i, t in enumerate(outputs):
             if t.name != req.name:
                 continue
+            if t.datatype == "BYTES":
+                raise invalid(f"class result not available for output due to unsupported type '{t.datatype}'")
             arr = t.as_numpy()
             batching = int((entry.config or {}).get("max_batch_size", 0) or 0) > 0
             rows = arr.reshape(arr.shape[0], -1) if batching else arr.reshape(1, -1)

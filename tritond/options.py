@@ -67,8 +67,13 @@ def start_parser() -> argparse.ArgumentParser:
     return p
 
 
+API_CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
+                  "statistics", "trace", "logging")
+
+
 def _restrictions(specs: list[str]) -> dict[str, tuple[str, str]]:
-    """'<cat,...>:<key>=<value>' -> {category: (key, value)}."""
+    """'<cat,...>:<key>=<value>' -> {category: (key, value)}; a misspelt category is an error,
+    not an API silently left open."""
     out: dict[str, tuple[str, str]] = {}
     for spec in specs:
         cats, sep, kv = spec.partition(":")
@@ -76,8 +81,13 @@ def _restrictions(specs: list[str]) -> dict[str, tuple[str, str]]:
         if not sep or not eq or not key:
             raise UsageError(f"invalid restricted API specification '{spec}', expected <categories>:<key>=<value>")
         for cat in cats.split(","):
-            if cat.strip():
-                out[cat.strip()] = (key.lower(), value)
+            cat = cat.strip()
+            if cat not in API_CATEGORIES:
+                raise UsageError(f"unknown restricted API category '{cat}' in '{spec}'; "
+                                 f"expected one of {', '.join(API_CATEGORIES)}")
+            if cat in out:
+                raise UsageError(f"restricted API category '{cat}' is given more than once")
+            out[cat] = (key.lower(), value)
     return out
 
 

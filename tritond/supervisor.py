@@ -167,14 +167,7 @@ class Supervisor:
                 self.frontends.append(Child("grpc", "tritond.frontend.grpc.server"))
         for f in self.frontends:
             self.spawn(f)
-        waits = []
-        if o["allow_http"]:
-            waits.append(("HTTPService", o["http_address"], o["http_port"]))
-        if o["allow_grpc"]:
-            waits.append(("GRPCInferenceService", o["grpc_address"], o["grpc_port"]))
-        if o["allow_http"] and o["metrics_port"]:
-            waits.append(("Metrics Service", o["metrics_address"], o["metrics_port"]))
-        for name, host, port in waits:
+        for name, host, port in self.ports():
             self.wait_port(host, port)
             log.info("Started %s at %s:%d", name, host, port)
 
@@ -208,8 +201,32 @@ class Supervisor:
         finally:
             self.cleanup()
 
+    def ports(self) -> list[tuple[str, str, int]]:
+        o = self.opts
+        out = []
+        if o["allow_http"]:
+            out.append(("HTTPService", o["http_address"], o["http_port"]))
+            if o["metrics_port"]:
+                out.append(("Metrics Service", o["metrics_address"], o["metrics_port"]))
+        if o["allow_grpc"]:
+            out.append(("GRPCInferenceService", o["grpc_address"], o["grpc_port"]))
+        return out
+
+    def check_ports(self) -> None:
+        """Frontends share their ports with SO_REUSEPORT, which would also let them share a
+        port with another server; so first make sure nobody else listens there."""
+        for name, host, port in self.ports():
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # past connections don't count
+                try:
+                    s.bind((host, port))
+                except OSError as e:
+                    raise StartupError(f"cannot serve {name} on {host}:{port}: {e.strerror}") from None
+
     def serve(self) -> int:
         try:
+            self.check_ports()
             self.start_broker()
             failed = self.failed_models()
             if failed and self.opts["exit_on_error"]:

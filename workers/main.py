@@ -84,6 +84,9 @@ class Worker:
                 else:
                     self.leases.release(lease)
             return True
+        if isinstance(msg, P.Gone):
+            self.maps.drop_prefix(msg.prefix)
+            return True
         if isinstance(msg, P.Unmap):
             for key in msg.keys:
                 self.maps.drop(key)

@@ -31,6 +31,8 @@ from .app import HttpApi, HttpOptions
 
 log = logging.getLogger("tritond.http")
 
+TABLE_WAIT_S = 30.0
+
 
 def listen_socket(address: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -81,6 +83,8 @@ async def run(opts: dict) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     client = BrokerClient(Addresses(opts["run_dir"]).frontends, "http")
     await client.start()
+    if not await client.wait_table(TABLE_WAIT_S):
+        log.warning("no model table from the broker after %gs; serving anyway", TABLE_WAIT_S)
     arena = Arena(opts["server_id"], f"f{os.getpid()}")
     maps = SegmentMaps()
     api = HttpApi(Dataplane(client, arena, maps), HttpOptions(
