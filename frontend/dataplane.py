@@ -154,7 +154,6 @@ class Dataplane:
         self.client = client
         self.arena = arena
         self.maps = maps
-        client.on_gone = maps.drop_prefix
 
     def entry(self, name: str, version: int = -1) -> P.ModelEntry:
         return self.client.table.resolve(name, version)

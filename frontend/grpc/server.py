@@ -55,6 +55,7 @@ async def run(opts: dict) -> None:
         log.warning("no model table from the broker after %gs; serving anyway", TABLE_WAIT_S)
     arena = Arena(opts["server_id"], f"f{os.getpid()}")
     maps = SegmentMaps()
+    client.on_gone = maps.drop_prefix
     servicer = InferenceServicer(Dataplane(client, arena, maps), GrpcOptions(
         server_name=opts.get("server_name", "triton"),
         strict_readiness=opts.get("strict_readiness", True),
