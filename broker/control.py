@@ -2,6 +2,7 @@
 model control, client shared-memory regions, log/trace settings, drain and stop."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -271,18 +272,28 @@ class ControlHandler:
         if self.b.opts.get("model_control_mode", "none") != "explicit":
             raise ControlError("UNAVAILABLE", NOT_EXPLICIT)
         name = a["name"]
+        if a.get("files"):
+            if "config" not in a:
+                raise ControlError("INVALID_ARG", "Load parameter 'config' must be specified for model file override")
+            raise ControlError("UNSUPPORTED", "model file overrides ('file:' load parameters) are not supported")
+        override = None
+        if "config" in a:
+            try:
+                override = config_from_json(json.loads(a["config"]) if isinstance(a["config"], str) else a["config"])
+            except (ValueError, TypeError) as e:
+                raise ControlError("INVALID_ARG", f"failed to parse the 'config' load parameter: {e}") from None
         sources = scan(self.b.opts["model_repositories"])
         self.b.names = sorted(sources)
         self.b.table_dirty = True
         if name not in sources:
             raise ControlError("INTERNAL", f"failed to load '{name}', failed to poll from model repository")
         versions = self.b.models.get(name)
-        if versions and all(mv.state == READY for mv in versions.values()):
+        if override is None and versions and all(mv.state == READY for mv in versions.values()):
             return {}
         if versions:
             self.unload(name)
         self.b.ensembles.load_dependencies(sources, name)
-        self.b.load_model(sources[name])
+        self.b.load_model(sources[name], override)
         self.waiting_loads.append((src, cid, name))
         return _DEFERRED
 

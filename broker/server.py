@@ -109,12 +109,15 @@ class Broker:
             self.load_model(sources[name])
         self.table_dirty = True
 
-    def load_model(self, source) -> None:
+    def load_model(self, source, override=None) -> None:
+        """Load every selected version of a model; `override` (a ModelConfig) replaces its
+        config.pbtxt for this load, as a repository load request's `config` parameter does."""
         spec = load_spec(
             source,
             autocomplete=not self.opts.get("disable_auto_complete", False),
             default_max_batch_size=self.opts.get("default_max_batch_size", 4),
             config_name=self.opts.get("model_config_name", ""),
+            override=override,
         )
         self.specs[spec.name] = spec
         for line in spec.advice:
