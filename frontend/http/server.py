@@ -6,10 +6,6 @@ port (SO_REUSEPORT); the first one also serves /metrics when a metrics port is g
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
-import os
-import signal
 import socket
 import sys
 
@@ -18,20 +14,14 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from tritond.broker.addresses import Addresses
-from tritond.broker.process import die_with_parent, setup_logging
-from tritond.shm.arena import Arena
-from tritond.shm.mapping import SegmentMaps
 
 from ..broker_client import BrokerClient
-from ..dataplane import Dataplane
 from ..errors import TritonError
 from ..metrics import render
+from ..process import frontend_dataplane, start_process
 from .app import HttpApi, HttpOptions
 
-log = logging.getLogger("tritond.http")
 
-TABLE_WAIT_S = 30.0
 
 
 def listen_socket(address: str, port: int) -> socket.socket:
@@ -78,40 +68,23 @@ async def serve_hypercorn(app, sock: socket.socket, stop: asyncio.Event) -> None
 
 
 async def run(opts: dict) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    client = BrokerClient(Addresses(opts["run_dir"]).frontends, "http")
-    await client.start()
-    if not await client.wait_table(TABLE_WAIT_S):
-        log.warning("no model table from the broker after %gs; serving anyway", TABLE_WAIT_S)
-    arena = Arena(opts["server_id"], f"f{os.getpid()}")
-    maps = SegmentMaps()
-    client.on_gone = maps.drop_prefix
-    api = HttpApi(Dataplane(client, arena, maps), HttpOptions(
-        server_name=opts.get("server_name", "triton"),
-        strict_readiness=opts.get("strict_readiness", True),
-        max_input_size=opts.get("http_max_input_size", 1 << 26),
-        restricted={k: tuple(v) for k, v in (opts.get("http_restricted") or {}).items()},
-    ))
-    serve = serve_hypercorn if opts.get("http_server") == "hypercorn" else serve_uvicorn
-    servers = [serve(api.app(), listen_socket(opts["http_address"], opts["http_port"]), stop)]
-    if opts.get("metrics_port"):
-        servers.append(serve_uvicorn(metrics_app(client), listen_socket(
-            opts.get("metrics_address") or opts["http_address"], opts["metrics_port"]), stop))
-    try:
+    async with frontend_dataplane(opts, "http") as (dataplane, stop):
+        api = HttpApi(dataplane, HttpOptions(
+            server_name=opts.get("server_name", "triton"),
+            strict_readiness=opts.get("strict_readiness", True),
+            max_input_size=opts.get("http_max_input_size", 1 << 26),
+            restricted={k: tuple(v) for k, v in (opts.get("http_restricted") or {}).items()},
+        ))
+        serve = serve_hypercorn if opts.get("http_server") == "hypercorn" else serve_uvicorn
+        servers = [serve(api.app(), listen_socket(opts["http_address"], opts["http_port"]), stop)]
+        if opts.get("metrics_port"):
+            servers.append(serve_uvicorn(metrics_app(dataplane.client), listen_socket(
+                opts.get("metrics_address") or opts["http_address"], opts["metrics_port"]), stop))
         await asyncio.gather(*servers)
-    finally:
-        client.close()
-        maps.close()
-        arena.close()
 
 
 def main(argv: list[str]) -> int:
-    opts = json.loads(argv[1])
-    die_with_parent(opts["supervisor_pid"], signal.SIGTERM)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    setup_logging(int(opts.get("log_verbose", 0)), "http")
+    opts = start_process(argv, "http")
     uvloop.run(run(opts))
     return 0
 

@@ -1,0 +1,53 @@
+"""What every frontend process does around its protocol server: connect to the broker,
+wait for its model table, own a shared-memory arena and mappings, stop on SIGTERM, and
+clean up on the way out."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from typing import AsyncIterator
+
+from tritond.broker.addresses import Addresses
+from tritond.broker.process import die_with_parent, setup_logging
+from tritond.shm.arena import Arena
+from tritond.shm.mapping import SegmentMaps
+
+from .broker_client import BrokerClient
+from .dataplane import Dataplane
+
+log = logging.getLogger("tritond.frontend")
+
+TABLE_WAIT_S = 30.0
+
+
+def start_process(argv: list[str], role: str) -> dict:
+    """Parse the options the supervisor passed, die with it, leave SIGINT to it."""
+    opts = json.loads(argv[1])
+    die_with_parent(opts["supervisor_pid"], signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup_logging(int(opts.get("log_verbose", 0)), role)
+    return opts
+
+
+@contextlib.asynccontextmanager
+async def frontend_dataplane(opts: dict, kind: str) -> AsyncIterator[tuple[Dataplane, asyncio.Event]]:
+    """The dataplane a protocol server serves with, and the event SIGTERM sets."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    client = BrokerClient(Addresses(opts["run_dir"]).frontends, kind)
+    await client.start()
+    if not await client.wait_table(TABLE_WAIT_S):
+        log.warning("no model table from the broker after %gs; serving anyway", TABLE_WAIT_S)
+    arena = Arena(opts["server_id"], f"f{os.getpid()}")
+    maps = SegmentMaps()
+    client.on_gone = maps.drop_prefix
+    try:
+        yield Dataplane(client, arena, maps), stop
+    finally:
+        client.close()
+        maps.close()
+        arena.close()
