@@ -35,7 +35,9 @@ def start_process(argv: list[str], role: str) -> dict:
 
 @contextlib.asynccontextmanager
 async def frontend_dataplane(opts: dict, kind: str) -> AsyncIterator[tuple[Dataplane, asyncio.Event]]:
-    """The dataplane a protocol server serves with, and the event SIGTERM sets."""
+    """The dataplane a protocol server serves with, and the event SIGTERM sets. The server
+    opens its port only after this, once the broker's model table has arrived, so the first
+    request sees a live server."""
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     client = BrokerClient(Addresses(opts["run_dir"]).frontends, kind)

@@ -13,7 +13,6 @@ import sys
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
-
 from ..process import frontend_dataplane, start_process
 from .health import health_handler
 from .servicer import GrpcOptions, InferenceServicer
@@ -28,7 +27,6 @@ SERVER_OPTIONS = [
 ]
 # Streams left open by clients are cut this long after in-flight work has drained.
 STOP_GRACE_S = 2.0
-# The port opens once the broker's model table has arrived, so the first RPC sees a live server.
 
 
 def bind_address(address: str, port: int) -> str:

@@ -14,14 +14,11 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-
 from ..broker_client import BrokerClient
 from ..errors import TritonError
 from ..metrics import render
 from ..process import frontend_dataplane, start_process
 from .app import HttpApi, HttpOptions
-
-
 
 
 def listen_socket(address: str, port: int) -> socket.socket:
