@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritond.repository.parameters import config_parameter
+
 from .pool import Instance
 from .scheduler import Scheduler
 from .stats import ModelStats
@@ -18,14 +20,6 @@ UNAVAILABLE = "UNAVAILABLE"
 UNLOADING = "UNLOADING"
 
 DEFAULT_EXEC_TIMEOUT_S = 60.0
-
-
-def config_parameter(config: dict, key: str, default: str = "") -> str:
-    """A `parameters { key: ... value: { string_value: ... } }` entry of a config dict."""
-    entry = (config.get("parameters") or {}).get(key)
-    if isinstance(entry, dict):
-        return str(entry.get("string_value", default))
-    return default
 
 
 @dataclass

@@ -19,6 +19,7 @@ import zmq
 
 from tritond.repository.catalog import ModelSpec, load_spec
 from tritond.repository.layout import scan
+from tritond.repository.parameters import config_parameter
 from tritond.repository.render import config_to_json
 from tritond.shm.naming import PREFIX, owner_prefix, sweep
 
@@ -177,7 +178,7 @@ class Broker:
             visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
             device = visible[inst.device_id] if inst.device_id < len(visible) else str(inst.device_id)
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=device, **self.opts.get("mps_env", {}))
-            share = ((mv.config.get("parameters") or {}).get("mps_active_thread_percentage") or {}).get("string_value")
+            share = config_parameter(mv.config, "mps_active_thread_percentage")
             if share and "mps_env" in self.opts:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = share
         pool.spawn(inst, self.worker_spec(mv, inst), env)

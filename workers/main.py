@@ -22,6 +22,7 @@ import zmq
 
 from tritond.broker import protocol as P
 from tritond.broker.process import EXIT_NO_MEMORY, die_with_parent, limit_memory, setup_logging
+from tritond.repository.parameters import config_parameter
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
 
@@ -34,11 +35,6 @@ from .tensors import Leases, desc_to_array, write_outputs
 log = logging.getLogger("tritond.worker")
 
 HEARTBEAT_INTERVAL_S = 0.5
-
-
-def config_parameter(config: dict, key: str) -> str:
-    entry = (config.get("parameters") or {}).get(key)
-    return str(entry.get("string_value", "")) if isinstance(entry, dict) else ""
 
 
 def heartbeat(ctx: zmq.Context, spec: dict, stop: threading.Event) -> None:

@@ -6,16 +6,11 @@ import os
 
 import numpy as np
 
-from tritond.repository.datatypes import CONFIG_TO_WIRE, WIRE_TO_NUMPY
+from tritond.repository.parameters import config_parameter
 
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
 from .batching import execute_batch
-
-
-def _param(config: dict, key: str) -> str:
-    entry = (config.get("parameters") or {}).get(key) or {}
-    return str(entry.get("string_value", "")) if isinstance(entry, dict) else ""
 
 
 class OnnxBackend(Backend):
@@ -25,9 +20,9 @@ class OnnxBackend(Backend):
         filename = self.config.get("default_model_filename") or "model.onnx"
         path = os.path.join(self.instance.version_dir, filename)
         opts = ort.SessionOptions()
-        threads = _param(self.config, "intra_op_thread_count")
+        threads = config_parameter(self.config, "intra_op_thread_count")
         opts.intra_op_num_threads = int(threads) if threads else 1
-        inter = _param(self.config, "inter_op_thread_count")
+        inter = config_parameter(self.config, "inter_op_thread_count")
         if inter:
             opts.inter_op_num_threads = int(inter)
         opts.log_severity_level = 3
@@ -51,10 +46,6 @@ class OnnxBackend(Backend):
         }
         self.output_dims = {
             o["name"]: list(o["dims"]) for o in self.config.get("output", []) if o.get("reshape")
-        }
-        self.input_types = {
-            i["name"]: WIRE_TO_NUMPY[CONFIG_TO_WIRE[i["data_type"]]] for i in self.config.get("input", [])
-            if i.get("data_type") in CONFIG_TO_WIRE and i.get("data_type") != "TYPE_STRING"
         }
 
     def _feed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tritond.repository.datatypes import CONFIG_TO_WIRE
+from tritond.repository.parameters import config_parameter
 
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
@@ -47,14 +48,8 @@ PARAM_INTER_OP = "INTER_OP_THREAD_COUNT"
 PARAM_CUDA_IPC = "cuda_ipc_outputs"
 
 
-def parameter(config: dict, key: str) -> str:
-    """A config `parameters` string value ('' when absent)."""
-    entry = (config.get("parameters") or {}).get(key) or {}
-    return str(entry.get("string_value", "")) if isinstance(entry, dict) else ""
-
-
 def flag(config: dict, key: str, default: bool) -> bool:
-    value = parameter(config, key).strip().lower()
+    value = config_parameter(config, key).strip().lower()
     if not value:
         return default
     return value in ("true", "1", "yes", "on")
@@ -153,9 +148,9 @@ class TorchBackend(Backend):
 
     def _threads(self) -> None:
         torch = self.torch
-        intra = parameter(self.config, PARAM_INTRA_OP)
+        intra = config_parameter(self.config, PARAM_INTRA_OP)
         torch.set_num_threads(int(intra) if intra and int(intra) > 0 else 1)
-        inter = parameter(self.config, PARAM_INTER_OP)
+        inter = config_parameter(self.config, PARAM_INTER_OP)
         if inter and int(inter) > 0:
             with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
                 torch.set_num_interop_threads(int(inter))
