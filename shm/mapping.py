@@ -85,9 +85,6 @@ class SegmentMaps:
             self._cuda = CudaMaps()
         return self._cuda
 
-    def size(self, name: str) -> int:
-        return len(self._get(name).view)
-
     def drop(self, name: str) -> None:
         if name.startswith(CUDA_PREFIX):
             if self._cuda is not None:
