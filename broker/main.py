@@ -4,19 +4,30 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 
+from tritond.process import die_with_parent, setup_logging
 from tritond.shm.naming import PREFIX, sweep
 
-from .process import die_with_parent, setup_logging
 from .server import Broker
+from .sockets import BrokerSockets
 
 
 def main(argv: list[str]) -> int:
     opts = json.loads(argv[1])
-    die_with_parent(opts["supervisor_pid"], 15)
+    die_with_parent(opts["supervisor_pid"], signal.SIGTERM)
     setup_logging(int(opts.get("log_verbose", 0)), "broker")
-    code = Broker(opts).run()
+    sig_r, sig_w = os.pipe()
+    os.set_blocking(sig_w, False)
+    signal.set_wakeup_fd(sig_w)
+    signal.signal(signal.SIGTERM, lambda *_: None)     # the wakeup fd carries it to the loop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor turns ^C into a drain
+    sockets = BrokerSockets(opts["run_dir"])
+    try:
+        code = Broker(opts, sockets).run(sig_r)
+    finally:
+        sockets.close()
     if os.getppid() != opts["supervisor_pid"]:
         # The supervisor was killed and cannot clean up: the last process of the server does.
         sweep(f"{PREFIX}{opts['server_id']}.")

@@ -1,38 +1,39 @@
 """What is loaded: one record per model version, with its instances, scheduler and stats.
 
-Discovery (what is on disk) lives in tritond.repository; this table says what the broker
-made of it and is what every frontend is told (protocol.Table).
+Discovery (what is on disk) lives in tritond.repository; a `ModelVersion` says what the broker
+made of it. Its config is parsed once into a `ModelView`, which travels with the model table.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from tritond.repository.parameters import config_parameter
+from tritond.repository.view import model_view
+from tritond.wire.schema import ModelState, ModelView
 
-from .pool import Instance
+from .pool import Instance, InstanceState
 from .scheduler import Scheduler
 from .stats import ModelStats
 
-READY = "READY"
-LOADING = "LOADING"
-UNAVAILABLE = "UNAVAILABLE"
-
-DEFAULT_EXEC_TIMEOUT_S = 60.0
+LOADING = ModelState.LOADING
+READY = ModelState.READY
+UNAVAILABLE = ModelState.UNAVAILABLE
 
 
-@dataclass
+@dataclass(eq=False)
 class ModelVersion:
     name: str
     version: int
     model_dir: str
     repo: str
     config: dict[str, Any] | None
-    state: str = LOADING
+    state: ModelState = LOADING
     reason: str = ""
+    unloaded: bool = False           # UNAVAILABLE because it was unloaded (not a failure)
+    view: ModelView = field(default_factory=ModelView)
     instances: list[Instance] = field(default_factory=list)
     scheduler: Scheduler | None = None
-    stats: ModelStats | None = None
+    stats: ModelStats = field(init=False)
     wake_ns: int = 0                 # when the batcher wants another look (0: not waiting)
     dispatch_seq: int = 0            # preserve_ordering: next sequence number to hand out
     send_seq: int = 0                # preserve_ordering: next sequence number to answer
@@ -40,25 +41,19 @@ class ModelVersion:
 
     def __post_init__(self) -> None:
         self.stats = ModelStats(self.name, self.version)
+        if self.config is not None:
+            self.view = model_view(self.config)
+
+    def set_config(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.view = model_view(config)
 
     @property
     def max_batch_size(self) -> int:
-        return int((self.config or {}).get("max_batch_size", 0) or 0)
-
-    @property
-    def exec_timeout_s(self) -> float:
-        raw = config_parameter(self.config or {}, "execution_timeout_seconds")
-        try:
-            return float(raw) if raw else DEFAULT_EXEC_TIMEOUT_S
-        except ValueError:
-            return DEFAULT_EXEC_TIMEOUT_S
-
-    @property
-    def idempotent(self) -> bool:
-        return config_parameter(self.config or {}, "idempotent").lower() in ("1", "true", "yes")
+        return self.view.max_batch_size
 
     def serving(self) -> list[Instance]:
-        return [i for i in self.instances if i.state in ("READY", "BUSY")]
+        return [i for i in self.instances if i.serving]
 
     def free_instances(self) -> list[Instance]:
-        return [i for i in self.instances if i.state == "READY"]
+        return [i for i in self.instances if i.state is InstanceState.READY]

@@ -1,7 +1,9 @@
-"""Worker processes: spawn with an argv list, watch through pidfds, restart with backoff.
+"""Model instances and the worker processes that fill them: spawn with an argv list, watch
+through pidfds, restart with backoff.
 
 The broker owns this pool, so it learns of a death the moment the pidfd turns readable,
-without signal handlers or polling threads.
+without signal handlers or polling threads. `WorkerProcesses` is the only place that touches
+processes; an in-process harness replaces it to drive the broker without any.
 
 Crash-loop policy: each death of a worker that never completed a batch counts; a worker
 generation that completed one clears the count (it was serving, so the next death is not
@@ -10,22 +12,36 @@ instance FAILED instead of restarting it forever. Backoff doubles with the count
 """
 from __future__ import annotations
 
+import enum
 import itertools
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
-from typing import Any
+import msgspec
 
-from .process import EXIT_NO_MEMORY
+from tritond.process import EXIT_NO_MEMORY
+from tritond.wire.schema import WorkerSpec
 
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 5.0
 CRASH_LIMIT = 5
 CRASH_WINDOW = 60.0
+
+
+class InstanceState(enum.Enum):
+    STARTING = "STARTING"      # spawned, loading the model
+    READY = "READY"            # serving, idle
+    BUSY = "BUSY"              # executing a batch
+    KILLED = "KILLED"          # killed by the broker (hang, overrun); its exit is awaited
+    RESTARTING = "RESTARTING"  # dead, a new generation starts at restart_at
+    FAILED = "FAILED"          # not restarted (failed load, crash loop)
+    STOPPING = "STOPPING"      # asked to stop (unload, shutdown)
+    STOPPED = "STOPPED"
+
+
+SERVING = (InstanceState.READY, InstanceState.BUSY)
 
 
 def describe_exit(returncode: int) -> str:
@@ -42,7 +58,7 @@ def describe_exit(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-@dataclass
+@dataclass(eq=False)
 class Instance:
     """One model instance: a slot that a sequence of worker processes (generations) fills."""
     model: str
@@ -52,10 +68,10 @@ class Instance:
     kind: str = "CPU"
     device_id: int = 0
     generation: int = 0
-    proc: subprocess.Popen | None = None
+    pid: int = 0
     pidfd: int = -1
-    state: str = "STARTING"        # STARTING | READY | BUSY | KILLED | RESTARTING | FAILED | STOPPING | STOPPED
-    batch: Any = None              # the in-flight batch, if any
+    state: InstanceState = InstanceState.STARTING
+    batch: int | None = None       # the in-flight batch id, if any
     served: bool = False           # this generation completed a batch
     exit_reason: str = ""          # why this generation is expected to end (killed, failed to load)
     batch_started: float = 0.0
@@ -73,37 +89,11 @@ class Instance:
     @property
     def owner(self) -> str:
         """Segment owner tag: unique per process generation."""
-        return f"w{self.proc.pid if self.proc else 0}"
+        return f"w{self.pid}"
 
-
-_generations = itertools.count(1)
-
-
-def spawn(inst: Instance, spec: dict[str, Any], env: dict[str, str] | None = None) -> None:
-    """Start a worker process for `inst` (argv list, never a shell).
-
-    Generations are unique across the broker, not per slot, so a model unloaded and loaded
-    again never reuses the identity of a worker that may still be exiting."""
-    inst.generation = next(_generations)
-    spec = dict(spec, identity=inst.identity.decode(), broker_pid=os.getpid())
-    argv = [sys.executable, "-m", "tritond.workers.main", json.dumps(spec)]
-    inst.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
-    inst.pidfd = os.pidfd_open(inst.proc.pid)
-    inst.state = "STARTING"
-    inst.last_heartbeat = time.monotonic()
-    inst.batch = None
-    inst.served = False
-    inst.exit_reason = ""
-
-
-def reap(inst: Instance) -> int:
-    """Collect the exit status of a dead worker and close its pidfd."""
-    assert inst.proc is not None
-    rc = inst.proc.wait()
-    if inst.pidfd >= 0:
-        os.close(inst.pidfd)
-        inst.pidfd = -1
-    return rc
+    @property
+    def serving(self) -> bool:
+        return self.state in SERVING
 
 
 def record_crash(inst: Instance, now: float) -> bool:
@@ -119,9 +109,58 @@ def record_crash(inst: Instance, now: float) -> bool:
     return True
 
 
-def kill(inst: Instance, sig: int = signal.SIGKILL) -> None:
-    if inst.proc is not None and inst.proc.poll() is None:
+class WorkerProcesses:
+    """Starts, signals and reaps worker processes.
+
+    Generations are unique across the broker, not per slot, so a model unloaded and loaded
+    again never reuses the identity of a worker that may still be exiting."""
+
+    def __init__(self) -> None:
+        self._generations = itertools.count(1)
+        self._procs: dict[int, subprocess.Popen] = {}   # pid -> process
+
+    def next_generation(self) -> int:
+        return next(self._generations)
+
+    def spawn(self, inst: Instance, spec: WorkerSpec, env: dict[str, str] | None) -> None:
+        """Start the process of `inst`'s current generation (argv list, never a shell)."""
+        argv = [sys.executable, "-m", "tritond.workers.main", msgspec.json.encode(spec).decode()]
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+        self._procs[proc.pid] = proc
+        inst.pid = proc.pid
+        inst.pidfd = os.pidfd_open(proc.pid)
+
+    def alive(self, inst: Instance) -> bool:
+        proc = self._procs.get(inst.pid)
+        return proc is not None and proc.poll() is None
+
+    def kill(self, inst: Instance, sig: int = signal.SIGKILL) -> None:
+        proc = self._procs.get(inst.pid)
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def reap(self, inst: Instance) -> int:
+        """Collect the exit status of a dead worker and close its pidfd."""
+        proc = self._procs.pop(inst.pid)
+        rc = proc.wait()
+        if inst.pidfd >= 0:
+            os.close(inst.pidfd)
+            inst.pidfd = -1
+        return rc
+
+    def wait(self, inst: Instance, timeout: float) -> bool:
+        """Wait up to `timeout` for the process to end; True when it has."""
+        proc = self._procs.get(inst.pid)
+        if proc is None:
+            return True
         try:
-            inst.proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
+            proc.wait(max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def live(self) -> list[int]:
+        return [pid for pid, p in self._procs.items() if p.poll() is None]

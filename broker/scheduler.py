@@ -17,13 +17,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tritond.wire.errors import unavailable
+from tritond.wire.schema import Inline, ModelView, QueuePolicy
+
 HARD_QUEUE_CAP = 16384  # never buffer without bound, even with max_queue_size 0
 
 
 class TensorLike(Protocol):
     name: str
     shape: list[int]
-    data: bytes | None
+    loc: Any
 
 
 class InstanceLike(Protocol):
@@ -42,28 +45,11 @@ class Pending:
     deadline_ns: int = 0         # queue-policy timeout (0: none, or no longer queued)
 
 
-@dataclass
-class QueuePolicy:
-    timeout_action: str = "REJECT"     # REJECT | DELAY
-    default_timeout_us: int = 0
-    allow_timeout_override: bool = False
-    max_queue_size: int = 0
-
-    @classmethod
-    def from_config(cls, d: dict | None) -> "QueuePolicy":
-        d = d or {}
-        return cls(
-            timeout_action=str(d.get("timeout_action", "REJECT")),
-            default_timeout_us=int(d.get("default_timeout_microseconds", 0) or 0),
-            allow_timeout_override=bool(d.get("allow_timeout_override", False)),
-            max_queue_size=int(d.get("max_queue_size", 0) or 0),
-        )
-
-    def timeout_us(self, requested_us: int) -> int:
-        """Triton's rule: a request's own timeout may only shorten the default, never add one."""
-        if self.allow_timeout_override and 0 < requested_us < self.default_timeout_us:
-            return requested_us
-        return self.default_timeout_us
+def queue_timeout_us(qp: QueuePolicy, requested_us: int) -> int:
+    """Triton's rule: a request's own timeout may only shorten the default, never add one."""
+    if qp.allow_timeout_override and 0 < requested_us < qp.default_timeout_us:
+        return requested_us
+    return qp.default_timeout_us
 
 
 @dataclass
@@ -75,42 +61,37 @@ class BatchPolicy:
     preserve_ordering: bool = False
     priority_levels: int = 0
     default_level: int = 0
-    default_policy: QueuePolicy = field(default_factory=QueuePolicy)
+    default_policy: QueuePolicy = QueuePolicy()
     level_policies: dict[int, QueuePolicy] = field(default_factory=dict)
     equal_shape: frozenset[str] = frozenset()    # inputs whose shapes must match within a batch
     shape_tensors: frozenset[str] = frozenset()  # inputs whose contents must match too
     optional_inputs: bool = False                # batched requests must carry the same inputs
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "BatchPolicy":
-        """Build from a Triton config JSON dict (as rendered by GET /config)."""
-        mbs = int(cfg.get("max_batch_size", 0) or 0)
-        db = cfg.get("dynamic_batching")
+    def from_view(cls, view: ModelView) -> "BatchPolicy":
+        mbs = view.max_batch_size
+        db = view.batching
         if db is None:
             return cls(max_batch_size=mbs)
-        inputs = cfg.get("input") or []
-        shape_tensors = frozenset(i["name"] for i in inputs if i.get("is_shape_tensor"))
-        variable = frozenset(
-            i["name"] for i in inputs
-            if -1 in [int(d) for d in i.get("dims") or []] and not i.get("allow_ragged_batch")
-        )
-        preferred = sorted({int(x) for x in db.get("preferred_batch_size") or []})
+        inputs = view.inputs.values()
+        shape_tensors = frozenset(i.name for i in inputs if i.shape_tensor)
+        variable = frozenset(i.name for i in inputs if -1 in i.dims and not i.ragged)
+        preferred = list(db.preferred)
         if not preferred and mbs > 0:
             preferred = [mbs]
         return cls(
             max_batch_size=mbs,
             dynamic=True,
             preferred=preferred,
-            max_delay_ns=int(db.get("max_queue_delay_microseconds", 0) or 0) * 1000,
-            preserve_ordering=bool(db.get("preserve_ordering", False)),
-            priority_levels=int(db.get("priority_levels", 0) or 0),
-            default_level=int(db.get("default_priority_level", 0) or 0),
-            default_policy=QueuePolicy.from_config(db.get("default_queue_policy")),
-            level_policies={int(k): QueuePolicy.from_config(v)
-                            for k, v in (db.get("priority_queue_policy") or {}).items()},
+            max_delay_ns=db.max_delay_us * 1000,
+            preserve_ordering=db.preserve_ordering,
+            priority_levels=db.priority_levels,
+            default_level=db.default_level,
+            default_policy=db.default_policy,
+            level_policies=dict(db.level_policies),
             equal_shape=variable | shape_tensors,
             shape_tensors=shape_tensors,
-            optional_inputs=any(i.get("optional") for i in inputs),
+            optional_inputs=any(i.optional for i in inputs),
         )
 
     def shape_key(self, inputs: Sequence[TensorLike]) -> tuple:
@@ -126,16 +107,12 @@ class BatchPolicy:
                 entry: tuple = (d.name, tuple(d.shape[skip:]))
                 if d.name in self.shape_tensors:
                     # Contents are compared only when they travel inline; otherwise never equal.
-                    entry += (d.data if d.data is not None else object(),)
+                    entry += (d.loc.data if isinstance(d.loc, Inline) else object(),)
                 key.append(entry)
             elif self.optional_inputs:
                 key.append((d.name,))
         key.sort(key=lambda e: e[0])
         return tuple(key)
-
-
-class Rejected(Exception):
-    """Admission refused (queue full); message is Triton's text without the request-id prefix."""
 
 
 class Scheduler:
@@ -172,16 +149,17 @@ class Scheduler:
         return self.policy.level_policies.get(level + 1, self.policy.default_policy)
 
     def enqueue(self, item: Pending, priority: int, timeout_us: int, now_ns: int) -> None:
-        """Admit a request or raise Rejected('Exceeds maximum queue size')."""
+        """Admit a request or raise UNAVAILABLE 'Exceeds maximum queue size' (without Triton's
+        request-id prefix, which the caller adds)."""
         level = self.level_of(priority)
         qp = self.queue_policy(level)
         size = len(self.queues[level]) + len(self.delayed[level])
         if (qp.max_queue_size and size >= qp.max_queue_size) or self.count >= HARD_QUEUE_CAP:
-            raise Rejected("Exceeds maximum queue size")
+            raise unavailable("Exceeds maximum queue size")
         item.level = level
         item.deadline_ns = 0
         if self.policy.dynamic:
-            timeout = qp.timeout_us(timeout_us)
+            timeout = queue_timeout_us(qp, timeout_us)
             if timeout:
                 item.deadline_ns = now_ns + timeout * 1000
                 self._seq += 1

@@ -71,6 +71,12 @@ class ModelStats:
         self.compute_infer.add(infer_ns)
         self.compute_output.add(output_ns)
 
+    def record_ensemble(self, batch_size: int, total_ns: int) -> None:
+        """One ensemble request answered with outputs: its steps were counted by their models."""
+        self.execution_count += 1
+        self.last_inference_ms = int(time.time() * 1000)
+        self.record_success(batch_size, total_ns, 0, 0, 0, 0)
+
     def record_failure(self, total_ns: int) -> None:
         """One admitted request answered with an error."""
         self.fail.add(total_ns)

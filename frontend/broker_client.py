@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 import zmq
 
-from tritond.broker import protocol as P
-
-from .errors import TritonError
+from tritond.process import EXIT_REFUSED
+from tritond.wire import schema as S
+from tritond.wire.errors import TritonError, invalid, unavailable
+from tritond.wire.versions import resolve
 
 log = logging.getLogger("tritond.frontend")
 
@@ -25,39 +26,24 @@ BROKER_SILENCE_S = 3.0
 
 
 class ModelTable:
-    """Index over a protocol.Table for lookups on every request."""
+    """Index over the broker's published table for lookups on every request."""
 
-    def __init__(self, table: P.Table | None = None) -> None:
+    def __init__(self, table: S.Table | None = None) -> None:
         self.table = table
-        self.by_name: dict[str, dict[int, P.ModelEntry]] = {}
+        self.by_name: dict[str, dict[int, S.ModelEntry]] = {}
         self.names: set[str] = set()
         if table is not None:
             for e in table.models:
                 self.by_name.setdefault(e.name, {})[e.version] = e
             self.names = set(table.names)
 
-    def resolve(self, name: str, version: int = -1) -> P.ModelEntry:
+    def resolve(self, name: str, version: int = -1) -> S.ModelEntry:
         """The entry serving (name, version), or Triton's error for it."""
         if self.table is None:
-            raise TritonError("UNAVAILABLE", "the server's broker is not available")
-        versions = self.by_name.get(name)
-        if versions is None:
-            if name in self.names:
-                raise TritonError("NOT_FOUND", f"'{name}' is not found")
-            raise TritonError("INVALID_ARG", f"Request for unknown model: '{name}' is not found")
-        if version >= 0:
-            e = versions.get(version)
-            if e is None:
-                raise TritonError("NOT_FOUND", f"'{name}' version {version} is not found")
-            if e.state != "READY":
-                raise TritonError("UNAVAILABLE", f"'{name}' version {version} is not at ready state")
-            return e
-        ready = [v for v, e in versions.items() if e.state == "READY"]
-        if not ready:
-            raise TritonError("NOT_FOUND", f"'{name}' has no available versions")
-        return versions[max(ready)]
+            raise unavailable("the server's broker is not available")
+        return resolve(name, version, self.by_name.get(name), name in self.names)
 
-    def any_entry(self, name: str, version: int = -1) -> P.ModelEntry:
+    def any_entry(self, name: str, version: int = -1) -> S.ModelEntry:
         """An entry for metadata/config even when not READY (Triton still answers config)."""
         try:
             return self.resolve(name, version)
@@ -77,7 +63,7 @@ class ModelTable:
             return True
         for versions in self.by_name.values():
             for e in versions.values():
-                if e.state != "READY" and e.reason != "unloaded":
+                if e.state is not S.ModelState.READY and not e.unloaded:
                     return False
         return True
 
@@ -97,7 +83,7 @@ class BrokerClient:
         self.alive = False
         self.boot = 0
         self.on_gone: Callable[[str], None] | None = None   # drops mappings of a dead owner's segments
-        self.decoder = P.decoder(P.BrokerToFrontend)
+        self.decoder = S.decoder(S.BrokerToFrontend)
         self.tasks: list[asyncio.Task] = []
 
     def _connect(self) -> None:
@@ -105,7 +91,7 @@ class BrokerClient:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.IMMEDIATE, 1)
-        s.setsockopt(zmq.MAXMSGSIZE, P.MAX_FRAME)
+        s.setsockopt(zmq.MAXMSGSIZE, S.MAX_FRAME)
         s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.RCVHWM, 0)
         s.connect(self.endpoint)
@@ -122,19 +108,19 @@ class BrokerClient:
 
         ZeroMQ's FD is edge-triggered and a send may consume its readiness, so look for
         arrived replies right after every send."""
-        if len(frame) > P.MAX_FRAME:
-            raise TritonError("INVALID_ARG", f"request of {len(frame)} bytes is larger than the "
-                                             f"{P.MAX_FRAME} bytes a request may carry besides its tensors")
+        if len(frame) > S.MAX_FRAME:
+            raise invalid(f"request of {len(frame)} bytes is larger than the "
+                          f"{S.MAX_FRAME} bytes a request may carry besides its tensors")
         try:
             self.sock.send(frame, zmq.NOBLOCK)
         except zmq.ZMQError:
-            raise TritonError("UNAVAILABLE", "the server's broker is not reachable") from None
+            raise unavailable("the server's broker is not reachable") from None
         finally:
             asyncio.get_running_loop().call_soon(self._drain)
 
     async def _hello(self) -> None:
         try:
-            self._send(P.encode(P.Hello(self.kind, os.getpid())))
+            self._send(S.encode(S.Hello(S.PROTOCOL_VERSION, self.kind, os.getpid())))
         except TritonError:
             pass
 
@@ -164,28 +150,31 @@ class BrokerClient:
                 return
             try:
                 msg = self.decoder.decode(frame)
-            except P.DecodeError:
+            except S.DecodeError:
                 log.warning("dropped an undecodable frame from the broker")
                 continue
             self.last_heard = time.monotonic()
             self.alive = True
-            if isinstance(msg, (P.InferReply, P.ControlReply)):
-                fut = self.futures.pop(msg.rid if isinstance(msg, P.InferReply) else msg.cid, None)
+            if isinstance(msg, (S.InferReply, S.ControlReply)):
+                fut = self.futures.pop(msg.rid if isinstance(msg, S.InferReply) else msg.cid, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
-                elif isinstance(msg, P.InferReply):
+                elif isinstance(msg, S.InferReply):
                     self.release_outputs(msg)
                     orphan = self.orphans.pop(msg.rid, None)
                     if orphan is not None:
                         orphan()
-            elif isinstance(msg, P.Table):
+            elif isinstance(msg, S.Table):
                 self._note_boot(msg.boot)
                 self.table = ModelTable(msg)
                 self.table_event.set()
-            elif isinstance(msg, P.Ping):
+            elif isinstance(msg, S.Ping):
                 self._note_boot(msg.boot)
-            elif isinstance(msg, P.Gone) and self.on_gone is not None:
+            elif isinstance(msg, S.Gone) and self.on_gone is not None:
                 self.on_gone(msg.prefix)
+            elif isinstance(msg, S.Refused):
+                log.critical("the broker refused this process: %s; exiting to be restarted", msg.reason)
+                os._exit(EXIT_REFUSED)
 
     async def _watchdog(self) -> None:
         while True:
@@ -201,7 +190,7 @@ class BrokerClient:
     def _broker_lost(self, why: str) -> None:
         """Requests the old broker held will never be answered: fail them now."""
         log.error("%s; failing %d pending requests", why, len(self.futures))
-        err = TritonError("UNAVAILABLE", "the server's broker is restarting; retry shortly")
+        err = unavailable("the server's broker is restarting; retry shortly")
         for fut in self.futures.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -211,16 +200,19 @@ class BrokerClient:
             orphan()
 
     def _note_boot(self, boot: int) -> None:
+        """A new broker: fail what the old one held, and introduce ourselves (it checks our
+        protocol version)."""
         if boot and self.boot and boot != self.boot:
             self._broker_lost("the broker was restarted")
+            self._send_quietly(S.encode(S.Hello(S.PROTOCOL_VERSION, self.kind, os.getpid())))
         if boot:
             self.boot = boot
 
     def _check(self) -> None:
         if not self.alive:
-            raise TritonError("UNAVAILABLE", "the server's broker is not available")
+            raise unavailable("the server's broker is not available")
 
-    async def infer(self, msg: P.Infer, on_orphan: Callable[[], None] | None = None) -> P.InferReply:
+    async def infer(self, msg: S.Infer, on_orphan: Callable[[], None] | None = None) -> S.InferReply:
         """Send one request and await its reply. If the caller is cancelled first, `on_orphan` runs
         once the broker has answered after all (or is gone), so input blocks are not freed while a
         worker may still read them."""
@@ -228,7 +220,7 @@ class BrokerClient:
         fut = asyncio.get_running_loop().create_future()
         self.futures[msg.rid] = fut
         try:
-            self._send(P.encode(msg))
+            self._send(S.encode(msg))
             return await fut
         except TritonError:
             self.futures.pop(msg.rid, None)
@@ -248,29 +240,32 @@ class BrokerClient:
     def next_id(self) -> int:
         return next(self.ids)
 
-    async def control(self, op: str, args: dict[str, Any] | None = None, timeout: float = 600.0) -> Any:
+    async def control(self, op: S.ControlOp, timeout: float = 600.0) -> Any:
         self._check()
         cid = next(self.ids)
         fut = asyncio.get_running_loop().create_future()
         self.futures[cid] = fut
         try:
-            self._send(P.encode(P.Control(cid, op, args or {})))
+            self._send(S.encode(S.Control(cid, op)))
             reply = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
-            raise TritonError("UNAVAILABLE", f"the server's broker did not answer '{op}' in time") from None
+            raise unavailable(f"the server's broker did not answer '{type(op).__name__}' in time") from None
         finally:
             self.futures.pop(cid, None)
         if reply.error is not None:
-            raise TritonError(reply.error.code, reply.error.message)
+            raise reply.error
         return reply.result
 
-    def release_outputs(self, reply: P.InferReply) -> None:
-        leases = sorted({d.lease for d in reply.outputs if d.lease})
+    def release_outputs(self, reply: S.InferReply) -> None:
+        leases = sorted({S.lease_of(d) for d in reply.outputs} - {0})
         if leases and self.sock is not None:
-            try:
-                self._send(P.encode(P.Release(reply.owner, leases)))
-            except TritonError:
-                pass
+            self._send_quietly(S.encode(S.Release(reply.owner, leases)))
+
+    def _send_quietly(self, frame: bytes) -> None:
+        try:
+            self._send(frame)
+        except TritonError:
+            pass
 
     def close(self) -> None:
         for t in self.tasks:

@@ -12,21 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from tritond.broker import protocol as P
-from tritond.repository.datatypes import (
-    CONFIG_TO_WIRE, ELEMENT_SIZE, WIRE_TYPES, bytes_to_array, element_count,
-)
+from tritond.repository.datatypes import ELEMENT_SIZE, WIRE_TYPES, bytes_to_array, element_count, serialize_bytes
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
+from tritond.wire import schema as S
+from tritond.wire.errors import internal, invalid, request_prefix as prefix
 
 from .broker_client import BrokerClient
-from .errors import TritonError, invalid
 
 RESERVED_PREFIX = "triton_"
-
-
-def prefix(request_id: str) -> str:
-    return f"[request id: {request_id or '<id_unknown>'}] "
 
 
 def dims_str(dims) -> str:
@@ -73,7 +67,7 @@ class InferResult:
     model_version: int
     id: str
     outputs: list[OutputTensor]
-    reply: P.InferReply | None = None
+    reply: S.InferReply | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
@@ -155,19 +149,19 @@ class Dataplane:
         self.arena = arena
         self.maps = maps
 
-    def entry(self, name: str, version: int = -1) -> P.ModelEntry:
+    def entry(self, name: str, version: int = -1) -> S.ModelEntry:
         return self.client.table.resolve(name, version)
 
     # ---------------------------------------------------------------- validation
 
-    def validate(self, entry: P.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
+    def validate(self, entry: S.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
                  request_id: str) -> None:
         """Triton's request normalization checks, in Triton's order, with its messages."""
-        cfg = entry.config or {}
+        view = entry.view or S.ModelView()
         model = entry.name
         pre = prefix(request_id)
-        config_inputs = {i["name"]: i for i in cfg.get("input", [])}
-        config_outputs = {o["name"] for o in cfg.get("output", [])}
+        config_inputs = view.inputs
+        config_outputs = view.outputs
         seen: set[str] = set()
         for t in inputs:
             if t.name in seen:
@@ -181,7 +175,7 @@ class Dataplane:
         for o in outputs:
             if o.name not in config_outputs:
                 raise invalid(f"unexpected inference output '{o.name}' for model '{model}'")
-        required = [n for n, i in config_inputs.items() if not i.get("optional")]
+        required = [n for n, i in config_inputs.items() if not i.optional]
         total = len(config_inputs)
         if len(inputs) > total or len(inputs) < len(required):
             if len(required) == total:
@@ -195,11 +189,11 @@ class Dataplane:
         for t in inputs:
             if t.name not in config_inputs:
                 raise invalid(f"unexpected inference input '{t.name}' for model '{model}'")
-        mbs = int(cfg.get("max_batch_size", 0) or 0)
+        mbs = view.max_batch_size
         batch = None
         if mbs > 0:
             for t in inputs:
-                if config_inputs[t.name].get("is_shape_tensor"):
+                if config_inputs[t.name].shape_tensor:
                     continue
                 if not t.shape:
                     raise invalid(f"{pre}input '{t.name}' has no shape but model requires batch dimension "
@@ -216,17 +210,17 @@ class Dataplane:
             self._validate_input(t, config_inputs[t.name], model, mbs, request_id)
 
     @staticmethod
-    def _validate_input(t: InputTensor, ci: dict[str, Any], model: str, mbs: int, request_id: str) -> None:
+    def _validate_input(t: InputTensor, ci: S.TensorView, model: str, mbs: int, request_id: str) -> None:
         pre = prefix(request_id)
-        expected_type = CONFIG_TO_WIRE.get(ci.get("data_type", ""), "")
+        expected_type = ci.datatype
         if t.datatype not in WIRE_TYPES:
             raise invalid(f"{pre}invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'")
         if t.datatype != expected_type:
             raise invalid(f"{pre}inference input '{t.name}' data-type is '{t.datatype}', but model "
                           f"'{model}' expects '{expected_type}'")
-        dims = [int(d) for d in ci.get("dims", [])]
+        dims = ci.dims
         shape = list(t.shape)
-        batched = mbs > 0 and not ci.get("is_shape_tensor")
+        batched = mbs > 0 and not ci.shape_tensor
         body = shape[1:] if batched else shape
         if any(d < 0 for d in shape):
             raise invalid(f"{pre}All input dimensions should be specified for input '{t.name}' for model "
@@ -259,7 +253,7 @@ class Dataplane:
 
     # ---------------------------------------------------------------- execution
 
-    async def infer(self, entry: P.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
+    async def infer(self, entry: S.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
                     opts: RequestOptions) -> InferResult:
         self.validate(entry, inputs, outputs, opts.id)
         blocks = []
@@ -267,24 +261,24 @@ class Dataplane:
         inline_total = 0
         try:
             for t in inputs:
-                d = P.TensorDesc(t.name, t.datatype, list(t.shape))
+                loc: S.Loc
                 if t.region:
-                    d.region, d.offset, d.nbytes = t.region, t.offset, t.nbytes
+                    loc = S.Region(t.region, t.offset, t.nbytes)
                 else:
                     n = len(t.data)
-                    if n <= P.INLINE_MAX and inline_total + n <= P.INLINE_BUDGET:
-                        d.data = bytes(t.data)
+                    if n <= S.INLINE_MAX and inline_total + n <= S.INLINE_BUDGET:
+                        loc = S.Inline(bytes(t.data))
                         inline_total += n
                     else:
                         block = self.arena.alloc(n)
                         block.view[:n] = t.data
                         blocks.append(block)
-                        d.seg, d.offset, d.nbytes = block.seg, block.offset, n
-                descs.append(d)
-            specs = [
-                P.OutputSpec(o.name, o.region, "", o.offset, o.nbytes, o.classification) for o in outputs
-            ]
-            msg = P.Infer(self.client.next_id(), entry.name, entry.version, descs, specs, opts.id,
+                        loc = S.Block(block.seg, block.offset, n)
+                descs.append(S.TensorDesc(t.name, t.datatype, list(t.shape), loc))
+            specs = [S.OutputSpec(o.name, o.classification,
+                                  region=S.Region(o.region, o.offset, o.nbytes) if o.region else None)
+                     for o in outputs]
+            msg = S.Infer(self.client.next_id(), entry.name, entry.version, descs, specs, opts.id,
                           opts.params, opts.priority, opts.timeout_us, opts.correlation_id, opts.flags)
             reply = await self.client.infer(msg, on_orphan=lambda held=blocks: self._free(held))
         except asyncio.CancelledError:
@@ -293,26 +287,30 @@ class Dataplane:
         finally:
             self._free(blocks)
         if reply.error is not None:
-            raise TritonError(reply.error.code, reply.error.message)
+            raise reply.error
         try:
             return self._outputs(entry, outputs, opts, reply)
         except Exception:
             self.client.release_outputs(reply)
             raise
 
-    def _outputs(self, entry: P.ModelEntry, outputs: list[OutputRequest], opts: RequestOptions,
-                 reply: P.InferReply) -> InferResult:
+    def _outputs(self, entry: S.ModelEntry, outputs: list[OutputRequest], opts: RequestOptions,
+                 reply: S.InferReply) -> InferResult:
         wanted = {o.name: o for o in outputs}
         result_outputs = []
         for d in reply.outputs:
-            if d.data is not None:
-                data = d.data
-            elif d.region:
-                data = None
-            else:
-                data = self.maps.view(d.seg, d.offset, d.nbytes)
+            loc = d.loc
+            region = ""
+            if isinstance(loc, S.Inline):
+                data = loc.data
+            elif isinstance(loc, S.Region):
+                data, region = None, loc.name
+            elif isinstance(loc, S.Block):
+                data = self.maps.view(loc.seg, loc.offset, loc.nbytes)
+            else:       # device memory is only ever handed to workers
+                raise internal(f"output '{d.name}' was left in device memory")
             o = wanted.get(d.name)
-            result_outputs.append(OutputTensor(d.name, d.datatype, list(d.shape), data, d.region,
+            result_outputs.append(OutputTensor(d.name, d.datatype, list(d.shape), data, region,
                                                o.binary if o else None))
         if outputs:
             order = {o.name: i for i, o in enumerate(outputs)}
@@ -326,16 +324,15 @@ class Dataplane:
         for block in blocks:
             self.arena.free(block.seg, block.offset)
 
-    def _classify(self, outputs: list[OutputTensor], req: OutputRequest, entry: P.ModelEntry) -> None:
+    def _classify(self, outputs: list[OutputTensor], req: OutputRequest, entry: S.ModelEntry) -> None:
         """Triton's classification extension: top-k "value:index" strings per batch row."""
-        from tritond.repository.datatypes import serialize_bytes
         for i, t in enumerate(outputs):
             if t.name != req.name:
                 continue
             if t.datatype == "BYTES":
                 raise invalid(f"class result not available for output due to unsupported type '{t.datatype}'")
             arr = t.as_numpy()
-            batching = int((entry.config or {}).get("max_batch_size", 0) or 0) > 0
+            batching = entry.view is not None and entry.view.max_batch_size > 0
             rows = arr.reshape(arr.shape[0], -1) if batching else arr.reshape(1, -1)
             k = min(req.classification, rows.shape[1])
             labels = []

@@ -1,41 +1,30 @@
-"""Triton error codes and the one place that maps them to HTTP statuses and gRPC codes."""
+"""The one place that maps Triton's error codes to HTTP statuses and gRPC codes."""
 from __future__ import annotations
 
+from tritond.wire.errors import Code, TritonError
+
 HTTP_STATUS = {
-    "INTERNAL": 500,
-    "NOT_FOUND": 404,
-    "UNAVAILABLE": 503,
-    "UNSUPPORTED": 501,
-    "INVALID_ARG": 400,
-    "ALREADY_EXISTS": 400,
-    "CANCELLED": 400,
-    "UNKNOWN": 400,
+    Code.INTERNAL: 500,
+    Code.NOT_FOUND: 404,
+    Code.UNAVAILABLE: 503,
+    Code.UNSUPPORTED: 501,
+    Code.INVALID_ARG: 400,
+    Code.ALREADY_EXISTS: 400,
+    Code.CANCELLED: 400,
+    Code.UNKNOWN: 400,
 }
 
 GRPC_CODE_NAME = {
-    "INTERNAL": "INTERNAL",
-    "NOT_FOUND": "NOT_FOUND",
-    "UNAVAILABLE": "UNAVAILABLE",
-    "UNSUPPORTED": "UNIMPLEMENTED",
-    "INVALID_ARG": "INVALID_ARGUMENT",
-    "ALREADY_EXISTS": "ALREADY_EXISTS",
-    "CANCELLED": "CANCELLED",
-    "UNKNOWN": "UNKNOWN",
+    Code.INTERNAL: "INTERNAL",
+    Code.NOT_FOUND: "NOT_FOUND",
+    Code.UNAVAILABLE: "UNAVAILABLE",
+    Code.UNSUPPORTED: "UNIMPLEMENTED",
+    Code.INVALID_ARG: "INVALID_ARGUMENT",
+    Code.ALREADY_EXISTS: "ALREADY_EXISTS",
+    Code.CANCELLED: "CANCELLED",
+    Code.UNKNOWN: "UNKNOWN",
 }
 
 
-class TritonError(Exception):
-    """An error a client caused or must see, carrying Triton's code name."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-    @property
-    def http_status(self) -> int:
-        return HTTP_STATUS.get(self.code, 500)
-
-
-def invalid(message: str) -> TritonError:
-    return TritonError("INVALID_ARG", message)
+def http_status(e: TritonError) -> int:
+    return HTTP_STATUS.get(e.code, 500)

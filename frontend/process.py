@@ -11,10 +11,10 @@ import os
 import signal
 from typing import AsyncIterator
 
-from tritond.broker.addresses import Addresses
-from tritond.broker.process import die_with_parent, setup_logging
+from tritond.process import die_with_parent, setup_logging
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
+from tritond.wire.addresses import Addresses
 
 from .broker_client import BrokerClient
 from .dataplane import Dataplane

@@ -6,8 +6,6 @@ server can list it as UNAVAILABLE and keep serving the others.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-
 from tritonclient.grpc import model_config_pb2
 
 from .advice import config_advice
@@ -16,21 +14,10 @@ from .config import OVERRIDE_FILE, config_path, load_model_config, validate_conf
 from .ensemble import validate_ensemble
 from .errors import ConfigError
 from .layout import ModelSource, scan, validate_model_name, version_dirs
+from .spec import ModelSpec
 from .versions import select_versions
 
 NO_VERSION = "no version is available"
-
-
-@dataclass
-class ModelSpec:
-    """A model ready to load (`config` set, `error` empty) or the reason it is unavailable."""
-
-    name: str
-    path: str
-    config: model_config_pb2.ModelConfig | None
-    versions: list[int]
-    error: str = ""
-    advice: list[str] = field(default_factory=list)
 
 
 def load_spec(

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2
 
 from .backends import ENSEMBLE_PLATFORM, PYTHON
 from .config import config_path, parse_config_text
 from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from .catalog import ModelSpec
+from .spec import ModelSpec
 
 DataType = model_config_pb2.DataType
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import posix_ipc
 
+from tritond.wire.errors import Code, TritonError
+
 from .naming import internal_inodes, is_internal_key
 
 U64_MAX = (1 << 64) - 1
@@ -24,13 +26,6 @@ CUDA = "cuda"
 CUDA_PREFIX = "cuda:"
 CUDA_HANDLE_BYTES = 64
 PYTHON_BACKEND_PREFIX = "triton_python_backend_shm_region_"
-
-
-class RegionError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass
@@ -66,13 +61,13 @@ def _object_size(name: str, key: str, path: str) -> int:
     try:
         shm = posix_ipc.SharedMemory(path)
     except (posix_ipc.Error, OSError, ValueError):
-        raise RegionError("INTERNAL", f"Unable to open shared memory region: '{key}'") from None
+        raise TritonError(Code.INTERNAL, f"Unable to open shared memory region: '{key}'") from None
     try:
         st = os.fstat(shm.fd)
     finally:
         shm.close_fd()
     if st.st_nlink > 1 and (st.st_dev, st.st_ino) in internal_inodes():
-        raise RegionError("INVALID_ARG", f"cannot register shared memory region '{name}' - "
+        raise TritonError(Code.INVALID_ARG, f"cannot register shared memory region '{name}' - "
                                          f"the key is reserved for internal use")
     return st.st_size
 
@@ -90,21 +85,21 @@ class RegionTable:
     def register(self, name: str, key: str, offset: int, byte_size: int) -> Region:
         stripped = key.lstrip("/") if isinstance(key, str) else ""
         if stripped.startswith(PYTHON_BACKEND_PREFIX):
-            raise RegionError("INVALID_ARG", f"cannot register shared memory region '{name}' with key '{key}' as "
+            raise TritonError(Code.INVALID_ARG, f"cannot register shared memory region '{name}' with key '{key}' as "
                                              f"the key contains the reserved prefix '{PYTHON_BACKEND_PREFIX}'")
         if is_internal_key(stripped):
             # Never echo the key: it names (or imitates) one of the server's own segments.
-            raise RegionError("INVALID_ARG", f"cannot register shared memory region '{name}' - "
+            raise TritonError(Code.INVALID_ARG, f"cannot register shared memory region '{name}' - "
                                              f"the key is reserved for internal use")
         self._check_new(name)
         if not stripped or "/" in stripped or "\0" in stripped:
-            raise RegionError("INVALID_ARG", f"cannot register shared memory region '{name}' - "
+            raise TritonError(Code.INVALID_ARG, f"cannot register shared memory region '{name}' - "
                                              f"invalid shm key '{key}'")
         if not _is_uint(offset) or not _is_uint(byte_size):
-            raise RegionError("INVALID_ARG", f"failed to register shared memory region '{name}': invalid args")
+            raise TritonError(Code.INVALID_ARG, f"failed to register shared memory region '{name}': invalid args")
         path = "/" + stripped
         if offset + byte_size > _object_size(name, key, path):
-            raise RegionError("INVALID_ARG", f"failed to register shared memory region '{name}': invalid args")
+            raise TritonError(Code.INVALID_ARG, f"failed to register shared memory region '{name}': invalid args")
         region = Region(name, key, offset, byte_size, path)
         self.regions[name] = region
         return region
@@ -114,14 +109,14 @@ class RegionTable:
         self._check_new(name)
         if not isinstance(handle, bytes) or len(handle) != CUDA_HANDLE_BYTES \
                 or not _is_uint(device_id) or not _is_uint(byte_size):
-            raise RegionError("INVALID_ARG", f"failed to register shared memory region '{name}': invalid args")
+            raise TritonError(Code.INVALID_ARG, f"failed to register shared memory region '{name}': invalid args")
         region = Region(name, "", 0, byte_size, cuda_location(device_id, byte_size, handle), CUDA, device_id)
         self.regions[name] = region
         return region
 
     def _check_new(self, name: str) -> None:
         if name in self.regions:
-            raise RegionError("ALREADY_EXISTS", f"shared memory region '{name}' already in manager")
+            raise TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
 
     def unregister(self, name: str | None, kind: str = SYSTEM) -> list[str]:
         """Remove one region of `kind` (unknown or other kind: no-op) or all of that kind.
@@ -153,10 +148,10 @@ class RegionTable:
         region = self.regions.get(name)
         label = "system" if kind == SYSTEM else "cuda"
         if region is None:
-            raise RegionError("NOT_FOUND", f"Unable to find {label} shared memory region: '{name}'")
+            raise TritonError(Code.NOT_FOUND, f"Unable to find {label} shared memory region: '{name}'")
         if region.kind != kind:
             have, want = ("CUDA", "system") if region.kind == CUDA else ("system", "CUDA")
-            raise RegionError("NOT_FOUND", f"The region named '{name}' is registered as {have} shared memory, "
+            raise TritonError(Code.NOT_FOUND, f"The region named '{name}' is registered as {have} shared memory, "
                                            f"not {want} shared memory")
         return [region.status()]
 
@@ -165,18 +160,16 @@ class RegionTable:
         return (region, offset from the start of the region's location)."""
         region = self.regions.get(name)
         if region is None:
-            raise RegionError("NOT_FOUND", f"Unable to find shared memory region: '{name}'")
+            raise TritonError(Code.NOT_FOUND, f"Unable to find shared memory region: '{name}'")
         last = max(region.byte_size - 1, 0)
         if not _is_uint(offset) or offset > last:
-            raise RegionError("INVALID_ARG", f"Invalid offset for shared memory region: '{name}'")
+            raise TritonError(Code.INVALID_ARG, f"Invalid offset for shared memory region: '{name}'")
         if not _is_uint(byte_size) or byte_size > U64_MAX - offset:
-            raise RegionError(
-                "INVALID_ARG",
-                f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) exceeds maximum value "
+            raise TritonError(Code.INVALID_ARG, f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) exceeds maximum value "
                 f"({U64_MAX}) for region '{name}'",
             )
         if offset + byte_size > region.byte_size:
-            raise RegionError("INVALID_ARG", f"Invalid offset + byte size for shared memory region: '{name}'")
+            raise TritonError(Code.INVALID_ARG, f"Invalid offset + byte size for shared memory region: '{name}'")
         return region, region.offset + offset
 
     # ------------------------------------------------------------ in-flight uses

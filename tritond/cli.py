@@ -10,7 +10,7 @@ from .options import UsageError, server_options, start_parser
 
 
 def cmd_start(argv: list[str]) -> int:
-    from tritond.broker.process import setup_logging
+    from tritond.process import setup_logging
     from .supervisor import Supervisor
     try:
         args = start_parser().parse_args(argv)

@@ -26,8 +26,8 @@ from typing import Any
 
 import zmq
 
-from tritond.broker import protocol as P
-from tritond.broker.addresses import Addresses
+from tritond.wire import schema as S
+from tritond.wire.addresses import Addresses
 from tritond.mps import MpsError, from_options
 from tritond.shm.naming import PREFIX, new_server_id, owner_prefix, sweep
 
@@ -89,8 +89,8 @@ class Supervisor:
         self.addr = Addresses(self.run_dir)
         self.ctx = zmq.Context()
         self.sock: zmq.Socket | None = None
-        self.decoder = P.decoder(P.BrokerToFrontend)
-        self.table: P.Table | None = None
+        self.decoder = S.decoder(S.BrokerToFrontend)
+        self.table: S.Table | None = None
         self.broker = Child("broker", "tritond.broker.main")
         self.frontends: list[Child] = []
         self.sig_r, sig_w = os.pipe()
@@ -115,20 +115,20 @@ class Supervisor:
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.addr.frontends)
-        self.sock.send(P.encode(P.Hello("supervisor", os.getpid())))
+        self.sock.send(S.encode(S.Hello(S.PROTOCOL_VERSION, "supervisor", os.getpid())))
 
-    def control(self, op: str, timeout: float) -> Any:
+    def control(self, op: S.ControlOp, timeout: float) -> Any:
         """Send a control op to the broker and wait for its answer (None on timeout/death)."""
         self.cids += 1
         cid = self.cids
-        self.sock.send(P.encode(P.Control(cid, op, {})))
+        self.sock.send(S.encode(S.Control(cid, op)))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.broker.proc.poll() is not None:
                 return None
             if self.sock.poll(100):
                 msg = self.decoder.decode(self.sock.recv())
-                if isinstance(msg, P.ControlReply) and msg.cid == cid:
+                if isinstance(msg, S.ControlReply) and msg.cid == cid:
                     return msg.result
         return None
 
@@ -150,7 +150,7 @@ class Supervisor:
                 raise Interrupted("interrupted during startup")
             if self.sock.poll(100):
                 msg = self.decoder.decode(self.sock.recv())
-                if isinstance(msg, P.Table):
+                if isinstance(msg, S.Table):
                     self.table = msg
                     if msg.startup_done:
                         return
@@ -191,7 +191,7 @@ class Supervisor:
     def failed_models(self) -> list[str]:
         if self.table is None:
             return []
-        return [f"'{e.name}' version {e.version}: {e.reason}" for e in self.table.models if e.state != "READY"]
+        return [f"'{e.name}' version {e.version}: {e.reason}" for e in self.table.models if e.state is not S.ModelState.READY]
 
     def run(self) -> int:
         log.info("server id %s: its shared-memory segments are /dev/shm/%s%s.*", self.server_id, PREFIX,
@@ -264,7 +264,7 @@ class Supervisor:
                 return self.graceful_stop()
             while self.sock.poll(0):
                 msg = self.decoder.decode(self.sock.recv())
-                if isinstance(msg, P.Table):
+                if isinstance(msg, S.Table):
                     self.table = msg
             for c in children:
                 if c.pidfd in events:
@@ -327,7 +327,7 @@ class Supervisor:
     def graceful_stop(self) -> int:
         """Drain in-flight work within --exit-timeout-secs, then stop every process."""
         log.info("stopping: draining in-flight requests (timeout %gs)", self.opts["exit_timeout_secs"])
-        result = self.control("drain", self.opts["exit_timeout_secs"] + 5)
+        result = self.control(S.Drain(), self.opts["exit_timeout_secs"] + 5)
         drained = bool(result and result.get("drained"))
         self.stop_all()
         if not drained:
@@ -351,7 +351,7 @@ class Supervisor:
         p = self.broker.proc
         if p is None or p.poll() is not None:
             return
-        self.control("stop", 2.0)
+        self.control(S.StopServer(), 2.0)
         try:
             p.wait(10)
         except subprocess.TimeoutExpired:

@@ -14,24 +14,35 @@ import itertools
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import zmq
 
-from tritond.broker import protocol as P
 from tritond.repository.datatypes import array_to_bytes, numpy_to_wire
+from tritond.shm.arena import Arena
+from tritond.shm.mapping import SegmentMaps
+from tritond.wire import schema as P
+from tritond.wire.errors import TritonError
 
 from .tensors import desc_to_array
-
-if TYPE_CHECKING:
-    from .main import Worker
 
 log = logging.getLogger("tritond.worker")
 
 
+class Caller(Protocol):
+    """What a BLS call uses of its worker (workers/main.py)."""
+    sock: zmq.Socket
+    arena: Arena
+    maps: SegmentMaps
+    decoder: Any
+    stop_requested: bool
+
+    def handle_side(self, msg: Any) -> bool: ...
+
+
 class BlsClient:
-    def __init__(self, worker: "Worker") -> None:
+    def __init__(self, worker: Caller) -> None:
         self.w = worker
         self.cond = threading.Condition()
         self.rids = itertools.count(1)
@@ -51,8 +62,8 @@ class BlsClient:
 
     def infer(self, model_name: str, model_version: int, inputs: dict[str, np.ndarray],
               requested_output_names: list[str], request_id: str, parameters: dict,
-              correlation_id: Any, flags: int, timeout_us: int) -> tuple[dict[str, np.ndarray], tuple[str, str] | None]:
-        """pb_utils' BLS handler: run one request on `model_name`; (outputs, None) or ({}, (code, message))."""
+              correlation_id: Any, flags: int, timeout_us: int) -> tuple[dict[str, np.ndarray], TritonError | None]:
+        """pb_utils' BLS handler: run one request on `model_name`; (outputs, None) or ({}, error)."""
         w = self.w
         blocks = []
         descs = []
@@ -70,11 +81,11 @@ class BlsClient:
             for block in blocks:
                 w.arena.free(block.seg, block.offset)
         if reply.error is not None:
-            return {}, (reply.error.code, reply.error.message)
+            return {}, reply.error
         try:
             outputs = {d.name: np.array(desc_to_array(d, w.maps), copy=True) for d in reply.outputs}
         finally:
-            leases = sorted({d.lease for d in reply.outputs if d.lease})
+            leases = sorted({P.lease_of(d) for d in reply.outputs} - {0})
             if leases:
                 self._send_later(P.encode(P.Release(reply.owner, leases)))
         return outputs, None
@@ -85,16 +96,13 @@ class BlsClient:
         datatype = numpy_to_wire(arr.dtype)
         payload = array_to_bytes(arr, datatype)
         size = len(payload) if isinstance(payload, bytes) else payload.nbytes
-        desc = P.TensorDesc(name, datatype, list(arr.shape))
         if size <= P.INLINE_MAX and inline[0] + size <= P.INLINE_BUDGET:
-            desc.data = bytes(payload)
             inline[0] += size
-            return desc
+            return P.TensorDesc(name, datatype, list(arr.shape), P.Inline(bytes(payload)))
         block = self.w.arena.alloc(size)
         blocks.append(block)
         block.view[:size] = payload
-        desc.seg, desc.offset, desc.nbytes = block.seg, block.offset, size
-        return desc
+        return P.TensorDesc(name, datatype, list(arr.shape), P.Block(block.seg, block.offset, size))
 
     # ---------------------------------------------------------------- socket I/O
 

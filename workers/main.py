@@ -10,7 +10,6 @@ and the broker restarts it.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import signal
@@ -18,13 +17,15 @@ import sys
 import threading
 import time
 
+import msgspec
 import zmq
 
-from tritond.broker import protocol as P
-from tritond.broker.process import EXIT_NO_MEMORY, die_with_parent, limit_memory, setup_logging
+from tritond.process import EXIT_NO_MEMORY, die_with_parent, limit_memory, setup_logging
 from tritond.repository.parameters import config_parameter
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
+from tritond.wire import schema as P
+from tritond.wire.errors import internal, invalid
 
 from .backends import create
 from .backends.base import InstanceInfo, WorkerRequest
@@ -37,29 +38,29 @@ log = logging.getLogger("tritond.worker")
 HEARTBEAT_INTERVAL_S = 0.5
 
 
-def heartbeat(ctx: zmq.Context, spec: dict, stop: threading.Event) -> None:
+def heartbeat(ctx: zmq.Context, spec: P.WorkerSpec, stop: threading.Event) -> None:
     sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, spec["identity"].encode() + b":hb")
+    sock.setsockopt(zmq.IDENTITY, P.heartbeat_identity(spec.identity.encode()))
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(spec["workers"])
+    sock.connect(spec.workers)
     frame = P.encode(P.Heartbeat())
     while not stop.wait(HEARTBEAT_INTERVAL_S):
-        if os.getppid() != spec["broker_pid"]:
+        if os.getppid() != spec.broker_pid:
             os._exit(1)
         sock.send(frame, zmq.NOBLOCK)
     sock.close()
 
 
 class Worker:
-    def __init__(self, spec: dict) -> None:
+    def __init__(self, spec: P.WorkerSpec) -> None:
         self.spec = spec
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, spec["identity"].encode())
+        self.sock.setsockopt(zmq.IDENTITY, spec.identity.encode())
         self.sock.setsockopt(zmq.LINGER, 2000)
-        self.sock.connect(spec["workers"])
+        self.sock.connect(spec.workers)
         self.maps = SegmentMaps()
-        self.arena = Arena(spec["server_id"], f"w{os.getpid()}")
+        self.arena = Arena(spec.server_id, f"w{os.getpid()}")
         lease_ids = itertools.count(1)          # one numbering: a Release names an arena block or an export
         self.leases = Leases(self.arena, lease_ids)
         self.exports = Exports(lease_ids)       # device outputs handed on by CUDA IPC handle
@@ -91,21 +92,21 @@ class Worker:
 
     def load(self):
         s = self.spec
-        limit = config_parameter(s["config"], "memory_limit_bytes")
+        limit = config_parameter(s.config, "memory_limit_bytes")
         if limit:
             if not limit.isdigit():
                 raise ValueError(f"parameter memory_limit_bytes must be a number of bytes, got '{limit}'")
             limit_memory(int(limit))
         info = InstanceInfo(
-            model_name=s["model"], model_version=s["version"], model_dir=s["model_dir"],
-            version_dir=s["version_dir"], instance_name=s["instance_name"], kind=s["kind"],
-            device_id=s["device_id"], model_repository=s["repository"],
+            model_name=s.model, model_version=s.version, model_dir=s.model_dir,
+            version_dir=s.version_dir, instance_name=s.instance_name, kind=s.kind,
+            device_id=s.device_id, model_repository=s.repository,
         )
-        backend = create(s["config"], info)
+        backend = create(s.config, info)
         completed = backend.auto_complete()
         if completed is not None:
             backend.config = completed
-        if s["config"].get("backend") == "python":
+        if s.config.get("backend") == "python":
             from . import pb_utils
             pb_utils.set_bls_handler(self.bls.infer)
         backend.load()
@@ -120,7 +121,7 @@ class Worker:
             try:
                 inputs = {d.name: desc_to_array(d, self.maps, self.imports, on_device) for d in r.inputs}
             except Exception as e:  # malformed BYTES payload, vanished region
-                slots.append((None, r.outputs, P.Err("INVALID_ARG", f"failed to read inputs: {e}")))
+                slots.append((None, r.outputs, invalid(f"failed to read inputs: {e}")))
                 continue
             requests.append(WorkerRequest(inputs, [o.name for o in r.outputs], r.id, r.params,
                                           r.correlation_id, r.flags, r.timeout_us))
@@ -132,7 +133,7 @@ class Worker:
         except MemoryError:
             raise
         except Exception as e:
-            responses, batch_error = [], P.Err("INTERNAL", str(e) or type(e).__name__)
+            responses, batch_error = [], internal(str(e) or type(e).__name__)
         t2 = time.monotonic_ns()
         it = iter(responses)
         per_request = []
@@ -143,8 +144,7 @@ class Worker:
                 per_request.append((None, r.outputs, batch_error))
             else:
                 resp = next(it)
-                err = P.Err(*resp.error) if resp.error else None
-                per_request.append((resp.outputs, r.outputs, err))
+                per_request.append((resp.outputs, r.outputs, resp.error))
         results = write_outputs(per_request, self.maps, self.leases, self.exports, self.imports)
         self.close_imports()
         t3 = time.monotonic_ns()
@@ -166,16 +166,16 @@ class Worker:
             backend, completed = self.load()
         except BaseException as e:
             text = str(e) or type(e).__name__
-            log.error("failed to load model '%s': %s", self.spec["model"], text)
+            log.error("failed to load model '%s': %s", self.spec.model, text)
             self.send(P.WorkerDown(text))
             stop.set()
             self.close()
             return 1
-        self.send(P.WorkerUp(os.getpid(), completed))
+        self.send(P.WorkerUp(P.PROTOCOL_VERSION, os.getpid(), completed))
         try:
             self.serve(backend)
         except MemoryError:
-            out_of_memory(self.spec["model"])
+            out_of_memory(self.spec.model)
         stop.set()
         try:
             backend.close()
@@ -202,8 +202,8 @@ class Worker:
 
 def log_device_traffic(msg: P.Exec, results: list[P.ExecResult], on_device: bool) -> None:
     """With --log-verbose: how many tensors of a batch crossed by CUDA IPC handle."""
-    opened = sum(1 for r in msg.requests for d in r.inputs if d.cuda_handle)
-    exported = sum(1 for r in results for d in r.outputs if d.cuda_handle)
+    opened = sum(1 for r in msg.requests for d in r.inputs if isinstance(d.loc, P.Device))
+    exported = sum(1 for r in results for d in r.outputs if isinstance(d.loc, P.Device))
     if opened:
         log.debug("batch %d: %d input(s) opened by CUDA IPC handle, %s", msg.bid, opened,
                   "used on the device" if on_device else "copied to the host")
@@ -220,11 +220,11 @@ def out_of_memory(model: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(argv[1])
-    die_with_parent(spec["broker_pid"])
+    spec = msgspec.json.decode(argv[1], type=P.WorkerSpec)
+    die_with_parent(spec.broker_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the broker stops workers by message
-    setup_logging(int(spec.get("log_verbose", 0)), f"worker:{spec['instance_name']}")
+    setup_logging(spec.log_verbose, f"worker:{spec.instance_name}")
     return Worker(spec).run()
 
 

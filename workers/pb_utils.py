@@ -308,7 +308,7 @@ def set_bls_handler(handler: BlsHandler | None) -> None:
     """Install the worker's BLS entry point.
 
     handler(model_name, model_version, inputs, requested_output_names, request_id,
-    parameters, correlation_id, flags, timeout_us) -> (outputs, error (code_name, message) | None)
+    parameters, correlation_id, flags, timeout_us) -> (outputs, tritond.wire.errors.TritonError | None)
     """
     global _bls_handler
     _bls_handler = handler
@@ -414,9 +414,7 @@ class InferenceRequest:
         except Exception as exc:  # the caller gets an error response, as from Triton's Exec
             return InferenceResponse(error=TritonError(str(exc)))
         if error is not None:
-            code_name, message = error
-            code = ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL)
-            return InferenceResponse(error=TritonError(message, code))
+            return InferenceResponse(error=TritonError(error.message, ErrorCode[error.code.name]))
         return InferenceResponse([Tensor(name, array) for name, array in outputs.items()])
 
 

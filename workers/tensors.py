@@ -16,11 +16,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from tritond.broker.protocol import INLINE_BUDGET, INLINE_MAX, Err, ExecResult, OutputSpec, TensorDesc
 from tritond.repository.datatypes import WIRE_TO_NUMPY, array_to_bytes, bytes_to_array, numpy_to_wire
 from tritond.shm.arena import ALIGN, Arena
 from tritond.shm.mapping import SegmentMaps
 from tritond.shm.regions import CUDA_PREFIX
+from tritond.wire.errors import TritonError, internal
+from tritond.wire.schema import (
+    INLINE_BUDGET, INLINE_MAX, Block, Device, ExecResult, Inline, OutputSpec, Region, TensorDesc,
+)
 
 from .cuda_ipc import CudaIpcError, DeviceArray, Exports, Imports, IpcRef, check, cuda_runtime, device_array, export
 
@@ -31,33 +34,37 @@ def desc_to_array(desc: TensorDesc, maps: SegmentMaps, imports: Imports | None =
                   on_device: bool = False) -> np.ndarray | DeviceArray:
     """The array a descriptor names. One handed over by CUDA IPC handle is opened through
     `imports` and stays a DeviceArray when `on_device`, else it is copied to the host."""
-    if desc.cuda_handle:
-        return _open_device(desc, imports, on_device)
-    if desc.data is not None:
-        return bytes_to_array(desc.data, desc.datatype, desc.shape)
-    if desc.seg.startswith(CUDA_PREFIX):
-        return bytes_to_array(maps.cuda.read(desc.seg, desc.offset, desc.nbytes), desc.datatype, desc.shape)
-    return bytes_to_array(maps.view(desc.seg, desc.offset, desc.nbytes), desc.datatype, desc.shape)
+    loc = desc.loc
+    if isinstance(loc, Inline):
+        return bytes_to_array(loc.data, desc.datatype, desc.shape)
+    if isinstance(loc, Device):
+        return _open_device(desc, loc, imports, on_device)
+    key = loc.key if isinstance(loc, Region) else loc.seg
+    if not key:
+        raise ValueError(f"'{desc.name}' names a shared-memory region the server did not resolve")
+    if key.startswith(CUDA_PREFIX):
+        return bytes_to_array(maps.cuda.read(key, loc.offset, loc.nbytes), desc.datatype, desc.shape)
+    return bytes_to_array(maps.view(key, loc.offset, loc.nbytes), desc.datatype, desc.shape)
 
 
-def _open_device(desc: TensorDesc, imports: Imports | None, on_device: bool) -> np.ndarray | DeviceArray:
+def _open_device(desc: TensorDesc, loc: Device, imports: Imports | None, on_device: bool) -> np.ndarray | DeviceArray:
     if imports is None:
         raise ValueError(f"'{desc.name}' is in another process's device memory, which this caller cannot open")
     if desc.datatype == "BYTES":
         raise ValueError(f"'{desc.name}' is a BYTES tensor, which never travels as device memory")
-    ref = IpcRef(desc.cuda_handle, desc.offset, desc.nbytes, desc.device)
+    ref = IpcRef(loc.handle, loc.offset, loc.nbytes, loc.device)
     array = imports.open(ref, desc.shape, WIRE_TO_NUMPY[desc.datatype])
     return array if on_device else array.copy_to_host()
 
 
-def _write_region(maps: SegmentMaps, spec: OutputSpec, payload: memoryview | bytes | DeviceArray, size: int) -> None:
+def _write_region(maps: SegmentMaps, region: Region, payload: memoryview | bytes | DeviceArray, size: int) -> None:
     if isinstance(payload, DeviceArray):
-        _copy_device_to_region(maps, spec, payload)
+        _copy_device_to_region(maps, region, payload)
         return
-    if spec.seg.startswith(CUDA_PREFIX):
-        maps.cuda.write(spec.seg, spec.offset, payload)
+    if region.key.startswith(CUDA_PREFIX):
+        maps.cuda.write(region.key, region.offset, payload)
         return
-    dst = maps.view(spec.seg, spec.offset, size)
+    dst = maps.view(region.key, region.offset, size)
     if not _same_memory(dst, payload):
         dst[:] = payload
 
@@ -72,14 +79,14 @@ def _same_memory(dst: memoryview, payload: memoryview | bytes) -> bool:
     return a.ctypes.data == b.ctypes.data
 
 
-def _copy_device_to_region(maps: SegmentMaps, spec: OutputSpec, array: DeviceArray) -> None:
+def _copy_device_to_region(maps: SegmentMaps, region: Region, array: DeviceArray) -> None:
     """A device output into a client's CUDA region, device to device (no host staging).
     The copy is waited for: the client reads the region as soon as it has the reply."""
     if not array.nbytes:
         return
-    dst, _device = maps.cuda.pointer(spec.seg)
+    dst, _device = maps.cuda.pointer(region.key)
     cudart = cuda_runtime()
-    check(cudart.cudaMemcpy(dst + spec.offset, array.ptr, array.nbytes,
+    check(cudart.cudaMemcpy(dst + region.offset, array.ptr, array.nbytes,
                             cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice), "cudaMemcpy")
     check(cudart.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
@@ -109,9 +116,9 @@ class Leases:
             self.arena.free(entry[0], entry[1])
 
 
-def _shm_too_small(name: str, have: int, need: int) -> Err:
-    return Err("INTERNAL", f"shared memory size specified with the request for output '{name}' "
-                           f"({have} bytes) should be at least {need} bytes to hold the results")
+def _shm_too_small(name: str, have: int, need: int) -> TritonError:
+    return internal(f"shared memory size specified with the request for output '{name}' "
+                    f"({have} bytes) should be at least {need} bytes to hold the results")
 
 
 def _exported(name: str, array: DeviceArray, imports: Imports | None) -> TensorDesc | None:
@@ -124,12 +131,12 @@ def _exported(name: str, array: DeviceArray, imports: Imports | None) -> TensorD
     except CudaIpcError as e:
         log.debug("output '%s' cannot be exported by CUDA IPC handle, copied to the host: %s", name, e)
         return None
-    return TensorDesc(name, numpy_to_wire(array.dtype), list(array.shape), offset=ref.offset, nbytes=ref.nbytes,
-                      cuda_handle=ref.handle, device=ref.device)
+    return TensorDesc(name, numpy_to_wire(array.dtype), list(array.shape),
+                      Device(ref.handle, ref.device, ref.offset, ref.nbytes))
 
 
 def write_outputs(
-    per_request: list[tuple[dict[str, Any] | None, list[OutputSpec], Err | None]],
+    per_request: list[tuple[dict[str, Any] | None, list[OutputSpec], TritonError | None]],
     maps: SegmentMaps,
     leases: Leases,
     exports: Exports | None = None,
@@ -148,9 +155,10 @@ def write_outputs(
             continue
         by_name = {s.name: s for s in specs}
         descs: list[TensorDesc] = []
-        error: Err | None = None
+        error: TritonError | None = None
         for name, value in outputs.items():
             spec = by_name.get(name) or OutputSpec(name)
+            region = spec.region
             try:
                 device = device_array(value)
                 if device is not None and spec.device_ok and exports is not None:
@@ -159,10 +167,10 @@ def write_outputs(
                         on_device.append((desc, device, req_index))
                         descs.append(desc)
                         continue
-                if device is not None and not spec.seg.startswith(CUDA_PREFIX):
+                if device is not None and not (region is not None and region.key.startswith(CUDA_PREFIX)):
                     value, device = device.copy_to_host(), None
             except Exception as e:  # a strided device tensor, a failed device-to-host copy
-                error = Err("INTERNAL", f"failed to read output '{name}' from the device: {e}")
+                error = internal(f"failed to read output '{name}' from the device: {e}")
                 break
             if device is not None:      # bound for a client's CUDA region: stays on the device
                 datatype, shape, payload, size = numpy_to_wire(device.dtype), device.shape, device, device.nbytes
@@ -172,25 +180,24 @@ def write_outputs(
                     datatype, shape = numpy_to_wire(arr.dtype), arr.shape
                     payload = array_to_bytes(arr, datatype)
                 except (ValueError, TypeError) as e:  # complex, ragged or otherwise unservable
-                    error = Err("INTERNAL", f"model returned output '{name}' that cannot be sent: {e}")
+                    error = internal(f"model returned output '{name}' that cannot be sent: {e}")
                     break
                 size = len(payload) if isinstance(payload, bytes) else payload.nbytes
-            desc = TensorDesc(name, datatype, list(shape))
-            if spec.seg:
-                if size > spec.nbytes:
-                    error = _shm_too_small(name, spec.nbytes, size)
+            if region is not None:
+                if size > region.nbytes:
+                    error = _shm_too_small(name, region.nbytes, size)
                     break
                 try:
-                    _write_region(maps, spec, payload, size)
+                    _write_region(maps, region, payload, size)
                 except Exception as e:  # region vanished or shrank, CUDA copy failed
-                    error = Err("INTERNAL", f"failed to write output '{name}' to shared memory: {e}")
+                    error = internal(f"failed to write output '{name}' to shared memory: {e}")
                     break
-                desc.region = spec.region
-                desc.nbytes = size
+                desc = TensorDesc(name, datatype, list(shape), Region(region.name, region.offset, size, region.key))
             elif size <= INLINE_MAX and inline_total + size <= INLINE_BUDGET:
-                desc.data = bytes(payload)
+                desc = TensorDesc(name, datatype, list(shape), Inline(bytes(payload)))
                 inline_total += size
             else:
+                desc = TensorDesc(name, datatype, list(shape), Inline(b""))     # placed below
                 large.append((desc, payload, req_index))
             descs.append(desc)
         results.append(ExecResult(error=error) if error else ExecResult(outputs=descs))
@@ -203,7 +210,7 @@ def write_outputs(
         off = 0
         for (desc, payload, _), size in zip(large, sizes):
             block.view[off:off + size] = payload
-            desc.seg, desc.offset, desc.nbytes, desc.lease = block.seg, block.offset + off, size, lease
+            desc.loc = Block(block.seg, block.offset + off, size, lease)
             off += (size + ALIGN - 1) & ~(ALIGN - 1)
         if not holders:
             leases.release(lease)
@@ -212,5 +219,5 @@ def write_outputs(
         if holders:
             lease = exports.add([a for _, a, i in on_device if i in holders], len(holders))
             for desc, _, _ in on_device:
-                desc.lease = lease
+                desc.loc.lease = lease
     return results

@@ -15,9 +15,10 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from tritond.repository.datatypes import WIRE_TO_NUMPY, WIRE_TYPES
+from tritond.wire import schema as S
+from tritond.wire.errors import invalid
 
 from ..dataplane import InferResult, InputTensor, OutputRequest, RequestOptions, split_parameters
-from ..errors import invalid
 
 INT64_MAX = (1 << 63) - 1
 EMPTY_FINAL = "triton_enable_empty_final_response"
@@ -279,25 +280,24 @@ def cuda_status(regions: list[dict[str, Any]]) -> pb.CudaSharedMemoryStatusRespo
     return out
 
 
-def load_arguments(request: Any) -> dict[str, Any]:
-    """The broker's `load` arguments: `config` must be a string_param, `file:` a bytes_param."""
-    args: dict[str, Any] = {"name": request.model_name}
+def load_model(request: Any) -> S.LoadModel:
+    """The broker's load operation: `config` must be a string_param, `file:` a bytes_param."""
+    op = S.LoadModel(request.model_name)
     files = {}
     for key, p in request.parameters.items():
         kind = p.WhichOneof("parameter_choice")
         if key == "config":
             if kind != "string_param":
                 raise invalid(f"invalid value type for load parameter '{key}', expected string_param.")
-            args["config"] = p.string_param
+            op.config = p.string_param
         elif key.startswith("file:"):
             if kind != "bytes_param":
                 raise invalid(f"invalid value type for load parameter '{key}', expected bytes_param.")
             files[key] = p.bytes_param
         else:
             raise invalid(f"unrecognized load parameter '{key}'.")
-    if files:
-        args["files"] = files
-    return args
+    op.files = files
+    return op
 
 
 def unload_dependents(request: Any) -> bool:

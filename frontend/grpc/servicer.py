@@ -17,9 +17,11 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from tritond.repository.render import config_from_json
+from tritond.wire import schema as S
+from tritond.wire.errors import Code, TritonError, unavailable
 
 from ..dataplane import Dataplane
-from ..errors import GRPC_CODE_NAME, TritonError
+from ..errors import GRPC_CODE_NAME
 from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
 from . import converters as cv
 
@@ -125,7 +127,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         table = self.client.table
         entry = table.resolve(request.name, version)
         versions = [str(version)] if version >= 0 else sorted(
-            (str(v) for v, e in table.by_name[request.name].items() if e.state == "READY"), key=int)
+            (str(v) for v, e in table.by_name[request.name].items() if e.state is S.ModelState.READY), key=int)
         return cv.model_metadata(model_metadata(entry.config or {}, request.name, versions))
 
     @rpc("model-config")
@@ -135,16 +137,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc("statistics")
     async def ModelStatistics(self, request, context):
-        stats = await self.client.control("stats", {"name": request.name,
-                                                     "version": cv.parse_version(request.version)})
+        stats = await self.client.control(S.Statistics(request.name, cv.parse_version(request.version)))
         return cv.model_statistics(stats)
 
     # ------------------------------------------------------------- inference
 
     async def _infer(self, request: pb.ModelInferRequest, decoupled_text: str) -> pb.ModelInferResponse:
         entry = self.dp.entry(request.model_name, cv.parse_version(request.model_version))
-        if (entry.config or {}).get("model_transaction_policy", {}).get("decoupled"):
-            raise TritonError("UNSUPPORTED", decoupled_text)
+        if entry.view is not None and entry.view.decoupled:
+            raise TritonError(Code.UNSUPPORTED, decoupled_text)
         opts = cv.request_options(request.parameters)
         opts.id = request.id
         result = await self.dp.infer(entry, cv.parse_inputs(request), cv.parse_outputs(request), opts)
@@ -184,7 +185,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 failed(request, e)
             except Exception:  # a bug must not take the stream down
                 log.exception("stream request failed")
-                failed(request, TritonError("INTERNAL", "internal error while handling the request"))
+                failed(request, TritonError(Code.INTERNAL, "internal error while handling the request"))
             finally:
                 self.inflight -= 1
 
@@ -192,7 +193,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             try:
                 async for request in request_iterator:
                     if self.stopping:
-                        failed(request, TritonError("UNAVAILABLE", SHUTTING_DOWN))
+                        failed(request, unavailable(SHUTTING_DOWN))
                         continue
                     task = asyncio.create_task(answer(request))
                     tasks.add(task)
@@ -222,66 +223,62 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @rpc("model-repository")
     async def RepositoryIndex(self, request, context):
         if request.repository_name:
-            raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
-        return cv.repository_index(await self.client.control("index", {"ready": request.ready}))
+            raise TritonError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
+        return cv.repository_index(await self.client.control(S.RepositoryIndex(request.ready)))
 
     @rpc("model-repository")
     async def RepositoryModelLoad(self, request, context):
         if request.repository_name:
-            raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
-        await self.client.control("load", cv.load_arguments(request))
+            raise TritonError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
+        await self.client.control(cv.load_model(request))
         return pb.RepositoryModelLoadResponse()
 
     @rpc("model-repository")
     async def RepositoryModelUnload(self, request, context):
         if request.repository_name:
-            raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
-        await self.client.control("unload", {"name": request.model_name,
-                                             "unload_dependents": cv.unload_dependents(request)})
+            raise TritonError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
+        await self.client.control(S.UnloadModel(request.model_name, cv.unload_dependents(request)))
         return pb.RepositoryModelUnloadResponse()
 
     # ------------------------------------------------------------- shared memory
 
     @rpc("shared-memory")
     async def SystemSharedMemoryStatus(self, request, context):
-        return cv.shm_status(await self.client.control("shm_status", {"name": request.name}))
+        return cv.shm_status(await self.client.control(S.ShmStatus(request.name)))
 
     @rpc("shared-memory")
     async def SystemSharedMemoryRegister(self, request, context):
-        await self.client.control("shm_register", {"name": request.name, "key": request.key,
-                                                   "offset": request.offset, "byte_size": request.byte_size})
+        await self.client.control(S.ShmRegister(request.name, request.key, request.offset, request.byte_size))
         return pb.SystemSharedMemoryRegisterResponse()
 
     @rpc("shared-memory")
     async def SystemSharedMemoryUnregister(self, request, context):
-        await self.client.control("shm_unregister", {"name": request.name})
+        await self.client.control(S.ShmUnregister(request.name))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @rpc("shared-memory")
     async def CudaSharedMemoryStatus(self, request, context):
-        return cv.cuda_status(await self.client.control("cuda_status", {"name": request.name}))
+        return cv.cuda_status(await self.client.control(S.CudaStatus(request.name)))
 
     @rpc("shared-memory")
     async def CudaSharedMemoryRegister(self, request, context):
-        await self.client.control("cuda_register", {"name": request.name, "raw_handle": request.raw_handle,
-                                                    "device_id": request.device_id,
-                                                    "byte_size": request.byte_size})
+        await self.client.control(S.CudaRegister(request.name, request.raw_handle, request.device_id,
+                                                 request.byte_size))
         return pb.CudaSharedMemoryRegisterResponse()
 
     @rpc("shared-memory")
     async def CudaSharedMemoryUnregister(self, request, context):
-        await self.client.control("cuda_unregister", {"name": request.name})
+        await self.client.control(S.CudaUnregister(request.name))
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ------------------------------------------------------------- settings
 
     @rpc("trace")
     async def TraceSetting(self, request, context):
-        settings = await self.client.control("trace_settings", {"model": request.model_name,
-                                                                "settings": cv.trace_updates(request)})
+        settings = await self.client.control(S.TraceSettings(request.model_name, cv.trace_updates(request)))
         return cv.trace_settings(settings)
 
     @rpc("logging")
     async def LogSettings(self, request, context):
-        settings = await self.client.control("log_settings", {"settings": cv.log_updates(request)})
+        settings = await self.client.control(S.LogSettings(cv.log_updates(request)))
         return cv.log_settings(settings)

@@ -16,8 +16,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tritond.wire import schema as S
+from tritond.wire.errors import Code, TritonError, invalid
+
 from ..dataplane import Dataplane, split_parameters
-from ..errors import TritonError, invalid
+from ..errors import http_status
 from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
 from .codec import parse_infer, parse_json, render_response
 
@@ -41,11 +44,11 @@ class UnsupportedEncoding(TritonError):
     """A Content-Encoding other than gzip/deflate/identity; the reply names the ones accepted."""
 
     def __init__(self) -> None:
-        super().__init__("UNSUPPORTED", "Unsupported compression type")
+        super().__init__(Code.UNSUPPORTED, "Unsupported compression type")
 
 
 def error_response(e: TritonError) -> Response:
-    response = json_response({"error": e.message}, e.http_status)
+    response = json_response({"error": e.message}, http_status(e))
     if isinstance(e, UnsupportedEncoding):
         response.headers["Accept-Encoding"] = "gzip, deflate"
     return response
@@ -168,7 +171,7 @@ class HttpApi:
         version = self.version(request)
         entry = self.client.table.resolve(name, version)
         versions = [str(version)] if version >= 0 else sorted(
-            (str(v) for v, e in self.client.table.by_name[name].items() if e.state == "READY"), key=int)
+            (str(v) for v, e in self.client.table.by_name[name].items() if e.state is S.ModelState.READY), key=int)
         return json_response(model_metadata(entry.config or {}, name, versions))
 
     async def model_ready(self, request: Request) -> Response:
@@ -176,7 +179,7 @@ class HttpApi:
         try:
             self.client.table.resolve(name, self.version(request))
         except TritonError as e:
-            if e.code == "INVALID_ARG":
+            if e.code is Code.INVALID_ARG:
                 raise
             return json_response({"error": "Model version not ready"}, 400)
         return Response(status_code=200)
@@ -187,7 +190,7 @@ class HttpApi:
 
     async def model_stats(self, request: Request) -> Response:
         name = request.path_params.get("model", "")
-        stats = await self.client.control("stats", {"name": name, "version": self.version(request)})
+        stats = await self.client.control(S.Statistics(name, self.version(request)))
         for s in stats:
             s.pop("restart_count", None)
         return json_response({"model_stats": stats})
@@ -204,10 +207,10 @@ class HttpApi:
             header_len = parse_header_length(header)
             if header_len < 0 or header_len > len(body):
                 raise invalid(f"inference header size should be in range (0, {len(body)}), got: {header}")
-        cfg = entry.config or {}
-        if cfg.get("model_transaction_policy", {}).get("decoupled"):
-            raise TritonError("UNSUPPORTED", "HTTP end point doesn't support models with decoupled transaction policy")
-        doc, inputs, outputs, default_binary = parse_infer(body, header_len, name, cfg, self.opts.max_input_size)
+        if entry.view is not None and entry.view.decoupled:
+            raise TritonError(Code.UNSUPPORTED, "HTTP end point doesn't support models with decoupled transaction policy")
+        doc, inputs, outputs, default_binary = parse_infer(body, header_len, name, entry.view,
+                                                           self.opts.max_input_size)
         request_id = doc.get("id", "")
         if not isinstance(request_id, str):
             raise invalid("Unable to parse 'id'")
@@ -244,39 +247,40 @@ class HttpApi:
                 if not isinstance(doc["ready"], bool):
                     raise invalid("Invalid value for 'ready': expected a boolean")
                 ready = doc["ready"]
-        return json_response(await self.client.control("index", {"ready": ready}))
+        return json_response(await self.client.control(S.RepositoryIndex(ready)))
 
     async def load(self, request: Request) -> Response:
         if request.path_params.get("repo"):
-            raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
+            raise TritonError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
         body = await self.body(request)
         params = parse_json(body).get("parameters", {}) if body.strip() else {}
-        args: dict[str, Any] = {"name": request.path_params["model"]}
+        op = S.LoadModel(request.path_params["model"])
         if isinstance(params, dict):
             if "config" in params:
-                args["config"] = params["config"]
+                config = params["config"]
+                op.config = config if isinstance(config, str) else orjson.dumps(config).decode()
             files = {k: v for k, v in params.items() if k.startswith("file:")}
             if files:
                 try:
-                    args["files"] = {k: base64.b64decode(v, validate=True) for k, v in files.items()}
+                    op.files = {k: base64.b64decode(v, validate=True) for k, v in files.items()}
                 except (ValueError, TypeError):
                     raise invalid("failed to decode the base64 content of a 'file:' parameter") from None
-        await self.client.control("load", args)
+        await self.client.control(op)
         return Response(status_code=200)
 
     async def unload(self, request: Request) -> Response:
         if request.path_params.get("repo"):
-            raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
+            raise TritonError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
         body = await self.body(request)
         params = parse_json(body).get("parameters", {}) if body.strip() else {}
         dependents = bool(params.get("unload_dependents", False)) if isinstance(params, dict) else False
-        await self.client.control("unload", {"name": request.path_params["model"], "unload_dependents": dependents})
+        await self.client.control(S.UnloadModel(request.path_params["model"], dependents))
         return Response(status_code=200)
 
     # ------------------------------------------------------------- shared memory
 
     async def shm_status(self, request: Request) -> Response:
-        return json_response(await self.client.control("shm_status", {"name": request.path_params.get("region", "")}))
+        return json_response(await self.client.control(S.ShmStatus(request.path_params.get("region", ""))))
 
     async def shm_register(self, request: Request) -> Response:
         doc = parse_json(await self.body(request))
@@ -286,16 +290,15 @@ class HttpApi:
         for what, v in (("offset", offset), ("byte_size", size)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise invalid(f"Unable to parse '{what}'")
-        await self.client.control("shm_register", {
-            "name": request.path_params["region"], "key": key, "offset": offset, "byte_size": size})
+        await self.client.control(S.ShmRegister(request.path_params["region"], key, offset, size))
         return Response(status_code=200)
 
     async def shm_unregister(self, request: Request) -> Response:
-        await self.client.control("shm_unregister", {"name": request.path_params.get("region", "")})
+        await self.client.control(S.ShmUnregister(request.path_params.get("region", "")))
         return Response(status_code=200)
 
     async def cuda_status(self, request: Request) -> Response:
-        return json_response(await self.client.control("cuda_status", {"name": request.path_params.get("region", "")}))
+        return json_response(await self.client.control(S.CudaStatus(request.path_params.get("region", ""))))
 
     async def cuda_register(self, request: Request) -> Response:
         name = request.path_params["region"]
@@ -307,13 +310,15 @@ class HttpApi:
             handle = base64.b64decode(raw["b64"], validate=True)
         except (ValueError, TypeError):
             handle = b""
-        await self.client.control("cuda_register", {
-            "name": name, "raw_handle": handle, "device_id": doc.get("device_id", 0),
-            "byte_size": doc.get("byte_size", 0)})
+        device_id, size = doc.get("device_id", 0), doc.get("byte_size", 0)
+        for what, v in (("device_id", device_id), ("byte_size", size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise invalid(f"failed to register shared memory region '{name}': invalid args")
+        await self.client.control(S.CudaRegister(name, handle, device_id, size))
         return Response(status_code=200)
 
     async def cuda_unregister(self, request: Request) -> Response:
-        await self.client.control("cuda_unregister", {"name": request.path_params.get("region", "")})
+        await self.client.control(S.CudaUnregister(request.path_params.get("region", "")))
         return Response(status_code=200)
 
     # ------------------------------------------------------------- settings
@@ -322,14 +327,18 @@ class HttpApi:
         settings = {}
         if request.method == "POST":
             settings = parse_json(await self.body(request))
-        return json_response(await self.client.control("log_settings", {"settings": settings}))
+        if not isinstance(settings, dict):
+            raise invalid("log settings must be a JSON object")
+        return json_response(await self.client.control(S.LogSettings(settings)))
 
     async def trace(self, request: Request) -> Response:
         settings = {}
         if request.method == "POST":
             settings = parse_json(await self.body(request))
         model = request.path_params.get("model", "")
-        return json_response(await self.client.control("trace_settings", {"model": model, "settings": settings}))
+        if not isinstance(settings, dict):
+            raise invalid("trace settings must be a JSON object")
+        return json_response(await self.client.control(S.TraceSettings(model, settings)))
 
     # ------------------------------------------------------------- app
 

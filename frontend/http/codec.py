@@ -6,12 +6,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tritond.repository.datatypes import (
-    CONFIG_TO_WIRE, ELEMENT_SIZE, WIRE_TO_NUMPY, WIRE_TYPES, array_to_bytes, serialize_bytes,
-)
+from tritond.repository.datatypes import ELEMENT_SIZE, WIRE_TO_NUMPY, WIRE_TYPES, array_to_bytes, serialize_bytes
+from tritond.wire.errors import invalid, request_prefix as prefix
+from tritond.wire.schema import ModelView
 
-from ..dataplane import InferResult, InputTensor, OutputRequest, prefix
-from ..errors import invalid
+from ..dataplane import InferResult, InputTensor, OutputRequest
 
 MAX_JSON_DEPTH = 100
 
@@ -106,11 +105,11 @@ def _json_data(name: str, datatype: str, shape: list[int], data: Any, max_bytes:
     return array_to_bytes(arr, datatype)
 
 
-def parse_infer(body: bytes, header_len: int | None, model: str, config: dict, max_bytes: int
+def parse_infer(body: bytes, header_len: int | None, model: str, view: ModelView | None, max_bytes: int
                 ) -> tuple[dict, list[InputTensor], list[OutputRequest], bool]:
     """Returns (json doc, inputs, requested outputs, default binary-output flag)."""
     if header_len == 0:
-        return _parse_raw(body, model, config)
+        return _parse_raw(body, model, view or ModelView())
     json_part = body if header_len is None else memoryview(body)[:header_len]
     binary = memoryview(body)[header_len:] if header_len is not None else memoryview(b"")
     doc = parse_json(json_part)
@@ -252,23 +251,22 @@ def _shm_parameters(params: dict) -> tuple[str, int, int]:
     return region, offset, size
 
 
-def _parse_raw(body: bytes, model: str, config: dict) -> tuple[dict, list[InputTensor], list[OutputRequest], bool]:
+def _parse_raw(body: bytes, model: str, view: ModelView) -> tuple[dict, list[InputTensor], list[OutputRequest], bool]:
     """Inference-Header-Content-Length: 0: the whole body is the data of the model's only input."""
     pre = prefix("")
-    model_inputs = config.get("input", [])
+    model_inputs = list(view.inputs.values())
     if len(model_inputs) != 1:
         raise invalid(f"{pre}Raw request must only have 1 input (found 1) to be deduced but got "
                       f"{len(model_inputs)} inputs in '{model}' model configuration")
     ci = model_inputs[0]
-    datatype = CONFIG_TO_WIRE.get(ci.get("data_type", ""), "")
-    batched = int(config.get("max_batch_size", 0) or 0) > 0
-    shape = [1] if batched else []
+    datatype = ci.datatype
+    shape = [1] if view.max_batch_size > 0 else []
     dynamic_axis = -1
     known = 1
-    for d in (int(d) for d in ci.get("dims", [])):
+    for d in ci.dims:
         if d == -1:
             if dynamic_axis != -1:
-                raise invalid(f"{pre}The shape of the raw input '{ci['name']}' can not be deduced because there "
+                raise invalid(f"{pre}The shape of the raw input '{ci.name}' can not be deduced because there "
                               f"are more than one variable-sized dimension")
             dynamic_axis = len(shape)
         else:
@@ -277,12 +275,12 @@ def _parse_raw(body: bytes, model: str, config: dict) -> tuple[dict, list[InputT
     data: bytes | memoryview = body
     if datatype == "BYTES":
         if dynamic_axis != -1 or known != 1:
-            raise invalid(f"{pre}For BYTE datatype raw input '{ci['name']}', the model must have input shape [1]")
+            raise invalid(f"{pre}For BYTE datatype raw input '{ci.name}', the model must have input shape [1]")
         data = len(body).to_bytes(4, "little") + body
     elif dynamic_axis != -1:
         size = ELEMENT_SIZE.get(datatype, 0)
         shape[dynamic_axis] = len(body) // known // size if known and size else 0
-    return {}, [InputTensor(ci["name"], datatype, shape, data)], [], True
+    return {}, [InputTensor(ci.name, datatype, shape, data)], [], True
 
 
 def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, int | None]:

@@ -15,7 +15,9 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from ..broker_client import BrokerClient
-from ..errors import TritonError
+from tritond.wire.errors import TritonError
+from tritond.wire.schema import ModelMetrics
+
 from ..metrics import render
 from ..process import frontend_dataplane, start_process
 from .app import HttpApi, HttpOptions
@@ -35,7 +37,7 @@ def listen_socket(address: str, port: int) -> socket.socket:
 def metrics_app(client: BrokerClient) -> Starlette:
     async def metrics(request):
         try:
-            stats = await client.control("metrics", {}, timeout=5)
+            stats = await client.control(ModelMetrics(), timeout=5)
         except TritonError as e:
             return PlainTextResponse(e.message, status_code=503)
         return PlainTextResponse(render(stats), media_type="text/plain; version=0.0.4")

@@ -2,11 +2,13 @@
 with an error or dropped, and the broker (with every model) keeps serving."""
 import json
 
+import msgspec
 import numpy as np
 import tritonclient.http as httpclient
 import zmq
 
-from tritond.broker import protocol as P
+from tritond.wire import schema as P
+from tritond.wire.errors import Code
 
 
 def broker_socket(server):
@@ -46,25 +48,29 @@ def test_malformed_and_hostile_frames_leave_the_broker_serving(server):
         sock.send(b"\xc1 not msgpack")
         sock.send_multipart([b"two", b"frames"])
         sock.send(b"\x91" * 5000 + b"\xc0")                                  # nested 5000 deep
-        sock.send(P.encode(P.Control(1, "shm_register", {})))                # missing arguments
-        sock.send(P.encode(P.Control(2, "stats", {"name": "identity_fp32", "version": "abc"})))
-        sock.send(P.encode(P.Control(3, "log_settings", {"settings": [1]})))
-        sock.send(P.encode(P.Control(4, "no_such_op", {})))
+        sock.send(msgspec.msgpack.encode(["control", 11, ["shm_register"]]))        # missing arguments
+        sock.send(msgspec.msgpack.encode(["control", 12, ["stats", "identity_fp32", "abc"]]))
+        sock.send(msgspec.msgpack.encode(["control", 13, ["no_such_op"]]))
+        sock.send(msgspec.msgpack.encode(["reply", 14, 0, [], ["NOT_A_CODE", "x"]]))
+        sock.send(P.encode(P.Control(1, P.LogSettings({"log_info": 3}))))
+        sock.send(P.encode(P.Control(2, P.ShmRegister("r", "k", 0, 8))))    # no such segment
         victim = "/tritond.not-ours"
-        sock.send(P.encode(P.Infer(5, "identity_fp32", -1,
-                                   [P.TensorDesc("INPUT0", "FP32", [2], data=np.ones(2, np.float32).tobytes())],
-                                   [P.OutputSpec("OUTPUT0", seg=victim, nbytes=8)])))
+        ones = np.ones(2, np.float32).tobytes()
+        sock.send(P.encode(P.Infer(5, "identity_fp32", -1, [P.TensorDesc("INPUT0", "FP32", [2], P.Inline(ones))],
+                                   [P.OutputSpec("OUTPUT0", device_ok=True, region=P.Region("r", 0, 8, victim))])))
         sock.send(P.encode(P.Infer(6, "identity_fp32", -1,
-                                   [P.TensorDesc("INPUT0", "FP32", [2], seg="/etc/passwd", nbytes=8)])))
-        sock.send(P.encode(P.Infer(7, "identity_fp32", -1, [P.TensorDesc("INPUT0", "FP32", [-4], data=b"")])))
+                                   [P.TensorDesc("INPUT0", "FP32", [2], P.Block("/etc/passwd", 0, 8))])))
+        sock.send(P.encode(P.Infer(7, "identity_fp32", -1, [P.TensorDesc("INPUT0", "FP32", [-4], P.Inline(b""))])))
+        sock.send(P.encode(P.Infer(8, "identity_fp32", -1,
+                                   [P.TensorDesc("INPUT0", "FP32", [2], P.Device(b"h" * 64, 0, 0, 8, 1))])))
         answers = {r.cid if isinstance(r, P.ControlReply) else r.rid: r for r in replies(sock)}
-        assert {1, 2, 3, 4, 5, 6, 7} <= set(answers)
-        for cid in (1, 2, 3):
-            assert answers[cid].error.code == "INVALID_ARG"
-        assert answers[4].error.code == "UNSUPPORTED"
-        # The output target a sender named is ignored: the result comes back in the reply.
-        assert answers[5].error is None and answers[5].outputs[0].data == np.ones(2, np.float32).tobytes()
-        assert answers[6].error.code == "INVALID_ARG" and answers[7].error.code == "INVALID_ARG"
+        assert set(answers) == {1, 2, 5, 6, 7, 8}            # frames that do not decode are dropped
+        assert answers[1].error.code is Code.INVALID_ARG
+        assert answers[2].error.code is Code.INTERNAL
+        # A region the sender resolved itself is resolved again: this one is not registered.
+        assert answers[5].error.code is Code.NOT_FOUND and "not-ours" not in answers[5].error.message
+        for rid in (6, 7, 8):
+            assert answers[rid].error.code is Code.INVALID_ARG
         assert "passwd" not in answers[6].error.message
     finally:
         sock.close()

@@ -15,22 +15,18 @@ import types
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+from broker_harness import Harness, ensemble_model, python_model
 
-from tritond.broker import protocol as P
-from tritond.broker.ensemble import Ensembles
-from tritond.broker.models import READY, ModelVersion
-from tritond.broker.pool import Instance
 from tritond.frontend.dataplane import Dataplane, InputTensor, OutputRequest, RequestOptions
-from tritond.repository.catalog import ModelSpec
-from tritond.repository.render import config_to_json
+from tritond.repository.view import model_view
 from tritond.shm.mapping import SegmentMaps
 from tritond.shm.regions import cuda_location
 from tritond.workers.backends.base import Backend, InstanceInfo, WorkerResponse
 from tritond.workers.cuda_ipc import CudaIpcError, DeviceArray, Exports, Imports, device_array
 from tritond.workers.main import Worker
 from tritond.workers.tensors import Leases, desc_to_array, write_outputs
+from tritond.wire import schema as P
+from tritond.wire.errors import internal
 
 
 class Ok(enum.IntEnum):
@@ -148,10 +144,11 @@ def test_device_outputs_are_exported_only_where_the_consumer_takes_device_memory
     (result,) = write_outputs([({"A": cuda.alloc(a), "B": cuda.alloc(b)}, specs, None)], maps, None, exports)
     assert result.error is None
     da, db = result.outputs
-    assert (da.name, da.datatype, da.shape, da.offset, da.nbytes, da.device) == ("A", "FP32", [3, 4], 0, 48, 0)
-    assert len(da.cuda_handle) == 64 and da.data is None and da.seg == "" and da.lease in exports
-    assert db.cuda_handle == b"" and db.lease == 0
-    np.testing.assert_array_equal(np.frombuffer(db.data, np.int64), b)        # copied to the host
+    assert (da.name, da.datatype, da.shape) == ("A", "FP32", [3, 4])
+    assert isinstance(da.loc, P.Device) and (da.loc.offset, da.loc.nbytes, da.loc.device) == (0, 48, 0)
+    assert len(da.loc.handle) == 64 and da.loc.lease in exports
+    assert isinstance(db.loc, P.Inline) and P.lease_of(db) == 0
+    np.testing.assert_array_equal(np.frombuffer(db.loc.data, np.int64), b)    # copied to the host
     assert cuda.copies == ["cudaMemcpyDeviceToHost"]
     assert len(exports) == 1
 
@@ -160,7 +157,7 @@ def test_without_exports_or_device_ok_everything_reaches_the_host(cuda, maps):
     out = np.arange(4, dtype=np.float32)
     (result,) = write_outputs([({"A": cuda.alloc(out)}, [P.OutputSpec("A", device_ok=True)], None)], maps, None)
     (desc,) = result.outputs
-    assert desc.cuda_handle == b"" and np.frombuffer(desc.data, np.float32).tolist() == out.tolist()
+    assert isinstance(desc.loc, P.Inline) and np.frombuffer(desc.loc.data, np.float32).tolist() == out.tolist()
 
 
 def test_one_export_lease_for_the_batch_held_by_each_request(cuda, maps):
@@ -168,24 +165,25 @@ def test_one_export_lease_for_the_batch_held_by_each_request(cuda, maps):
     batch = cuda.alloc(np.arange(8, dtype=np.float32).reshape(4, 2))
     spec = [P.OutputSpec("Y", device_ok=True)]
     per_request = [({"Y": batch[0:1]}, spec, None), ({"Y": batch[1:4]}, spec, None),
-                   (None, spec, P.Err("INTERNAL", "this one failed"))]
+                   (None, spec, internal("this one failed"))]
     first, second, failed = write_outputs(per_request, maps, None, exports)
     (d1,), (d2,) = first.outputs, second.outputs
     assert failed.error.message == "this one failed"
-    assert d1.lease == d2.lease and d1.cuda_handle == d2.cuda_handle      # one allocation, one lease
-    assert (d1.offset, d1.nbytes, d2.offset, d2.nbytes) == (0, 8, 8, 24)
-    assert not exports.release(d1.lease)
-    assert exports.release(d2.lease) and len(exports) == 0
+    a, b = d1.loc, d2.loc
+    assert a.lease == b.lease and a.handle == b.handle                   # one allocation, one lease
+    assert (a.offset, a.nbytes, b.offset, b.nbytes) == (0, 8, 8, 24)
+    assert not exports.release(a.lease)
+    assert exports.release(b.lease) and len(exports) == 0
 
 
 def test_output_into_a_cuda_region_is_copied_device_to_device(cuda, maps):
     region = cuda.alloc(np.zeros(64, np.uint8))
     loc = cuda_location(0, 64, struct.pack("<Q", region.ptr).ljust(64, b"\0"))
     out = np.arange(4, dtype=np.int32)
-    spec = P.OutputSpec("OUT", region="gpu", seg=loc, offset=16, nbytes=48)
+    spec = P.OutputSpec("OUT", region=P.Region("gpu", 16, 48, loc))
     (result,) = write_outputs([({"OUT": cuda.alloc(out)}, [spec], None)], maps, None, Exports())
     (desc,) = result.outputs
-    assert (desc.region, desc.nbytes, desc.data, desc.cuda_handle) == ("gpu", 16, None, b"")
+    assert desc.loc == P.Region("gpu", 16, 16, loc)
     assert np.frombuffer(region.owner.raw[16:32], np.int32).tolist() == out.tolist()
     assert cuda.copies == ["cudaMemcpyDeviceToDevice"]
 
@@ -193,7 +191,7 @@ def test_output_into_a_cuda_region_is_copied_device_to_device(cuda, maps):
 def test_output_too_large_for_its_cuda_region(cuda, maps):
     region = cuda.alloc(np.zeros(8, np.uint8))
     loc = cuda_location(0, 8, struct.pack("<Q", region.ptr).ljust(64, b"\0"))
-    spec = P.OutputSpec("OUT", region="gpu", seg=loc, offset=0, nbytes=8)
+    spec = P.OutputSpec("OUT", region=P.Region("gpu", 0, 8, loc))
     (result,) = write_outputs([({"OUT": cuda.alloc(np.zeros(4, np.float32))}, [spec], None)], maps, None)
     assert "should be at least 16 bytes" in result.error.message and cuda.copies == []
 
@@ -229,7 +227,7 @@ def test_a_handle_opens_in_place_or_is_copied_to_the_host(cuda, maps):
     imports = Imports()
     on_device = desc_to_array(desc, maps, imports, on_device=True)
     assert isinstance(on_device, DeviceArray) and on_device.shape == (2, 3) and on_device.dtype == np.float32
-    assert on_device.ptr == cuda.opened[0] + desc.offset and cuda.copies == []
+    assert on_device.ptr == cuda.opened[0] + desc.loc.offset and cuda.copies == []
     host = desc_to_array(desc, maps, imports)
     assert isinstance(host, np.ndarray)
     np.testing.assert_array_equal(host, data)
@@ -242,7 +240,7 @@ def test_a_handle_without_imports_or_for_bytes_is_refused(cuda, maps):
     with pytest.raises(ValueError, match="cannot open"):
         desc_to_array(desc, maps)
     with pytest.raises(ValueError, match="BYTES"):
-        desc_to_array(P.TensorDesc("S", "BYTES", [1], cuda_handle=desc.cuda_handle), maps, Imports())
+        desc_to_array(P.TensorDesc("S", "BYTES", [1], desc.loc), maps, Imports())
 
 
 class Recorder(Backend):
@@ -292,9 +290,9 @@ def test_the_worker_hands_a_backend_what_it_accepts_and_closes_after_the_batch(c
     assert cuda.closed == cuda.opened and len(cuda.opened) == 1 and not w.imports.opened
     (out,) = done.results[0].outputs
     if accepts_device:       # computed on the device and handed on by handle again
-        assert out.cuda_handle and out.lease in w.exports
+        assert isinstance(out.loc, P.Device) and out.loc.lease in w.exports
     else:                    # a host backend's output is host memory
-        assert out.cuda_handle == b"" and np.frombuffer(out.data, np.float32).tolist() == (data + 1).tolist()
+        assert np.frombuffer(out.loc.data, np.float32).tolist() == (data + 1).tolist()
 
 
 def test_an_output_that_is_its_imported_input_is_not_re_exported(cuda, maps):
@@ -303,7 +301,7 @@ def test_an_output_that_is_its_imported_input_is_not_re_exported(cuda, maps):
     w = worker(maps)
     done = w.execute(Recorder(True, alias=True), exec_msg(desc, device_ok=True))
     (out,) = done.results[0].outputs
-    assert out.cuda_handle == b"" and np.frombuffer(out.data, np.float32).tolist() == data.tolist()
+    assert np.frombuffer(out.loc.data, np.float32).tolist() == data.tolist()
     assert len(w.exports) == 0 and cuda.closed == cuda.opened
 
 
@@ -313,8 +311,8 @@ def test_release_reaches_the_exports_and_arena_leases_alike(cuda, maps):
     desc, _ = exported(cuda, maps, np.zeros(2, np.float32))
     done = w.execute(Recorder(True, cuda=cuda), exec_msg(desc, device_ok=True))
     (out,) = done.results[0].outputs
-    assert out.lease != block and out.lease in w.exports
-    assert w.handle_side(P.Release(b"w", [out.lease, block]))
+    assert out.loc.lease != block and out.loc.lease in w.exports
+    assert w.handle_side(P.Release(b"w", [out.loc.lease, block]))
     assert len(w.exports) == 0 and w.arena.freed == [("seg", 128)]
 
 
@@ -335,117 +333,91 @@ ensemble_scheduling { step [
 KINDS = {"gpu_a": "GPU", "gpu_b": "GPU", "cpu_c": "CPU"}
 
 
-def parse(text: str) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(text, model_config_pb2.ModelConfig())
-
-
-class Broker:
-    """What the runner uses of the broker: composing models with instances of a kind."""
-
-    def __init__(self) -> None:
-        self.opts: dict = {}
-        self.models: dict = {}
-        self.specs: dict = {}
-        self.table_dirty = False
-        self.control = types.SimpleNamespace(resolve_regions=lambda msg: ([], None),
-                                             release_regions=lambda regions: None)
-        self.admitted: list[tuple] = []
-        self.replies: list[P.InferReply] = []
-        self.released: list[tuple[bytes, list[int]]] = []
-        for name, kind in KINDS.items():
-            cfg = parse(f'name: "{name}" backend: "pytorch" '
-                        'input { name: "X" data_type: TYPE_FP32 dims: [-1] } '
-                        'input { name: "W" data_type: TYPE_FP32 dims: [-1] optional: true } '
-                        'output { name: "Y" data_type: TYPE_FP32 dims: [-1] } '
-                        'output { name: "Z" data_type: TYPE_FP32 dims: [-1] }')
-            self.specs[name] = ModelSpec(name, f"/r/{name}", cfg, [1])
-            mv = ModelVersion(name, 1, f"/r/{name}", "/r", config_to_json(cfg), state=READY)
-            mv.instances = [Instance(name, 1, 0, f"{name}_0", kind=kind)]
-            self.models[name] = {1: mv}
-
-    def resolve(self, name, version):
-        return self.models[name][1], None
-
-    def admit(self, src, msg, mv):
-        self.admitted.append((src, msg))
-
-    def send_reply(self, src, reply):
-        src(reply) if callable(src) else self.replies.append(reply)
-
-    def route_release(self, msg):
-        self.released.append((msg.owner, list(msg.leases)))
-
-    def step(self, model: str) -> tuple:
-        (entry,) = [e for e in self.admitted if e[1].model == model]
-        self.admitted.remove(entry)
-        return entry
-
-    def answer(self, model: str, owner: bytes, lease: int, **outputs: bool) -> P.Infer:
-        """Answer a step the way a worker does: an output asked for with device_ok comes back
-        as a CUDA IPC descriptor (under the export lease `lease + 1`), any other as a block of
-        host shared memory (under `lease`)."""
-        src, msg = self.step(model)
-        ok = {o.name: o.device_ok for o in msg.outputs}
-        descs = [P.TensorDesc(n, "FP32", [2], offset=64, nbytes=8, lease=lease + 1, cuda_handle=b"h" * 64)
-                 if ok[n] else P.TensorDesc(n, "FP32", [2], seg="s", offset=64, nbytes=8, lease=lease)
-                 for n in outputs]
-        src(P.InferReply(msg.rid, 1, descs, None, owner))
-        return msg
-
-
 @pytest.fixture
-def chain():
-    b = Broker()
-    ens = Ensembles(b)
-    cfg = parse(CHAIN)
-    spec = ModelSpec("chain", "/r/chain", cfg, [1])
-    b.specs["chain"] = spec
-    mv = ens.setup(spec, 1, config_to_json(cfg))
-    assert mv.state == READY, mv.reason
-    b.models["chain"] = {1: mv}
-    return b, ens, mv
+def chain(tmp_path) -> Harness:
+    """The real broker in-process; the composing models' instances are of the kind in KINDS."""
+    for name in KINDS:
+        python_model(tmp_path, name, ["X"], ["Y", "Z"],
+                     'input { name: "W" data_type: TYPE_FP32 dims: [-1] optional: true }')
+    ensemble_model(tmp_path, "chain", CHAIN)
+    h = Harness(tmp_path).load("*")
+    for name, kind in KINDS.items():
+        for inst in h.instances(name):
+            inst.kind = kind
+    return h
 
 
-def infer(*outputs: P.OutputSpec) -> P.Infer:
-    return P.Infer(5, "chain", -1, [P.TensorDesc("IN", "FP32", [2], data=b"\0" * 8)], list(outputs))
+def answer(h: Harness, model: str, lease: int, **outputs: bool) -> P.ExecRequest:
+    """Answer a step the way a worker does: an output asked for with device_ok comes back as a
+    CUDA IPC descriptor (under the export lease `lease + 1`), any other as a block of host
+    shared memory (under `lease`)."""
+    ((inst, ex),) = h.executing(model)
+    (req,) = ex.requests
+    ok = {o.name: o.device_ok for o in req.outputs}
+    h.answer(inst, ex, {n: P.Device(b"h" * 64, 0, 64, 8, lease + 1) if ok[n] else P.Block("/s", 64, 8, lease)
+                        for n in outputs})
+    return req
+
+
+def ident(h: Harness, model: str) -> bytes:
+    (inst,) = h.instances(model)
+    return inst.identity
+
+
+def infer(h: Harness, *outputs: P.OutputSpec) -> int:
+    rid = next(h.rids)
+    h.from_frontend(P.Infer(rid, "chain", -1, [P.TensorDesc("IN", "FP32", [2], P.Inline(b"\0" * 8))], list(outputs)))
+    return rid
 
 
 def test_device_ok_only_on_intermediates_that_gpu_steps_read(chain):
-    b, ens, mv = chain
-    ens.run("client", infer(), mv)
-    a = b.answer("gpu_a", b"wa", 11, Y=True, Z=True)
+    h = chain
+    rid = infer(h)
+    a = answer(h, "gpu_a", 11, Y=True, Z=True)
     # t1 feeds only gpu_b; MID is also an ensemble output, so it stays on the host.
     assert {o.name: o.device_ok for o in a.outputs} == {"Y": True, "Z": False}
-    bb = b.answer("gpu_b", b"wb", 21, Y=True)
+    bb = answer(h, "gpu_b", 21, Y=True)
     x, w = sorted(bb.inputs, key=lambda d: d.name != "X")
-    assert (x.name, x.cuda_handle, x.offset, x.nbytes, x.lease) == ("X", b"h" * 64, 64, 8, 0)   # passed on unchanged
-    assert (w.name, w.cuda_handle, w.seg) == ("W", b"", "s")
-    assert [o.device_ok for o in bb.outputs] == [False]          # t2 is read by a CPU step
-    c = b.answer("cpu_c", b"wc", 31, Y=True)
-    assert [o.device_ok for o in c.outputs] == [False]           # an ensemble output
-    (reply,) = b.replies
-    assert reply.error is None and all(not d.cuda_handle for d in reply.outputs)
-    assert sorted(b.released) == [(b"wa", [12]), (b"wb", [21])]   # the intermediates' leases, once each
-    assert reply.owner.startswith(b"ensemble:") and ens.handovers[reply.owner] == {1: (b"wa", 11), 2: (b"wc", 31)}
+    assert (x.name, x.loc) == ("X", P.Device(b"h" * 64, 0, 64, 8))   # passed on, without the lease
+    assert (w.name, w.loc) == ("W", P.Block("/s", 64, 8))
+    assert [o.device_ok for o in bb.outputs] == [False]              # t2 is read by a CPU step
+    c = answer(h, "cpu_c", 31, Y=True)
+    assert [o.device_ok for o in c.outputs] == [False]               # an ensemble output
+    reply = h.replies()[rid]
+    assert reply.error is None and not any(isinstance(d.loc, P.Device) for d in reply.outputs)
+    assert h.released() == sorted([(ident(h, "gpu_a"), 12), (ident(h, "gpu_b"), 21)])   # once each
+    assert reply.owner.startswith(b"ensemble:")
+    assert sorted(h.broker.ensembles.handovers[reply.owner].values()) == sorted(
+        [(ident(h, "gpu_a"), 11), (ident(h, "cpu_c"), 31)])
 
 
 def test_a_failed_request_releases_device_intermediates_too(chain):
-    b, ens, mv = chain
-    ens.run("client", infer(P.OutputSpec("OUT")), mv)
-    a = b.answer("gpu_a", b"wa", 11, Y=True, Z=True)
+    h = chain
+    rid = infer(h, P.OutputSpec("OUT"))
+    a = answer(h, "gpu_a", 11, Y=True, Z=True)
     assert all(o.device_ok for o in a.outputs)                  # MID is not asked for: gpu_b alone reads it
-    src, msg = b.step("gpu_b")
-    assert all(d.cuda_handle for d in msg.inputs)
-    src(P.InferReply(msg.rid, 1, [], P.Err("INTERNAL", "broke"), b"wb"))
-    (reply,) = b.replies
-    assert "broke" in reply.error.message and b.released == [(b"wa", [12])]
+    ((inst, ex),) = h.executing("gpu_b")
+    assert all(isinstance(d.loc, P.Device) for d in ex.requests[0].inputs)
+    h.answer(inst, ex, P.ExecResult(error=internal("broke")))
+    assert "broke" in h.replies()[rid].error.message
+    assert h.released() == [(ident(h, "gpu_a"), 12)]
 
 
 def test_an_enclosing_ensemble_that_takes_device_memory_gets_it(chain):
-    b, ens, mv = chain
-    ens.run("client", infer(P.OutputSpec("MID", device_ok=True)), mv)
-    a = b.answer("gpu_a", b"wa", 11, Z=True)
+    h = chain
+    (mv,) = h.broker.registry.get("chain").values()
+    h.broker.ensembles.run(lambda reply: None, P.Infer(
+        99, "chain", -1, [P.TensorDesc("IN", "FP32", [2], P.Inline(b"\0" * 8))],
+        [P.OutputSpec("MID", device_ok=True)]), mv)
+    a = answer(h, "gpu_a", 11, Z=True)
     assert [(o.name, o.device_ok) for o in a.outputs] == [("Z", True)]
+
+
+def test_a_frontend_cannot_ask_for_device_memory(chain):
+    h = chain
+    infer(h, P.OutputSpec("MID", device_ok=True))
+    a = answer(h, "gpu_a", 11, Z=True)
+    assert [(o.name, o.device_ok) for o in a.outputs] == [("Z", False)]
 
 
 def test_frontends_never_ask_for_device_memory():
@@ -459,12 +431,13 @@ def test_frontends_never_ask_for_device_memory():
 
         async def infer(self, msg, on_orphan=None):
             sent.append(msg)
-            return P.InferReply(msg.rid, 1, [P.TensorDesc("SUM", "FP32", [1, 4], data=b"\0" * 16)])
+            return P.InferReply(msg.rid, 1, [P.TensorDesc("SUM", "FP32", [1, 4], P.Inline(b"\0" * 16))])
 
-    entry = P.ModelEntry("add", 1, "READY", config={
+    config = {
         "max_batch_size": 8, "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]}],
         "output": [{"name": "SUM", "data_type": "TYPE_FP32", "dims": [4]},
-                   {"name": "DIFF", "data_type": "TYPE_FP32", "dims": [4]}]})
+                   {"name": "DIFF", "data_type": "TYPE_FP32", "dims": [4]}]}
+    entry = P.ModelEntry("add", 1, P.ModelState.READY, view=model_view(config), config=config)
     dp = Dataplane(Client(), None, None)
     inputs = [InputTensor("A", "FP32", [1, 4], b"\0" * 16)]
     outputs = [OutputRequest("SUM"), OutputRequest("DIFF")]

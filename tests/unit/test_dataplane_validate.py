@@ -6,18 +6,24 @@ import asyncio
 import numpy as np
 import pytest
 
-from tritond.broker import protocol as P
 from tritond.frontend.dataplane import Dataplane, InputTensor, OutputRequest, RequestOptions, split_parameters
-from tritond.frontend.errors import TritonError
 from tritond.repository.datatypes import serialize_bytes
+from tritond.repository.view import model_view
+from tritond.wire import schema as S
+from tritond.wire.errors import Code, TritonError
 
-ADD_SUB = P.ModelEntry("add_sub", 1, "READY", config={
+
+def entry(name: str, config: dict) -> S.ModelEntry:
+    return S.ModelEntry(name, 1, S.ModelState.READY, view=model_view(config), config=config)
+
+
+ADD_SUB = entry("add_sub", {
     "max_batch_size": 8,
     "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]},
               {"name": "B", "data_type": "TYPE_FP32", "dims": [4]}],
     "output": [{"name": "SUM", "data_type": "TYPE_FP32", "dims": [4]}],
 })
-STRINGS = P.ModelEntry("strings", 1, "READY", config={
+STRINGS = entry("strings", {
     "max_batch_size": 0,
     "input": [{"name": "S", "data_type": "TYPE_STRING", "dims": [-1]},
               {"name": "OPT", "data_type": "TYPE_FP32", "dims": [1], "optional": True}],
@@ -34,7 +40,7 @@ def fp32(name: str, shape: list[int], count: int | None = None) -> InputTensor:
 def error_of(entry, inputs, outputs=(), request_id="") -> str:
     with pytest.raises(TritonError) as info:
         dp.validate(entry, list(inputs), list(outputs), request_id)
-    assert info.value.code == "INVALID_ARG"
+    assert info.value.code is Code.INVALID_ARG
     return info.value.message
 
 
@@ -151,12 +157,12 @@ class HangingClient:
 def test_cancelled_infer_keeps_inputs_until_the_broker_answers():
     arena, client = FakeArena(), HangingClient()
     plane = Dataplane(client, arena, None)
-    entry = P.ModelEntry("big", 1, "READY", config={
+    big = entry("big", {
         "max_batch_size": 0, "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [-1]}], "output": []})
-    n = P.INLINE_MAX // 4 + 1   # large enough to go through the arena
+    n = S.INLINE_MAX // 4 + 1   # large enough to go through the arena
 
     async def run() -> None:
-        task = asyncio.create_task(plane.infer(entry, [fp32("X", [n])], [], RequestOptions()))
+        task = asyncio.create_task(plane.infer(big, [fp32("X", [n])], [], RequestOptions()))
         await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

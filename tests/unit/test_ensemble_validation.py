@@ -5,7 +5,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritond.repository.catalog import ModelSpec
+from tritond.repository.spec import ModelSpec
 from tritond.repository.ensemble import ensemble_dependencies, validate_ensemble
 
 

@@ -8,10 +8,18 @@ import orjson
 import pytest
 
 from tritond.frontend.dataplane import InferResult, OutputTensor
-from tritond.frontend.errors import TritonError
+from tritond.frontend.errors import http_status
 from tritond.frontend.http.app import choose_encoding, parse_header_length
-from tritond.frontend.http.codec import MAX_JSON_DEPTH, parse_infer, parse_json, render_response
+from tritond.frontend.http.codec import MAX_JSON_DEPTH, parse_json, render_response
+from tritond.frontend.http.codec import parse_infer as parse_with_view
 from tritond.repository.datatypes import serialize_bytes
+from tritond.repository.view import model_view
+from tritond.wire.errors import TritonError
+
+
+def parse_infer(body, header_len, model, config, limit):
+    return parse_with_view(body, header_len, model, model_view(config), limit)
+
 
 IDENTITY = {"max_batch_size": 0, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}
 BATCHED = {"max_batch_size": 8, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}]}
@@ -26,7 +34,7 @@ def parse(doc: dict, binary: bytes = b"", config: dict = IDENTITY, limit: int = 
 def error_of(fn) -> str:
     with pytest.raises(TritonError) as info:
         fn()
-    assert info.value.http_status == 400
+    assert http_status(info.value) == 400
     return info.value.message
 
 

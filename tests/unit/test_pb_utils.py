@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from tritond.wire.errors import Code, TritonError
 from tritond.workers import pb_utils
 
 
@@ -228,7 +229,7 @@ def test_bls_exec_calls_handler():
 
 
 def test_bls_error_propagation():
-    pb_utils.set_bls_handler(lambda *a: ({}, ("NOT_FOUND", "no model 'target'")))
+    pb_utils.set_bls_handler(lambda *a: ({}, TritonError(Code.NOT_FOUND, "no model 'target'")))
     resp = _bls_request().exec()
     assert resp.has_error()
     assert resp.error().message() == "no model 'target'"

@@ -6,6 +6,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from tritond.wire.errors import Code, TritonError
 from tritond.workers import pb_utils
 from tritond.workers.backends.base import InstanceInfo, WorkerRequest
 from tritond.workers.backends.python import PythonBackend
@@ -201,7 +202,7 @@ def test_one_request_returns_triton_error(loaded):
     """)
     good, bad = backend.execute([fp32_request([1.0]), fp32_request([-1.0])])
     assert good.error is None and good.outputs["OUT"].tolist() == [1.0]
-    assert bad.error == ("INVALID_ARG", "negative input")
+    assert bad.error == TritonError(Code.INVALID_ARG, "negative input")
     assert bad.outputs == {}
 
 
@@ -259,8 +260,8 @@ def test_bad_execute_return_fails_every_request(loaded, body, message):
     responses = backend.execute([fp32_request([1.0]), fp32_request([2.0])])
     assert len(responses) == 2
     for resp in responses:
-        code, text = resp.error
-        assert code == "INTERNAL"
+        code, text = resp.error.code, resp.error.message
+        assert code is Code.INTERNAL
         assert text.startswith("Failed to process the request(s) for model 'm_0_0', message: ")
         assert message in text
 
@@ -334,7 +335,7 @@ def test_bls_from_execute(loaded):
     def handler(model_name, model_version, inputs, requested, request_id, parameters, *rest):
         seen.append((model_name, request_id))
         if model_name == "missing":
-            return {}, ("NOT_FOUND", "Request for unknown model: 'missing' is not found")
+            return {}, TritonError(Code.NOT_FOUND, "Request for unknown model: 'missing' is not found")
         return {"OUT": inputs["IN"] * 10}, None
 
     pb_utils.set_bls_handler(handler)
@@ -365,5 +366,5 @@ def test_bls_from_execute(loaded):
     finally:
         pb_utils.set_bls_handler(None)
     assert ok.outputs["OUT"].tolist() == [20.0]
-    assert err.error == ("INTERNAL", "Request for unknown model: 'missing' is not found")
+    assert err.error == TritonError(Code.INTERNAL, "Request for unknown model: 'missing' is not found")
     assert seen[:3] == [("sub", "a"), ("sub", "a"), ("missing", "")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tritond.broker import protocol as P
+from tritond.wire import schema as P
 from tritond.workers.cuda_ipc import HANDLE_SIZE, CudaIpcError, DeviceArray, Exports, IpcRef, Imports
 
 
@@ -36,14 +36,14 @@ def test_exports_live_until_every_holder_released():
     assert not exports.release(lease)          # a late or repeated release is harmless
 
 
-def test_descriptor_carries_the_handle_and_old_encodings_still_decode():
-    desc = P.TensorDesc("OUT", "FP32", [2, 3], offset=512, nbytes=24, lease=7, cuda_handle=b"h" * HANDLE_SIZE,
-                        device=1)
+def test_a_descriptor_location_is_one_of_four_kinds_and_round_trips():
     dec = P.decoder(P.TensorDesc)
-    assert dec.decode(P.encode(desc)) == desc
-    old = P.encode(P.TensorDesc("OUT", "FP32", [2], seg="s", offset=64, nbytes=8, lease=1))
-    back = dec.decode(old)
-    assert back.cuda_handle == b"" and back.device == 0 and back.seg == "s"
+    for loc in (P.Device(b"h" * HANDLE_SIZE, 1, 512, 24, 7), P.Block("/s", 64, 8, 1), P.Inline(b"abcd"),
+                P.Region("r", 0, 8, "/k")):
+        desc = P.TensorDesc("OUT", "FP32", [2], loc)
+        assert dec.decode(P.encode(desc)) == desc
+    with pytest.raises(P.DecodeError):
+        dec.decode(P.encode(["OUT", "FP32", [2], ["x", 1]]))
 
 
 def test_a_malformed_handle_is_refused():

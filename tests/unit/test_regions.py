@@ -9,8 +9,8 @@ import posix_ipc
 import pytest
 
 from tritond.shm.mapping import MappingError, SegmentMaps
-from tritond.shm.regions import (CUDA, SYSTEM, U64_MAX, RegionError, RegionTable, cuda_location,
-                                 parse_cuda_location)
+from tritond.shm.regions import CUDA, SYSTEM, U64_MAX, RegionTable, cuda_location, parse_cuda_location
+from tritond.wire.errors import TritonError
 
 HANDLE = bytes(range(64))
 
@@ -25,9 +25,9 @@ def key():
 
 
 def error_of(fn, *args) -> tuple[str, str]:
-    with pytest.raises(RegionError) as e:
+    with pytest.raises(TritonError) as e:
         fn(*args)
-    return e.value.code, e.value.message
+    return e.value.code.value, e.value.message
 
 
 def test_register_and_status(key):

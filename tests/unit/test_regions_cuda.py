@@ -11,7 +11,8 @@ import struct
 import numpy as np
 import pytest
 
-from tritond.broker.protocol import OutputSpec, TensorDesc
+from tritond.wire.errors import Code
+from tritond.wire.schema import OutputSpec, Region, TensorDesc
 from tritond.shm.cuda import CudaMaps, CudaRegionError
 from tritond.shm.mapping import SegmentMaps
 from tritond.shm.regions import cuda_location
@@ -78,7 +79,7 @@ def test_input_is_copied_from_the_device_once(device):
     maps, rt, buf, loc = device
     data = np.arange(16, dtype=np.float32)
     ctypes.memmove(ctypes.addressof(buf) + 64, data.ctypes.data, data.nbytes)
-    arr = desc_to_array(TensorDesc("INPUT0", "FP32", [4, 4], seg=loc, offset=64, nbytes=64), maps)
+    arr = desc_to_array(TensorDesc("INPUT0", "FP32", [4, 4], Region("gpu", 64, 64, loc)), maps)
     np.testing.assert_array_equal(arr, data.reshape(4, 4))
     assert rt.copies == [(FakeRuntime.cudaMemcpyKind.cudaMemcpyDeviceToHost, 64)]
 
@@ -86,20 +87,20 @@ def test_input_is_copied_from_the_device_once(device):
 def test_output_is_copied_to_the_device_and_described(device):
     maps, rt, buf, loc = device
     out = np.arange(8, dtype=np.int32)
-    spec = OutputSpec("OUTPUT0", region="gpu", seg=loc, offset=128, nbytes=64)
+    spec = OutputSpec("OUTPUT0", region=Region("gpu", 128, 64, loc))
     (result,) = write_outputs([({"OUTPUT0": out}, [spec], None)], maps, leases=None)
     assert result.error is None
     (desc,) = result.outputs
-    assert (desc.region, desc.nbytes, desc.data, desc.shape) == ("gpu", 32, None, [8])
+    assert (desc.loc, desc.shape) == (Region("gpu", 128, 32, loc), [8])
     np.testing.assert_array_equal(np.frombuffer(bytes(buf)[128:160], dtype=np.int32), out)
     assert rt.copies == [(FakeRuntime.cudaMemcpyKind.cudaMemcpyHostToDevice, 32)]
 
 
 def test_output_too_large_for_the_cuda_region(device):
     maps, rt, buf, loc = device
-    spec = OutputSpec("OUTPUT0", region="gpu", seg=loc, offset=0, nbytes=16)
+    spec = OutputSpec("OUTPUT0", region=Region("gpu", 0, 16, loc))
     (result,) = write_outputs([({"OUTPUT0": np.zeros(8, np.float32)}, [spec], None)], maps, leases=None)
-    assert result.error.code == "INTERNAL"
+    assert result.error.code is Code.INTERNAL
     assert "should be at least 32 bytes" in result.error.message
     assert rt.copies == []
 
@@ -132,9 +133,9 @@ def test_unknown_device_is_a_clear_error(device):
 def test_write_failure_becomes_the_requests_error(device):
     maps, rt, buf, loc = device
     rt.devices = 0
-    spec = OutputSpec("OUTPUT0", region="gpu", seg=loc, offset=0, nbytes=64)
+    spec = OutputSpec("OUTPUT0", region=Region("gpu", 0, 64, loc))
     (result,) = write_outputs([({"OUTPUT0": np.zeros(4, np.float32)}, [spec], None)], maps, leases=None)
-    assert result.error.code == "INTERNAL"
+    assert result.error.code is Code.INTERNAL
     assert result.error.message.startswith("failed to write output 'OUTPUT0' to shared memory: cudaSetDevice failed")
 
 

@@ -3,16 +3,23 @@ from dataclasses import dataclass
 
 import pytest
 
-from tritond.broker import scheduler as S
-from tritond.broker.scheduler import BatchPolicy, Pending, Rejected, Scheduler
+from tritond.broker import scheduler
+from tritond.broker.scheduler import BatchPolicy, Pending, Scheduler
+from tritond.repository.view import model_view
+from tritond.wire import schema as S
+from tritond.wire.errors import TritonError as Rejected
 
 US = 1000
+
+
+def policy_of(config: dict) -> BatchPolicy:
+    return BatchPolicy.from_view(model_view(config))
 
 
 def make(**db) -> Scheduler:
     mbs = db.pop("max_batch_size", 8)
     inputs = db.pop("inputs", [{"name": "x", "dims": [4]}])
-    return Scheduler(BatchPolicy.from_config({"max_batch_size": mbs, "input": inputs, "dynamic_batching": db}))
+    return Scheduler(policy_of({"max_batch_size": mbs, "input": inputs, "dynamic_batching": db}))
 
 
 def add(s: Scheduler, name: str, t: int, size: int = 1, key: tuple = (), priority: int = 0,
@@ -36,7 +43,7 @@ def test_preferred_defaults_to_max_batch_size():
 
 
 def test_config_fields_are_read():
-    p = BatchPolicy.from_config({
+    p = policy_of({
         "max_batch_size": 8,
         "dynamic_batching": {
             "max_queue_delay_microseconds": 250, "preserve_ordering": True,
@@ -53,7 +60,7 @@ def test_config_fields_are_read():
 
 
 def test_without_dynamic_batching_each_request_runs_alone_in_order():
-    s = Scheduler(BatchPolicy.from_config({"max_batch_size": 8}))
+    s = Scheduler(policy_of({"max_batch_size": 8}))
     assert not s.policy.dynamic
     for i in range(3):
         add(s, f"r{i}", 0, timeout_us=1)
@@ -168,9 +175,13 @@ class T:
     shape: list
     data: bytes | None = None
 
+    @property
+    def loc(self):
+        return S.Inline(self.data) if self.data is not None else S.Block("seg", 0, 0)
+
 
 def key(policy_inputs, request, mbs=8):
-    return BatchPolicy.from_config(
+    return policy_of(
         {"max_batch_size": mbs, "input": policy_inputs, "dynamic_batching": {}}).shape_key(request)
 
 
@@ -204,7 +215,7 @@ def test_optional_inputs_batch_only_with_the_same_set():
 
 
 def test_no_key_without_dynamic_batching():
-    assert BatchPolicy.from_config({"max_batch_size": 8, "input": [{"name": "x", "dims": [-1]}]}).shape_key(
+    assert policy_of({"max_batch_size": 8, "input": [{"name": "x", "dims": [-1]}]}).shape_key(
         [T("x", [1, 3])]) == ()
 
 
@@ -248,7 +259,7 @@ def test_max_queue_size_rejects_per_level():
 
 
 def test_hard_cap_bounds_an_unlimited_queue(monkeypatch):
-    monkeypatch.setattr(S, "HARD_QUEUE_CAP", 3)
+    monkeypatch.setattr(scheduler, "HARD_QUEUE_CAP", 3)
     s = make()
     for i in range(3):
         add(s, f"r{i}", 0)

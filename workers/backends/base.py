@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from tritond.wire.errors import TritonError
+
 
 @dataclass
 class InstanceInfo:
@@ -40,9 +42,9 @@ class WorkerRequest:
 
 @dataclass
 class WorkerResponse:
-    """Outputs for one request, or an error (code is a Triton code name, e.g. INTERNAL)."""
+    """Outputs for one request, or the error the client gets for it."""
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
-    error: tuple[str, str] | None = None
+    error: TritonError | None = None
 
 
 class Backend:

@@ -18,6 +18,7 @@ import threading
 from types import ModuleType
 from typing import Any
 
+from tritond.wire.errors import Code, TritonError, internal
 from tritond.workers import pb_utils
 from tritond.workers.backends.base import Backend, InstanceInfo, WorkerRequest, WorkerResponse
 
@@ -102,7 +103,7 @@ class PythonBackend(Backend):
         if problem is not None:
             message = (f"Failed to process the request(s) for model "
                        f"'{self.instance.instance_name}', message: {problem}")
-            return [WorkerResponse(error=("INTERNAL", message)) for _ in requests]
+            return [WorkerResponse(error=internal(message)) for _ in requests]
         return [_to_worker_response(resp, req) for resp, req in zip(responses, pb_requests)]
 
     def close(self) -> None:
@@ -169,7 +170,7 @@ def _to_worker_response(response: pb_utils.InferenceResponse,
     """Error or outputs, pruned to the requested names as Triton prunes them."""
     if response.has_error():
         error = response.error()
-        return WorkerResponse(error=(error.code().name, error.message()))
+        return WorkerResponse(error=TritonError(Code[error.code().name], error.message()))
     wanted = set(request.requested_output_names())
     outputs = {t.name(): t.as_numpy() for t in response.output_tensors()
                if not wanted or t.name() in wanted}

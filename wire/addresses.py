@@ -1,4 +1,4 @@
-"""Socket addresses inside one server's private run directory, computed once."""
+"""Socket addresses inside one server's private run directory."""
 from __future__ import annotations
 
 import os

@@ -12,6 +12,9 @@ import sys
 PR_SET_PDEATHSIG = 1
 # A worker that hits MemoryError exits with this code (ENOMEM), so the broker can say why.
 EXIT_NO_MEMORY = 12
+# A frontend the broker refused (another protocol version) exits with this code; the
+# supervisor restarts it from the current code.
+EXIT_REFUSED = 4
 
 
 def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL) -> None:

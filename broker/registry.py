@@ -1,0 +1,82 @@
+"""The model registry: every model version the broker knows, their states, and the table
+it publishes to the frontends (which validate requests against it)."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from tritond.repository.spec import ModelSpec
+from tritond.wire.schema import ModelEntry, ModelState, Table
+from tritond.wire.versions import resolve
+
+from .models import LOADING, READY, UNAVAILABLE, ModelVersion
+
+log = logging.getLogger("tritond.broker")
+
+
+class ModelRegistry:
+    def __init__(self) -> None:
+        self.models: dict[str, dict[int, ModelVersion]] = {}
+        self.names: list[str] = []                 # every model in the repositories, loaded or not
+        self.specs: dict[str, ModelSpec] = {}      # the last spec loaded for each model
+        self.epoch = 0
+        self.dirty = True                          # the published table is out of date
+        self.startup_done = False
+
+    def get(self, name: str) -> dict[int, ModelVersion]:
+        return self.models.get(name) or {}
+
+    def versions(self) -> Iterator[ModelVersion]:
+        for versions in self.models.values():
+            yield from versions.values()
+
+    def set_names(self, names: list[str]) -> None:
+        if names != self.names:
+            self.names = names
+            self.dirty = True
+
+    def replace(self, name: str, versions: dict[int, ModelVersion]) -> None:
+        self.models[name] = versions
+        self.dirty = True
+
+    def resolve(self, name: str, version: int) -> ModelVersion:
+        """Triton's lookup; raises TritonError with Triton's texts."""
+        return resolve(name, version, self.models.get(name), name in self.names)
+
+    # ---------------------------------------------------------------- states
+
+    def set_state(self, mv: ModelVersion, state: ModelState, reason: str = "") -> None:
+        if mv.state != state or mv.reason != reason:
+            mv.state, mv.reason = state, reason
+            self.dirty = True
+            if state == UNAVAILABLE and reason:
+                log.error("model '%s' version %d is UNAVAILABLE: %s", mv.name, mv.version, reason)
+            elif state == READY:
+                log.info("model '%s' version %d is READY", mv.name, mv.version)
+
+    def mark_unloaded(self, mv: ModelVersion) -> None:
+        mv.unloaded = True
+        self.set_state(mv, UNAVAILABLE, "unloaded")
+
+    def check_startup(self) -> None:
+        if not self.startup_done and all(mv.state != LOADING for mv in self.versions()):
+            self.startup_done = True
+            self.dirty = True
+
+    def idle(self) -> bool:
+        """No request queued anywhere."""
+        return all(mv.scheduler is None or not len(mv.scheduler) for mv in self.versions())
+
+    # ---------------------------------------------------------------- the published table
+
+    def table(self, stopping: bool, boot: int) -> Table:
+        entries = [ModelEntry(mv.name, mv.version, mv.state, mv.reason, mv.unloaded,
+                              mv.view if mv.config is not None else None, mv.config)
+                   for mv in self.versions()]
+        return Table(self.epoch, entries, self.names, self.startup_done, stopping, boot)
+
+    def publish(self, stopping: bool, boot: int) -> Table:
+        """The next epoch of the table; the caller sends it to every frontend."""
+        self.epoch += 1
+        self.dirty = False
+        return self.table(stopping, boot)

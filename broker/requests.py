@@ -1,0 +1,206 @@
+"""The request path through the broker: admit a request to its model's scheduler, form
+batches while an instance is free, send them, and answer each request when its batch is
+done (or failed, expired, cancelled). Only bookkeeping: tensor bytes are never touched."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from tritond.wire.errors import Code, TritonError, invalid, request_prefix, unavailable
+from tritond.wire.schema import (
+    BatchDone, Block, Device, Exec, ExecRequest, ExecResult, Infer, InferReply, Region, TensorDesc,
+)
+
+from .client_regions import ClientRegions
+from .clock import Clock
+from .inflight import InflightTable, ReplyTo, Req
+from .models import ModelVersion
+from .pool import Instance, InstanceState
+from .scheduler import Pending
+
+log = logging.getLogger("tritond.broker")
+
+
+def untrusted(msg: Infer, own_prefix: str) -> None:
+    """Check what a frontend or a model says about memory (raises INVALID_ARG): it may name a
+    client region or one of this server's segments only. Leases, resolved region keys, device
+    handles and output targets are the broker's to set, so whatever the sender put there is
+    discarded."""
+    inputs = msg.inputs
+    for i, d in enumerate(inputs):
+        if any(x < 0 for x in d.shape):
+            raise invalid(f"invalid shape for input '{d.name}': negative dimension")
+        loc = d.loc
+        if isinstance(loc, Block):
+            if not loc.seg.startswith(own_prefix):
+                raise invalid(f"input '{d.name}' has no data")
+            if loc.lease:
+                inputs[i] = TensorDesc(d.name, d.datatype, d.shape, Block(loc.seg, loc.offset, loc.nbytes))
+        elif isinstance(loc, Region):
+            if loc.key:
+                inputs[i] = TensorDesc(d.name, d.datatype, d.shape, Region(loc.name, loc.offset, loc.nbytes))
+        elif isinstance(loc, Device):
+            raise invalid(f"input '{d.name}' has no data")
+    for o in msg.outputs:
+        o.device_ok = False
+        if o.region is not None and o.region.key:
+            o.region = Region(o.region.name, o.region.offset, o.region.nbytes)
+
+
+class RequestPath:
+    def __init__(self, inflight: InflightTable, regions: ClientRegions,
+                 send_exec: Callable[[Instance, Exec], None], clock: Clock) -> None:
+        self.inflight = inflight
+        self.regions = regions
+        self._send_exec = send_exec
+        self.clock = clock
+
+    # ---------------------------------------------------------------- admission
+
+    def admit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> Req | None:
+        """Queue a request on the model's scheduler (or answer it at once when it cannot
+        wait); returns it while it is still queued or executing."""
+        try:
+            regions = self.regions.resolve(msg)
+        except TritonError as e:
+            reply(InferReply(msg.rid, error=e))
+            return None
+        sched = mv.scheduler
+        if sched is None:       # an ensemble's composing model mid-reload
+            self.regions.release(regions)
+            reply(InferReply(msg.rid, error=unavailable(f"model '{mv.name}' is not ready")))
+            return None
+        bs = msg.inputs[0].shape[0] if mv.max_batch_size > 0 and msg.inputs and msg.inputs[0].shape else 1
+        now = self.clock.now_ns()
+        req = Req(reply, msg, mv, now, Pending(None, now, bs, sched.policy.shape_key(msg.inputs)), regions=regions)
+        req.pending.key = req
+        try:
+            sched.enqueue(req.pending, msg.priority, msg.timeout_us, now)
+        except TritonError as e:
+            self.regions.release(regions)
+            reply(InferReply(msg.rid, error=TritonError(e.code, request_prefix(msg.id) + e.message)))
+            return None
+        self.dispatch(mv)
+        return req
+
+    # ---------------------------------------------------------------- batches
+
+    def dispatch(self, mv: ModelVersion) -> None:
+        """Form batches while an instance is free; each goes to the least busy free instance."""
+        sched = mv.scheduler
+        if sched is None:
+            return
+        while len(sched):
+            free = mv.free_instances()
+            if not free:
+                return
+            now = self.clock.now_ns()
+            self.expire_queued(mv, now)
+            batch, wake = sched.next_batch(now)
+            if not batch:
+                mv.wake_ns = wake
+                return
+            mv.wake_ns = 0
+            self._send_batch(mv, sched.pick_instance(free), [p.key for p in batch], now)
+
+    def _send_batch(self, mv: ModelVersion, inst: Instance, reqs: list[Req], now_ns: int) -> None:
+        ordered = mv.scheduler.policy.preserve_ordering
+        for r in reqs:
+            r.dispatch_ns = now_ns
+            if ordered and r.order < 0:
+                r.order = mv.dispatch_seq
+                mv.dispatch_seq += 1
+        bid = self.inflight.add(reqs)
+        exec_msg = Exec(bid, [
+            ExecRequest(r.msg.inputs, r.msg.outputs, r.msg.id, r.msg.params,
+                        r.msg.correlation_id, r.msg.flags, r.msg.timeout_us)
+            for r in reqs
+        ])
+        inst.batch = bid
+        inst.state = InstanceState.BUSY
+        inst.batch_started = self.clock.now()
+        self._send_exec(inst, exec_msg)
+
+    def on_batch_done(self, inst: Instance, mv: ModelVersion, msg: BatchDone) -> None:
+        if inst.batch != msg.bid:
+            return                  # not this instance's batch: a stale or confused worker
+        reqs = self.inflight.pop(msg.bid)
+        inst.batch = None
+        if not reqs:
+            return
+        inst.served = True
+        if inst.state is InstanceState.BUSY:    # a worker being killed or stopped gets no more work
+            inst.state = InstanceState.READY
+        inst.idle_since = self.clock.now()
+        mv.scheduler.note_busy(inst.name, int((inst.idle_since - inst.batch_started) * 1e9))
+        times = (msg.input_ns, msg.infer_ns, msg.output_ns)
+        # Triton's onnxruntime backend reports no execution when every request of it failed;
+        # its Python backend reports every execution.
+        if mv.view.backend == "python" or any(res.error is None for res in msg.results):
+            mv.stats.record_execution(sum(r.pending.batch_size for r in reqs), *times)
+        missing = ExecResult(error=TritonError(Code.INTERNAL, f"model '{mv.name}' returned no result for the request"))
+        for i, req in enumerate(reqs):
+            res = msg.results[i] if i < len(msg.results) else missing
+            self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, inst.identity),
+                        res.error is None, times)
+        self.dispatch(mv)
+
+    def finish(self, req: Req, reply: InferReply, ok: bool, times: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """Answer a request: statistics, release its client regions, keep the model's answer
+        order under preserve_ordering."""
+        now = self.clock.now_ns()
+        mv = req.mv
+        if ok:
+            mv.stats.record_success(req.pending.batch_size, now - req.arrival_ns,
+                                    req.dispatch_ns - req.arrival_ns, *times)
+        else:
+            mv.stats.record_failure(now - req.arrival_ns)
+        self.regions.release(req.regions)
+        if req.order < 0:
+            req.reply(reply)
+            return
+        mv.held[req.order] = [req.reply, reply]
+        while mv.send_seq in mv.held:
+            to, r = mv.held.pop(mv.send_seq)
+            mv.send_seq += 1
+            to(r)
+
+    def fail(self, req: Req, err: TritonError) -> None:
+        self.finish(req, InferReply(req.msg.rid, error=err), False)
+
+    # ---------------------------------------------------------------- failures
+
+    def expire_queued(self, mv: ModelVersion, now_ns: int) -> None:
+        """Answer requests whose queue timeout passed under a REJECT policy."""
+        deadline = mv.scheduler.next_deadline()
+        if deadline and deadline < now_ns:
+            for p in mv.scheduler.expire(now_ns):
+                self.fail(p.key, unavailable("Request timeout expired"))
+
+    def fail_queued(self, mv: ModelVersion, err: TritonError) -> None:
+        if mv.scheduler is None:
+            return
+        for p in mv.scheduler.remove(lambda _: True):
+            self.fail(p.key, err)
+
+    def lost_batch(self, mv: ModelVersion, bid: int | None, message: str, may_retry: bool) -> tuple[int, int]:
+        """Answer the requests of a batch whose worker died; an idempotent model's requests go
+        back to the head of the queue once. Returns (failed, retried)."""
+        reqs = self.inflight.pop(bid)
+        retried = 0
+        for r in reqs:
+            if may_retry and mv.view.idempotent and not r.retried and mv.scheduler is not None:
+                r.retried = True
+                r.dispatch_ns = 0
+                mv.scheduler.requeue_front(r.pending)
+                retried += 1
+            else:
+                self.fail(r, unavailable(message))
+        return len(reqs) - retried, retried
+
+    def cancel_all(self, versions: list[ModelVersion], err: TritonError) -> None:
+        """Answer everything queued or executing with `err` (the exit timeout expired)."""
+        for mv in versions:
+            self.fail_queued(mv, err)
+        for r in self.inflight.take_all():
+            self.fail(r, err)

@@ -1,0 +1,72 @@
+"""The parsed view of a model config that the broker ships with each model-table entry, so no
+process re-reads raw config JSON on a request's path."""
+from __future__ import annotations
+
+from typing import Any
+
+from tritond.wire.schema import DynamicBatching, ModelView, QueuePolicy, TensorView
+
+from .datatypes import CONFIG_TO_WIRE
+from .parameters import config_parameter
+
+DEFAULT_EXEC_TIMEOUT_S = 60.0
+
+
+def _tensor(t: dict[str, Any]) -> TensorView:
+    return TensorView(
+        name=t["name"],
+        datatype=CONFIG_TO_WIRE.get(t.get("data_type", ""), ""),
+        dims=[int(d) for d in t.get("dims") or []],
+        optional=bool(t.get("optional", False)),
+        shape_tensor=bool(t.get("is_shape_tensor", False)),
+        ragged=bool(t.get("allow_ragged_batch", False)),
+    )
+
+
+def _queue_policy(d: dict[str, Any] | None) -> QueuePolicy:
+    d = d or {}
+    return QueuePolicy(
+        timeout_action=str(d.get("timeout_action", "REJECT")),
+        default_timeout_us=int(d.get("default_timeout_microseconds", 0) or 0),
+        allow_timeout_override=bool(d.get("allow_timeout_override", False)),
+        max_queue_size=int(d.get("max_queue_size", 0) or 0),
+    )
+
+
+def _dynamic_batching(db: dict[str, Any] | None) -> DynamicBatching | None:
+    if db is None:
+        return None
+    return DynamicBatching(
+        preferred=sorted({int(x) for x in db.get("preferred_batch_size") or []}),
+        max_delay_us=int(db.get("max_queue_delay_microseconds", 0) or 0),
+        preserve_ordering=bool(db.get("preserve_ordering", False)),
+        priority_levels=int(db.get("priority_levels", 0) or 0),
+        default_level=int(db.get("default_priority_level", 0) or 0),
+        default_policy=_queue_policy(db.get("default_queue_policy")),
+        level_policies={int(k): _queue_policy(v) for k, v in (db.get("priority_queue_policy") or {}).items()},
+    )
+
+
+def _exec_timeout(config: dict[str, Any]) -> float:
+    raw = config_parameter(config, "execution_timeout_seconds")
+    try:
+        return float(raw) if raw else DEFAULT_EXEC_TIMEOUT_S
+    except ValueError:
+        return DEFAULT_EXEC_TIMEOUT_S
+
+
+def model_view(config: dict[str, Any]) -> ModelView:
+    """The view of a config JSON dict (as GET /config renders it)."""
+    platform = str(config.get("platform", ""))
+    return ModelView(
+        max_batch_size=int(config.get("max_batch_size", 0) or 0),
+        platform=platform,
+        backend=str(config.get("backend", "")),
+        ensemble=platform == "ensemble",
+        decoupled=bool((config.get("model_transaction_policy") or {}).get("decoupled", False)),
+        inputs={t["name"]: _tensor(t) for t in config.get("input") or []},
+        outputs={t["name"]: _tensor(t) for t in config.get("output") or []},
+        batching=_dynamic_batching(config.get("dynamic_batching")),
+        exec_timeout_s=_exec_timeout(config),
+        idempotent=config_parameter(config, "idempotent").lower() in ("1", "true", "yes"),
+    )

@@ -1,0 +1,407 @@
+"""Every message that crosses ZeroMQ between tritond's processes, as typed msgspec Structs.
+
+Frames are msgpack of tagged unions decoded against these types, so a malformed or hostile
+frame fails to decode instead of reaching a handler; never pickle. Tensor bytes do not travel
+here, except small tensors inline. `PROTOCOL_VERSION` is exchanged in `Hello` (frontends,
+supervisor) and `WorkerUp` (workers): a broker built from other code refuses the peer clearly
+instead of misreading its frames. `Hello`'s first three fields never change shape.
+
+Directions:
+  frontend/supervisor -> broker   Hello, Infer, Release, Control
+  broker -> frontend/supervisor   Table, Ping, InferReply, ControlReply, Gone, Refused
+  worker -> broker                WorkerUp, WorkerDown, Heartbeat, BatchDone, Infer (BLS), Release
+  broker -> worker                Exec, Stop, Release, InferReply (BLS), Unmap, Gone
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Union
+
+import msgspec
+
+from .errors import Code, TritonError
+
+PROTOCOL_VERSION = 2
+# Inline tensors up to this size ride inside the message; larger ones go through shm.
+INLINE_MAX = 64 * 1024
+# At most this many inline bytes per message a frontend or worker builds; the rest go by shm.
+INLINE_BUDGET = 1 << 20
+# Largest frame the broker and frontends accept from their peers (inline budgets keep every
+# message they send far below it). Workers take any frame from the broker: an Exec of a big
+# batch carries the inline tensors of all its requests.
+MAX_FRAME = 16 << 20
+# A worker's heartbeat socket has its identity plus this suffix.
+HEARTBEAT_SUFFIX = b":hb"
+
+
+class _S(msgspec.Struct, array_like=True, omit_defaults=True):
+    pass
+
+
+# ---------------------------------------------------------------- where a tensor's bytes are
+
+class Inline(_S, tag="i"):
+    data: bytes
+
+
+class Block(_S, tag="b"):
+    """A block of one of this server's segments; `lease` is the owner's id to release (0: none)."""
+    seg: str
+    offset: int
+    nbytes: int
+    lease: int = 0
+
+
+class Region(_S, tag="r"):
+    """A client-registered region. Senders name it and an offset inside it; the broker checks
+    the bounds and sets `key` (the segment workers map) with `offset` made absolute."""
+    name: str
+    offset: int
+    nbytes: int
+    key: str = ""
+
+
+class Device(_S, tag="d"):
+    """Device memory handed over by CUDA IPC handle, under the owner's `lease`."""
+    handle: bytes
+    device: int
+    offset: int
+    nbytes: int
+    lease: int = 0
+
+
+Loc = Union[Inline, Block, Region, Device]
+
+
+class TensorDesc(_S):
+    name: str
+    datatype: str
+    shape: list[int]
+    loc: Loc
+
+
+def lease_of(desc: TensorDesc) -> int:
+    """The owner's lease on a descriptor's memory (0: nothing to release)."""
+    loc = desc.loc
+    return loc.lease if isinstance(loc, (Block, Device)) else 0
+
+
+class OutputSpec(_S):
+    name: str
+    classification: int = 0
+    device_ok: bool = False    # the consumer opens device memory: a GPU output may stay there
+    region: Region | None = None
+
+
+# ---------------------------------------------------------------- frontend <-> broker
+
+class Hello(_S, tag="hello"):
+    proto: int
+    kind: str               # http | grpc | supervisor
+    pid: int
+
+
+class Refused(_S, tag="refused"):
+    """The broker will not talk to this peer (another protocol version)."""
+    reason: str
+
+
+class Infer(_S, tag="infer"):
+    rid: int
+    model: str
+    version: int = -1
+    inputs: list[TensorDesc] = []
+    outputs: list[OutputSpec] = []
+    id: str = ""
+    params: dict[str, Any] = {}
+    priority: int = 0
+    timeout_us: int = 0
+    correlation_id: int | str = 0
+    flags: int = 0
+
+
+class InferReply(_S, tag="reply"):
+    rid: int
+    version: int = 0
+    outputs: list[TensorDesc] = []
+    error: TritonError | None = None
+    owner: bytes = b""      # identity that holds the output leases
+
+
+class Release(_S, tag="release"):
+    owner: bytes
+    leases: list[int]
+
+
+# One struct per control operation.
+
+class RepositoryIndex(_S, tag="index"):
+    ready: bool = False
+
+
+class LoadModel(_S, tag="load"):
+    name: str
+    config: str | None = None          # JSON of a ModelConfig replacing config.pbtxt for this load
+    files: dict[str, bytes] = {}       # `file:<path>` overrides
+
+
+class UnloadModel(_S, tag="unload"):
+    name: str
+    unload_dependents: bool = False
+
+
+class Statistics(_S, tag="stats"):
+    name: str = ""
+    version: int = -1
+
+
+class ModelMetrics(_S, tag="metrics"):
+    pass
+
+
+class ShmRegister(_S, tag="shm_register"):
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+class ShmUnregister(_S, tag="shm_unregister"):
+    name: str = ""
+
+
+class ShmStatus(_S, tag="shm_status"):
+    name: str = ""
+
+
+class CudaRegister(_S, tag="cuda_register"):
+    name: str
+    raw_handle: bytes
+    device_id: int
+    byte_size: int
+
+
+class CudaUnregister(_S, tag="cuda_unregister"):
+    name: str = ""
+
+
+class CudaStatus(_S, tag="cuda_status"):
+    name: str = ""
+
+
+class LogSettings(_S, tag="log_settings"):
+    settings: dict[str, Any] = {}
+
+
+class TraceSettings(_S, tag="trace_settings"):
+    model: str = ""
+    settings: dict[str, Any] = {}
+
+
+class Drain(_S, tag="drain"):
+    pass
+
+
+class StopServer(_S, tag="stop"):
+    pass
+
+
+ControlOp = Union[RepositoryIndex, LoadModel, UnloadModel, Statistics, ModelMetrics, ShmRegister,
+                  ShmUnregister, ShmStatus, CudaRegister, CudaUnregister, CudaStatus, LogSettings,
+                  TraceSettings, Drain, StopServer]
+
+
+class Control(_S, tag="control"):
+    cid: int
+    op: ControlOp
+
+
+class ControlReply(_S, tag="creply"):
+    cid: int
+    result: Any = None
+    error: TritonError | None = None
+
+
+# ---------------------------------------------------------------- the model table
+
+class ModelState(enum.Enum):
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+class QueuePolicy(_S, frozen=True):
+    timeout_action: str = "REJECT"     # REJECT | DELAY
+    default_timeout_us: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+
+
+class DynamicBatching(_S):
+    preferred: list[int] = []
+    max_delay_us: int = 0
+    preserve_ordering: bool = False
+    priority_levels: int = 0
+    default_level: int = 0
+    default_policy: QueuePolicy = QueuePolicy()
+    level_policies: dict[int, QueuePolicy] = {}
+
+
+class TensorView(_S):
+    name: str
+    datatype: str                   # wire name: FP32, BYTES, ...
+    dims: list[int]
+    optional: bool = False
+    shape_tensor: bool = False
+    ragged: bool = False
+
+
+class ModelView(_S):
+    """What every process needs to know of a model's config, parsed once by the broker."""
+    max_batch_size: int = 0
+    platform: str = ""
+    backend: str = ""
+    ensemble: bool = False
+    decoupled: bool = False
+    inputs: dict[str, TensorView] = {}
+    outputs: dict[str, TensorView] = {}
+    batching: DynamicBatching | None = None
+    exec_timeout_s: float = 60.0
+    idempotent: bool = False
+
+
+class ModelEntry(_S):
+    name: str
+    version: int
+    state: ModelState
+    reason: str = ""
+    unloaded: bool = False          # UNAVAILABLE because it was unloaded, not because it failed
+    view: ModelView | None = None
+    config: dict[str, Any] | None = None
+
+
+class Table(_S, tag="table"):
+    """The model table every frontend validates against; resent whenever it changes."""
+    epoch: int
+    models: list[ModelEntry]
+    names: list[str]        # every model name in the repository, loaded or not
+    startup_done: bool
+    stopping: bool = False
+    boot: int = 0           # the broker's pid: a new value means the broker was restarted
+
+
+class Ping(_S, tag="ping"):
+    boot: int = 0
+
+
+class Gone(_S, tag="gone"):
+    """Segments with this name prefix were unlinked (their owner died): drop any mapping."""
+    prefix: str
+
+
+# ---------------------------------------------------------------- broker <-> worker
+
+class WorkerSpec(msgspec.Struct, omit_defaults=True):
+    """What a worker process is started with (JSON on its command line)."""
+    server_id: str
+    workers: str                    # the broker's worker endpoint
+    identity: str
+    broker_pid: int
+    model: str
+    version: int
+    model_dir: str
+    version_dir: str
+    repository: str
+    config: dict[str, Any]
+    instance_name: str
+    kind: str = "CPU"
+    device_id: int = 0
+    log_verbose: int = 0
+
+
+class ExecRequest(_S):
+    inputs: list[TensorDesc]
+    outputs: list[OutputSpec] = []
+    id: str = ""
+    params: dict[str, Any] = {}
+    correlation_id: int | str = 0
+    flags: int = 0
+    timeout_us: int = 0
+
+
+class Exec(_S, tag="exec"):
+    bid: int
+    requests: list[ExecRequest]
+
+
+class ExecResult(_S):
+    outputs: list[TensorDesc] = []
+    error: TritonError | None = None
+
+
+class BatchDone(_S, tag="done"):
+    bid: int
+    results: list[ExecResult]
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+class WorkerUp(_S, tag="up"):
+    proto: int
+    pid: int
+    config: dict[str, Any] | None = None   # completed config (python auto_complete_config)
+
+
+class WorkerDown(_S, tag="down"):
+    reason: str
+
+
+class Heartbeat(_S, tag="hb"):
+    busy_ns: int = 0
+
+
+class Stop(_S, tag="stop"):
+    pass
+
+
+class Unmap(_S, tag="unmap"):
+    """Drop cached mappings of client regions that were unregistered."""
+    keys: list[str]
+
+
+FrontendMsg = Union[Hello, Infer, Release, Control]
+BrokerToFrontend = Union[Table, InferReply, ControlReply, Ping, Gone, Refused]
+WorkerMsg = Union[WorkerUp, WorkerDown, BatchDone, Heartbeat, Infer, Release]
+BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap, Gone]
+
+
+# ---------------------------------------------------------------- encoding
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, TritonError):
+        return (obj.code.value, obj.message)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def _dec_hook(tp: type, obj: Any) -> Any:
+    if tp is TritonError:
+        if isinstance(obj, list) and len(obj) == 2 and all(isinstance(x, str) for x in obj):
+            return TritonError(Code(obj[0]), obj[1])
+        raise ValueError("an error must be [code, message]")
+    raise NotImplementedError(f"cannot decode {tp.__name__}")
+
+
+encode = msgspec.msgpack.Encoder(enc_hook=_enc_hook).encode
+
+
+def decoder(union: Any) -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(union, dec_hook=_dec_hook)
+
+
+DecodeError = msgspec.DecodeError
+
+
+def heartbeat_identity(identity: bytes) -> bytes:
+    return identity + HEARTBEAT_SUFFIX
