@@ -2,12 +2,15 @@
 the context swap a reload makes, and certificate-subject rules."""
 from __future__ import annotations
 
+import shutil
 import socket
 import ssl
+import subprocess
 import threading
 
 import pytest
 
+from conftest import ROOT
 from tls_certs import DAY, issue, make_ca
 from tritond.frontend.client_subject import SubjectRule, parse_name, subject_rules
 from tritond.frontend.tls import SwappableContext, TlsError, TlsFiles, load, server_context
@@ -145,3 +148,16 @@ def test_a_subject_rule_needs_every_attribute(pki):
     assert subject_rules({"statistics": ["CN=a"]})["statistics"].names == (parse_name("CN=a"),)
     with pytest.raises(ValueError):
         parse_name("tritond-client")
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_the_throwaway_certificate_script_makes_a_usable_set(tmp_path):
+    subprocess.run(["bash", str(ROOT / "scripts" / "make-tls-certs.sh"), str(tmp_path)], check=True,
+                   capture_output=True, timeout=60)
+    made = {p.name for p in tmp_path.iterdir()}
+    assert made == {f"{n}.{ext}" for n in ("ca", "server", "client", "admin") for ext in ("crt", "key")}
+    assert load(TlsFiles("grpc", str(tmp_path / "server.crt"), str(tmp_path / "server.key"),
+                         str(tmp_path / "ca.crt"), True)).subject == "CN=localhost"
+    admin = (tmp_path / "admin.crt").read_bytes()
+    assert SubjectRule((parse_name("CN=tritond-admin,O=ops"),)).admits(admin)
+    assert not SubjectRule((parse_name("CN=tritond-admin"),)).admits((tmp_path / "client.crt").read_bytes())
