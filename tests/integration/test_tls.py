@@ -8,6 +8,7 @@ Certificates are made per test session by tests/tls_certs.py.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -26,7 +27,9 @@ import gevent.ssl
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
 from conftest import TritondServer, http_get
@@ -152,6 +155,21 @@ def mtls(pki, example_repo, tmp_path_factory):
 def test_clients_with_a_certificate_infer(mtls, pki):
     assert np.array_equal(infer(grpc_client(mtls, pki, pki.client), grpcclient), X)
     assert np.array_equal(infer(http_client(mtls, pki, pki.client), httpclient), X)
+
+    async def with_aio_clients() -> list[np.ndarray]:
+        c = pki.client
+        outputs = []
+        for module, client in (
+                (grpcclient, grpcaio.InferenceServerClient(mtls.grpc_url, ssl=True, root_certificates=str(pki.ca.cert),
+                                                           private_key=str(c.key), certificate_chain=str(c.cert))),
+                (httpclient, httpaio.InferenceServerClient(mtls.http_url, ssl=True, ssl_context=pki.context(c)))):
+            t = module.InferInput("INPUT0", [16], "FP32")
+            t.set_data_from_numpy(X)
+            outputs.append((await client.infer("identity_fp32", [t])).as_numpy("OUTPUT0"))
+            await client.close()
+        return outputs
+
+    assert all(np.array_equal(out, X) for out in asyncio.run(with_aio_clients()))
 
 
 def test_clients_without_a_valid_certificate_are_refused(mtls, pki):

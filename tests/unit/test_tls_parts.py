@@ -106,34 +106,55 @@ def test_server_context_has_modern_defaults_only(pki):
     assert server_context(load(files(pki))).verify_mode == ssl.CERT_NONE
 
 
-def handshake(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext) -> bytes:
-    """One loopback handshake; the certificate the server presented."""
+def handshake(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext) -> tuple[bytes, str | None]:
+    """One loopback handshake: the certificate the server presented, and the server's error
+    (None when it accepted the client)."""
+    outcome: list[str | None] = []
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
 
         def accept():
             conn, _ = listener.accept()
-            with server_ctx.wrap_socket(conn, server_side=True) as tls:
-                tls.recv(1)
+            try:
+                with server_ctx.wrap_socket(conn, server_side=True) as tls:
+                    tls.sendall(b"x")
+                outcome.append(None)
+            except ssl.SSLError as e:
+                outcome.append(e.reason)
+                conn.close()
         t = threading.Thread(target=accept)
         t.start()
         with socket.create_connection(listener.getsockname()) as raw, \
                 client_ctx.wrap_socket(raw, server_hostname="localhost") as tls:
             cert = tls.getpeercert(binary_form=True)
-            tls.sendall(b"x")
+            try:
+                tls.recv(1)
+            except (ssl.SSLError, OSError):
+                pass
         t.join(10)
-    return cert
+    return cert, outcome[0]
 
 
 def test_a_swapped_context_serves_new_handshakes(pki):
     client = ssl.create_default_context(cafile=str(pki["ca"].cert))
     served = SwappableContext(load(files(pki)))
-    first = handshake(served.context, client)
+    first, _ = handshake(served.context, client)
     served.use(served.build(load(files(pki, cert=str(pki["next"].cert), key=str(pki["next"].key)))))
-    second = handshake(served.context, client)
+    second, _ = handshake(served.context, client)
     assert first == ssl.PEM_cert_to_DER_cert(pki["server"].cert.read_text())
     assert second == ssl.PEM_cert_to_DER_cert(pki["next"].cert.read_text())
+
+
+def test_a_swapped_context_verifies_clients_against_the_new_root(pki, tmp_path):
+    new_ca = make_ca(tmp_path, "new-ca", "new CA")
+    newcomer = issue(tmp_path, "newcomer", new_ca, "newcomer")
+    client = ssl.create_default_context(cafile=str(pki["ca"].cert))
+    client.load_cert_chain(str(newcomer.cert), str(newcomer.key))
+    served = SwappableContext(load(files(pki, mutual=True)))
+    assert handshake(served.context, client)[1] == "CERTIFICATE_VERIFY_FAILED"
+    served.use(served.build(load(files(pki, mutual=True, root=str(new_ca.cert)))))
+    assert handshake(served.context, client)[1] is None
 
 
 # --------------------------------------------------------------------------- subjects
