@@ -49,11 +49,11 @@ def start_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-max-input-size", type=int, default=1 << 26)
     p.add_argument("--http-restricted-api", action="append", default=[])
     p.add_argument("--grpc-restricted-protocol", action="append", default=[])
-    for proto in ("grpc", "http"):
+    for proto, name in (("grpc", "gRPC"), ("http", "HTTP")):
         p.add_argument(f"--{proto}-use-ssl", type=parse_bool, nargs="?", const=True, default=None, metavar="BOOL",
-                       help=f"serve {proto} over TLS")
+                       help=f"serve {name} over TLS")
         p.add_argument(f"--{proto}-use-ssl-mutual", type=parse_bool, nargs="?", const=True, default=None,
-                       metavar="BOOL", help=f"serve {proto} over TLS and require client certificates")
+                       metavar="BOOL", help=f"serve {name} over TLS and require client certificates")
         p.add_argument(f"--{proto}-server-cert", metavar="PEM", help="server certificate (chain) file")
         p.add_argument(f"--{proto}-server-key", metavar="PEM", help="server private key file")
         p.add_argument(f"--{proto}-root-cert", metavar="PEM",
