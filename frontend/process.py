@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import signal
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from tritond.process import die_with_parent, setup_logging
 from tritond.shm.arena import Arena
@@ -33,13 +33,22 @@ def start_process(argv: list[str], role: str) -> dict:
     return opts
 
 
+def _nothing_to_reload() -> None:
+    log.info("SIGHUP: no TLS certificate to reload")
+
+
 @contextlib.asynccontextmanager
-async def frontend_dataplane(opts: dict, kind: str) -> AsyncIterator[tuple[Dataplane, asyncio.Event]]:
+async def frontend_dataplane(opts: dict, kind: str, on_hangup: Callable[[], object] | None = None
+                             ) -> AsyncIterator[tuple[Dataplane, asyncio.Event]]:
     """The dataplane a protocol server serves with, and the event SIGTERM sets. The server
     opens its port only after this, once the broker's model table has arrived, so the first
-    request sees a live server."""
+    request sees a live server. SIGHUP calls `on_hangup` (a certificate reload); the process
+    started with SIGHUP blocked, and one that arrived meanwhile is delivered now."""
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, on_hangup or _nothing_to_reload)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
     client = BrokerClient(Addresses(opts["run_dir"]).frontends, kind)
     await client.start()
     if not await client.wait_table(TABLE_WAIT_S):

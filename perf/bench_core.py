@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -83,9 +84,11 @@ def tritond_argv() -> list[str]:
     return [script] if script else [sys.executable, "-m", "tritond.cli"]
 
 
-def is_ready(http: str) -> bool:
+def is_ready(http: str, context: ssl.SSLContext | None = None) -> bool:
+    """Ready over HTTP, or over HTTPS when a client TLS context is given."""
+    scheme = "https" if context else "http"
     try:
-        with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2) as resp:
+        with urllib.request.urlopen(f"{scheme}://{http}/v2/health/ready", timeout=2, context=context) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
@@ -94,7 +97,9 @@ def is_ready(http: str) -> bool:
 class Server:
     """tritond as a child process: started on free ports, stopped with SIGTERM."""
 
-    def __init__(self, repository: Path, log_path: Path, extra: Sequence[str] = ()):
+    def __init__(self, repository: Path, log_path: Path, extra: Sequence[str] = (),
+                 https: ssl.SSLContext | None = None):
+        self.https = https   # client context for readiness checks when HTTP is served over TLS
         self.http = f"127.0.0.1:{free_port()}"
         self.grpc = f"127.0.0.1:{free_port()}"
         argv = tritond_argv() + [
@@ -119,7 +124,7 @@ class Server:
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while not is_ready(self.http):
+        while not is_ready(self.http, self.https):
             if self.proc.poll() is not None:
                 raise ServerStartError(f"tritond exited with {self.proc.returncode}:\n{self.log_tail()}")
             if time.monotonic() > deadline:

@@ -13,12 +13,16 @@ spread over a few channels, so one HTTP/2 connection does not become the bottlen
 
   python perf/loadgen.py --url 127.0.0.1:8000 --protocol http --model identity_fp32 \\
       --shape 16 --datatype FP32 --concurrency 1,8 --duration 5
+
+With --ssl-ca (and --ssl-cert/--ssl-key for a client certificate) both protocols use TLS;
+each HTTP worker's connection and each gRPC channel does one handshake, then stays open.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import ssl
 import struct
 import sys
 import time
@@ -71,6 +75,33 @@ class Input:
     name: str
     datatype: str
     data: np.ndarray
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """TLS for the load: the CA that signed the server's certificate, and optionally the
+    client certificate and key that mutual TLS asks for (PEM files)."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca)
+        if self.cert:
+            ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+    def grpc_credentials(self):
+        import grpc
+
+        def read(path: str | None) -> bytes | None:
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return grpc.ssl_channel_credentials(read(self.ca), read(self.key), read(self.cert))
 
 
 @dataclass(frozen=True)
@@ -151,14 +182,14 @@ def grpc_request(model: str, inputs: Sequence[Input]) -> bytes:
 class HttpConnection:
     """One keep-alive HTTP/1.1 connection that sends a pre-built request and reads the reply."""
 
-    def __init__(self, host: str, port: int):
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None):
+        self.host, self.port, self.ssl_context = host, port, ssl_context
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     async def send(self, request: bytes) -> tuple[int, bytes]:
         """Return (status, body); reconnects lazily after the server closed the connection."""
         if self._streams is None:
-            self._streams = await asyncio.open_connection(self.host, self.port, limit=1 << 24)
+            self._streams = await asyncio.open_connection(self.host, self.port, limit=1 << 24, ssl=self.ssl_context)
         reader, writer = self._streams
         try:
             writer.write(request)
@@ -236,11 +267,12 @@ async def _measure(senders: Sequence[Sender], warmup: float, duration: float, gr
 
 
 def _http_senders(
-    target: str, model: str, inputs: Sequence[Input], concurrency: int, binary: bool
+    target: str, model: str, inputs: Sequence[Input], concurrency: int, binary: bool, tls: ClientTls | None = None
 ) -> tuple[list[Sender], Closer]:
     host, port = split_target(target)
     request = http_request(host, port, model, inputs, binary)
-    conns = [HttpConnection(host, port) for _ in range(concurrency)]
+    ctx = tls.ssl_context() if tls else None
+    conns = [HttpConnection(host, port, ctx) for _ in range(concurrency)]
 
     def sender(conn: HttpConnection) -> Sender:
         async def send() -> None:
@@ -258,7 +290,7 @@ def _http_senders(
 
 
 def _grpc_senders(
-    target: str, model: str, inputs: Sequence[Input], concurrency: int, timeout: float
+    target: str, model: str, inputs: Sequence[Input], concurrency: int, timeout: float, tls: ClientTls | None = None
 ) -> tuple[list[Sender], Closer]:
     import grpc
 
@@ -266,7 +298,11 @@ def _grpc_senders(
     host, port = split_target(target)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     n_channels = min(MAX_GRPC_CHANNELS, concurrency)
-    channels = [grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) for _ in range(n_channels)]
+    if tls is None:
+        channels = [grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) for _ in range(n_channels)]
+    else:
+        channels = [grpc.aio.secure_channel(address, tls.grpc_credentials(), options=GRPC_OPTIONS)
+                    for _ in range(n_channels)]
     calls = [ch.unary_unary(MODEL_INFER) for ch in channels]
 
     def sender(call: grpc.aio.UnaryUnaryMultiCallable) -> Sender:
@@ -295,17 +331,19 @@ async def run_async(
     warmup: float = 1.0,
     binary: bool = False,
     grace: float = 30.0,
+    tls: ClientTls | None = None,
 ) -> Result:
     """Measure one concurrency level. One probe request goes first so a wrong model name or
     a dead server raises LoadgenError instead of producing a table of errors. `binary`
     selects the HTTP binary tensor extension; `grace` bounds how long a request may
-    outlive the window before it is abandoned and counted as an error."""
+    outlive the window before it is abandoned and counted as an error; `tls` makes both
+    protocols connect over TLS."""
     if concurrency < 1 or duration <= 0 or warmup < 0:
         raise ValueError("need concurrency >= 1, duration > 0 and warmup >= 0")
     if protocol == "http":
-        senders, close = _http_senders(target, model, inputs, concurrency, binary)
+        senders, close = _http_senders(target, model, inputs, concurrency, binary, tls)
     elif protocol == "grpc":
-        senders, close = _grpc_senders(target, model, inputs, concurrency, grace)
+        senders, close = _grpc_senders(target, model, inputs, concurrency, grace, tls)
     else:
         raise ValueError(f"unknown protocol {protocol!r}")
     try:
@@ -327,9 +365,10 @@ def run(
     duration: float,
     warmup: float = 1.0,
     binary: bool = False,
+    tls: ClientTls | None = None,
 ) -> Result:
     """Blocking wrapper around run_async, on uvloop when it is installed (cheaper client)."""
-    coro = run_async(target, protocol, model, inputs, concurrency, duration, warmup, binary)
+    coro = run_async(target, protocol, model, inputs, concurrency, duration, warmup, binary, tls=tls)
     try:
         import uvloop
     except ImportError:
@@ -358,13 +397,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--concurrency", default="1,8", help="comma-separated levels")
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per level")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per level")
+    p.add_argument("--ssl-ca", help="connect over TLS, trusting this CA certificate (PEM)")
+    p.add_argument("--ssl-cert", help="client certificate (PEM) for mutual TLS")
+    p.add_argument("--ssl-key", help="client private key (PEM) for mutual TLS")
     args = p.parse_args(argv)
+    tls = ClientTls(args.ssl_ca, args.ssl_cert, args.ssl_key) if args.ssl_ca else None
     shape = [int(s) for s in args.shape.split(",")]
     inputs = [make_input(n, shape, args.datatype, seed) for seed, n in enumerate(args.input_name.split(","))]
     rows = []
     for conc in (int(c) for c in args.concurrency.split(",")):
         try:
-            result = run(args.url, args.protocol, args.model, inputs, conc, args.duration, args.warmup, args.format == "binary")
+            result = run(args.url, args.protocol, args.model, inputs, conc, args.duration, args.warmup,
+                         args.format == "binary", tls)
         except LoadgenError as exc:
             sys.exit(str(exc))
         rows.append((conc, result))

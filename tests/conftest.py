@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -38,9 +39,9 @@ def build_example_repository(dest: Path) -> Path:
     return dest
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+def http_get(url: str, timeout: float = 5.0, context: ssl.SSLContext | None = None) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -69,11 +70,12 @@ class TritondServer:
     """One `tritond start` on free loopback ports."""
 
     def __init__(self, repos: list[Path] | Path, args: list[str] | None = None, grpc: bool = True,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, https: ssl.SSLContext | None = None) -> None:
         self.repos = [repos] if isinstance(repos, (str, Path)) else list(repos)
         self.args = list(args or [])
         self.grpc = grpc
         self.env = env
+        self.https = https   # the client context that readiness checks use when HTTP is served over TLS
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.metrics_port = free_port()
@@ -116,7 +118,8 @@ class TritondServer:
                     return self
                 raise RuntimeError(f"tritond exited with {self.proc.returncode} during startup:\n{self.log}")
             if wait != "exit":
-                status, _ = http_get(f"http://{self.http_url}/v2/health/{wait}", 1.0)
+                scheme = "https" if self.https else "http"
+                status, _ = http_get(f"{scheme}://{self.http_url}/v2/health/{wait}", 1.0, self.https)
                 if status == 200 and (not self.grpc or self._grpc_listening()):
                     return self
             time.sleep(0.1)

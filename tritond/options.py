@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 
@@ -48,6 +49,20 @@ def start_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-max-input-size", type=int, default=1 << 26)
     p.add_argument("--http-restricted-api", action="append", default=[])
     p.add_argument("--grpc-restricted-protocol", action="append", default=[])
+    for proto, name in (("grpc", "gRPC"), ("http", "HTTP")):
+        p.add_argument(f"--{proto}-use-ssl", type=parse_bool, nargs="?", const=True, default=None, metavar="BOOL",
+                       help=f"serve {name} over TLS")
+        p.add_argument(f"--{proto}-use-ssl-mutual", type=parse_bool, nargs="?", const=True, default=None,
+                       metavar="BOOL", help=f"serve {name} over TLS and require client certificates")
+        p.add_argument(f"--{proto}-server-cert", metavar="PEM", help="server certificate (chain) file")
+        p.add_argument(f"--{proto}-server-key", metavar="PEM", help="server private key file")
+        p.add_argument(f"--{proto}-root-cert", metavar="PEM",
+                       help="root certificates that client certificates must chain to")
+    _flag(p, "--metrics-use-ssl", False, "serve metrics over TLS with the HTTP certificate settings")
+    p.add_argument("--http-restricted-api-subject", action="append", default=[], metavar="CATEGORIES:NAME",
+                   help="limit API categories to clients whose certificate subject matches an RFC 4514 name")
+    p.add_argument("--grpc-restricted-protocol-subject", action="append", default=[], metavar="CATEGORIES:NAME",
+                   help="limit protocol categories to clients whose certificate subject matches an RFC 4514 name")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
     _flag(p, "--exit-on-error", True, "exit when a model fails to load at startup")
@@ -71,6 +86,15 @@ API_CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-con
                   "statistics", "trace", "logging")
 
 
+def _categories(text: str, spec: str) -> list[str]:
+    cats = [c.strip() for c in text.split(",")]
+    for cat in cats:
+        if cat not in API_CATEGORIES:
+            raise UsageError(f"unknown restricted API category '{cat}' in '{spec}'; "
+                             f"expected one of {', '.join(API_CATEGORIES)}")
+    return cats
+
+
 def _restrictions(specs: list[str]) -> dict[str, tuple[str, str]]:
     """'<cat,...>:<key>=<value>' -> {category: (key, value)}; a misspelt category is an error,
     not an API silently left open."""
@@ -80,15 +104,66 @@ def _restrictions(specs: list[str]) -> dict[str, tuple[str, str]]:
         key, eq, value = kv.partition("=")
         if not sep or not eq or not key:
             raise UsageError(f"invalid restricted API specification '{spec}', expected <categories>:<key>=<value>")
-        for cat in cats.split(","):
-            cat = cat.strip()
-            if cat not in API_CATEGORIES:
-                raise UsageError(f"unknown restricted API category '{cat}' in '{spec}'; "
-                                 f"expected one of {', '.join(API_CATEGORIES)}")
+        for cat in _categories(cats, spec):
             if cat in out:
                 raise UsageError(f"restricted API category '{cat}' is given more than once")
             out[cat] = (key.lower(), value)
     return out
+
+
+def _subject_restrictions(specs: list[str], flag: str) -> dict[str, list[str]]:
+    """'<cat,...>:<RFC 4514 name>' -> {category: [name, ...]}; a category may be given again
+    to admit another subject."""
+    from tritond.frontend.client_subject import parse_name
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        cats, sep, name = spec.partition(":")
+        if not sep or not name.strip():
+            raise UsageError(f"invalid {flag} specification '{spec}', expected <categories>:<name> "
+                             f"such as model-repository:CN=ops-admin")
+        try:
+            parse_name(name.strip())
+        except ValueError as e:
+            raise UsageError(f"{flag} '{spec}': {e}") from None
+        for cat in _categories(cats, spec):
+            out.setdefault(cat, []).append(name.strip())
+    return out
+
+
+def _tls(args: argparse.Namespace, proto: str) -> dict[str, Any] | None:
+    """One protocol's TLS settings. As in tritonserver, giving --<proto>-use-ssl-mutual turns
+    TLS on. Certificate flags without TLS are refused (unless TLS is explicitly off), so a
+    mistyped command line never serves clear text where certificates were meant."""
+    explicit = getattr(args, f"{proto}_use_ssl")
+    mutual = getattr(args, f"{proto}_use_ssl_mutual")
+    use_ssl = explicit if explicit is not None else mutual is not None
+    if mutual and not use_ssl:
+        raise UsageError(f"--{proto}-use-ssl-mutual=true contradicts --{proto}-use-ssl=false")
+    files = {name: getattr(args, f"{proto}_{name.replace('-', '_')}")
+             for name in ("server-cert", "server-key", "root-cert")}
+    if not use_ssl:
+        given = [f"--{proto}-{name}" for name, path in files.items() if path]
+        if given and explicit is None:
+            raise UsageError(f"{', '.join(given)} given without --{proto}-use-ssl=true; the port would serve "
+                             f"clear text (add --{proto}-use-ssl=true, or drop the certificate flags)")
+        return None
+    needed = ["server-cert", "server-key"] + (["root-cert"] if mutual else [])
+    missing = [f"--{proto}-{name}" for name in needed if not files[name]]
+    if missing:
+        raise UsageError(f"--{proto}-use-ssl{'-mutual' if mutual else ''} needs {', '.join(missing)}")
+    root = files["root-cert"]
+    return {"cert": os.path.abspath(files["server-cert"]), "key": os.path.abspath(files["server-key"]),
+            "root": os.path.abspath(root) if root else None, "mutual": bool(mutual)}
+
+
+def _metrics_tls(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Metrics are served by the first HTTP frontend, over TLS only when asked."""
+    if not args.metrics_use_ssl or not args.allow_http or not args.allow_metrics:
+        return None
+    if http_tls is None:
+        raise UsageError("--metrics-use-ssl uses the HTTP certificate settings: it needs --http-use-ssl=true "
+                         "with --http-server-cert and --http-server-key")
+    return http_tls
 
 
 def server_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -104,6 +179,17 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         if backend == "onnxruntime" and key == "default-max-batch-size":
             default_mbs = int(value)
     disable_ac = args.disable_auto_complete_config or bool(args.strict_model_config)
+    http_tls = _tls(args, "http")
+    grpc_tls = _tls(args, "grpc")
+    http_subjects = _subject_restrictions(args.http_restricted_api_subject, "--http-restricted-api-subject")
+    grpc_subjects = _subject_restrictions(args.grpc_restricted_protocol_subject, "--grpc-restricted-protocol-subject")
+    if http_subjects and not (http_tls and http_tls["mutual"]):
+        raise UsageError("--http-restricted-api-subject needs --http-use-ssl-mutual=true (client certificates)")
+    if grpc_subjects and not (grpc_tls and grpc_tls["mutual"]):
+        raise UsageError("--grpc-restricted-protocol-subject needs --grpc-use-ssl-mutual=true (client certificates)")
+    if http_subjects and args.http_server != "uvicorn":
+        raise UsageError("--http-restricted-api-subject works with --http-server=uvicorn only: hypercorn does not "
+                         "tell the application which certificate a connection presented")
     return {
         "model_repositories": [str(p) for p in args.model_repositories],
         "server_name": args.server_name,
@@ -121,6 +207,11 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "http_max_input_size": args.http_max_input_size,
         "http_restricted": _restrictions(args.http_restricted_api),
         "grpc_restricted": _restrictions(args.grpc_restricted_protocol),
+        "http_restricted_subjects": http_subjects,
+        "grpc_restricted_subjects": grpc_subjects,
+        "http_tls": http_tls if args.allow_http else None,
+        "grpc_tls": grpc_tls if args.allow_grpc else None,
+        "metrics_tls": _metrics_tls(args, http_tls),
         "log_verbose": args.log_verbose,
         "exit_timeout_secs": args.exit_timeout_secs,
         "exit_on_error": args.exit_on_error,

@@ -8,6 +8,11 @@ restarted, and the server gave up.
 
 After a child dies its shared-memory segments are swept; after the broker dies, also its
 workers' (they die with it by parent-death signal; any that linger are killed first).
+
+SIGHUP is forwarded to every frontend and to the broker. Children start with SIGHUP blocked
+(the mask survives exec), so one that arrives before a child is ready to act on it waits
+instead of killing it: frontends unblock it once they can reload their certificates; the
+broker (and the workers it spawns) keep it blocked and so ignore it.
 """
 from __future__ import annotations
 
@@ -26,10 +31,11 @@ from typing import Any
 
 import zmq
 
-from tritond.wire import schema as S
-from tritond.wire.addresses import Addresses
+from tritond.frontend.tls import TlsError, TlsFiles, load as load_tls, server_context
 from tritond.mps import MpsError, from_options
 from tritond.shm.naming import PREFIX, new_server_id, owner_prefix, sweep
+from tritond.wire import schema as S
+from tritond.wire.addresses import Addresses
 
 log = logging.getLogger("tritond")
 
@@ -99,15 +105,31 @@ class Supervisor:
         self.signals: list[int] = []
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, lambda n, _f: self.signals.append(n))
+        self.hangups = 0
+        signal.signal(signal.SIGHUP, self._on_hangup)
         self.cids = 0
 
     # ---------------------------------------------------------------- children
 
+    def _on_hangup(self, _n: int, _f: Any) -> None:
+        self.hangups += 1
+
     def spawn(self, child: Child) -> None:
         opts = dict(self.opts, **child.extra)
-        child.proc = subprocess.Popen([sys.executable, "-m", child.module, json.dumps(opts)],
-                                      stdin=subprocess.DEVNULL, close_fds=True)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+        try:
+            child.proc = subprocess.Popen([sys.executable, "-m", child.module, json.dumps(opts)],
+                                          stdin=subprocess.DEVNULL, close_fds=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.pidfd = os.pidfd_open(child.proc.pid)
+
+    def forward_hangup(self) -> None:
+        """SIGHUP: frontends reload their TLS certificates; the broker ignores it for now."""
+        children = [c for c in [self.broker] + self.frontends if c.proc and c.proc.poll() is None]
+        log.info("SIGHUP: forwarding to %d processes (frontends reload their TLS certificates)", len(children))
+        for c in children:
+            c.proc.send_signal(signal.SIGHUP)
 
     def connect(self) -> None:
         if self.sock is not None:
@@ -224,8 +246,25 @@ class Supervisor:
                 except OSError as e:
                     raise StartupError(f"cannot serve {name} on {host}:{port}: {e.strerror}") from None
 
+    def check_tls(self) -> None:
+        """Certificate files are checked before anything starts: a bad one is a startup error,
+        never a port that falls back to clear text."""
+        for key in ("grpc_tls", "http_tls"):
+            files = TlsFiles.from_options(key.split("_")[0], self.opts.get(key))
+            if files is None:
+                continue
+            try:
+                material = load_tls(files)
+                if files.flag == "http":
+                    server_context(material)   # what OpenSSL itself refuses (a key too weak, ...)
+            except TlsError as e:
+                raise StartupError(f"cannot serve TLS: {e}") from None
+            log.info("%s over TLS%s: %s", files.protocol, " with client certificates" if files.mutual else "",
+                     material.describe())
+
     def serve(self) -> int:
         try:
+            self.check_tls()
             self.check_ports()
             self.start_broker()
             failed = self.failed_models()
@@ -262,6 +301,9 @@ class Supervisor:
                 os.read(self.sig_r, 64)
             if self.signals:
                 return self.graceful_stop()
+            if self.hangups:
+                self.hangups = 0
+                self.forward_hangup()
             while self.sock.poll(0):
                 msg = self.decoder.decode(self.sock.recv())
                 if isinstance(msg, S.Table):

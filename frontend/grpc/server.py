@@ -2,18 +2,22 @@
 
 `python -m tritond.frontend.grpc.server <options-json>`. Several of these may listen on one
 port (SO_REUSEPORT). SIGTERM stops new RPCs (UNAVAILABLE), lets in-flight ones finish
-within the exit timeout, then closes the server.
+within the exit timeout, then closes the server. With TLS, SIGHUP reloads the certificates;
+gRPC asks for the newest configuration before each new connection's handshake.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import sys
+import threading
 
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
+from ..client_subject import subject_rules
 from ..process import frontend_dataplane, start_process
+from ..tls import Reloader, TlsError, TlsFiles, TlsMaterial, load
 from .health import health_handler
 from .servicer import GrpcOptions, InferenceServicer
 
@@ -34,17 +38,58 @@ def bind_address(address: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def certificate_configuration(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration([(material.key_pem, material.cert_pem)],
+                                                     root_certificates=material.root_pem)
+
+
+class Credentials:
+    """Server credentials whose certificates can be replaced: gRPC calls `fetch` (from one of
+    its own threads) before each new connection's handshake, and takes a configuration it
+    returns as the one to use from then on; open connections keep theirs."""
+
+    def __init__(self, material: TlsMaterial) -> None:
+        self.files = material.files
+        self.initial = certificate_configuration(material)
+        self.pending: grpc.ServerCertificateConfiguration | None = None
+        self.lock = threading.Lock()
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(self.initial, self.fetch,
+                                                   require_client_authentication=self.files.mutual)
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        with self.lock:
+            pending, self.pending = self.pending, None
+        return pending
+
+    def use(self, configuration: grpc.ServerCertificateConfiguration) -> None:
+        with self.lock:
+            self.pending = configuration
+
+    def reloader(self) -> Reloader:
+        return Reloader(self.files, certificate_configuration, self.use)
+
+
 async def run(opts: dict) -> None:
-    async with frontend_dataplane(opts, "grpc") as (dataplane, stop):
+    files = TlsFiles.from_options("grpc", opts.get("grpc_tls"))
+    credentials = Credentials(load(files)) if files else None
+    reload = credentials.reloader().reload if credentials else None
+    async with frontend_dataplane(opts, "grpc", reload) as (dataplane, stop):
         servicer = InferenceServicer(dataplane, GrpcOptions(
             server_name=opts.get("server_name", "triton"),
             strict_readiness=opts.get("strict_readiness", True),
             restricted={k: tuple(v) for k, v in (opts.get("grpc_restricted") or {}).items()},
+            subjects=subject_rules(opts.get("grpc_restricted_subjects")),
         ))
         server = grpc.aio.server(options=SERVER_OPTIONS)
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         server.add_generic_rpc_handlers((health_handler(servicer),))
-        server.add_insecure_port(bind_address(opts["grpc_address"], opts["grpc_port"]))
+        address = bind_address(opts["grpc_address"], opts["grpc_port"])
+        if credentials is not None:
+            server.add_secure_port(address, credentials.server_credentials())
+        else:
+            server.add_insecure_port(address)
         await server.start()
         await stop.wait()
         await servicer.drain(float(opts.get("exit_timeout_secs", 30)))
@@ -55,6 +100,9 @@ def main(argv: list[str]) -> int:
     opts = start_process(argv, "grpc")
     try:
         asyncio.run(run(opts))
+    except TlsError as e:
+        log.error("gRPC frontend cannot serve TLS: %s", e)
+        return 1
     except RuntimeError as e:
         log.error("gRPC frontend failed: %s", e)
         return 1

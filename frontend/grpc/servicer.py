@@ -20,6 +20,7 @@ from tritond.repository.render import config_from_json
 from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError, unavailable
 
+from ..client_subject import SubjectRule
 from ..dataplane import Dataplane
 from ..errors import GRPC_CODE_NAME
 from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
@@ -39,6 +40,7 @@ class GrpcOptions:
     server_name: str = "triton"
     strict_readiness: bool = True
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (key, value)
+    subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
 
 
 def status_of(e: TritonError) -> grpc.StatusCode:
@@ -86,6 +88,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if restriction not in tuple(context.invocation_metadata() or ()):
                 await context.abort(grpc.StatusCode.UNAVAILABLE,
                                     f"This protocol is restricted, expecting header '{restriction[0]}'")
+        rule = self.opts.subjects.get(category)
+        if rule is not None and not rule.admits((context.auth_context().get("x509_pem_cert") or [None])[0]):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                "This protocol is restricted to clients with an authorized certificate subject")
 
     async def drain(self, timeout: float) -> None:
         """Refuse new RPCs and wait (bounded) for in-flight inferences to finish."""

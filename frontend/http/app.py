@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError, invalid
 
+from ..client_subject import SubjectRule
 from ..dataplane import Dataplane, split_parameters
 from ..errors import http_status
 from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
@@ -34,6 +35,8 @@ class HttpOptions:
     strict_readiness: bool = True
     max_input_size: int = 1 << 26
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (header, value)
+    subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
+    client_certificate: Callable[[Scope], bytes | None] | None = None   # DER certificate of the client
 
 
 def json_response(doc: Any, status: int = 200) -> Response:
@@ -92,6 +95,11 @@ class HttpApi:
             restriction = self.opts.restricted.get(category)
             if restriction is not None and request.headers.get(restriction[0]) != restriction[1]:
                 return json_response({"error": f"This API is restricted, expecting header '{restriction[0]}'"}, 403)
+            rule = self.opts.subjects.get(category)
+            if rule is not None and not rule.admits(
+                    self.opts.client_certificate(request.scope) if self.opts.client_certificate else None):
+                return json_response({"error": "This API is restricted to clients with an authorized certificate "
+                                               "subject"}, 403)
             try:
                 return await fn(request)
             except TritonError as e:

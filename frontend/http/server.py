@@ -2,25 +2,34 @@
 
 `python -m tritond.frontend.http.server <options-json>`. Several of these may listen on one
 port (SO_REUSEPORT); the first one also serves /metrics when a metrics port is given.
+With TLS each port keeps a swappable context that SIGHUP reloads (frontend/tls.py).
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import sys
+from dataclasses import dataclass
 
 import uvloop
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from ..broker_client import BrokerClient
 from tritond.wire.errors import TritonError
 from tritond.wire.schema import ModelMetrics
 
+from ..broker_client import BrokerClient
+from ..client_subject import subject_rules
 from ..metrics import render
 from ..process import frontend_dataplane, start_process
+from ..tls import Reloader, SwappableContext, TlsError, TlsFiles, load
 from .app import HttpApi, HttpOptions
+from .peers import PeerCertificates
+
+log = logging.getLogger("tritond.http")
+HYPERCORN_ALPN = ["h2", "http/1.1"]
 
 
 def listen_socket(address: str, port: int) -> socket.socket:
@@ -44,10 +53,43 @@ def metrics_app(client: BrokerClient) -> Starlette:
     return Starlette(routes=[Route("/metrics", metrics)])
 
 
-async def serve_uvicorn(app, sock: socket.socket, stop: asyncio.Event) -> None:
+@dataclass
+class Tls:
+    """The TLS contexts of this process's ports (None: that port is clear text). Metrics use
+    the HTTP certificate settings, so one reload serves both."""
+    files: TlsFiles | None = None
+    api: SwappableContext | None = None
+    metrics: SwappableContext | None = None
+
+    @classmethod
+    def from_options(cls, opts: dict) -> "Tls":
+        files = TlsFiles.from_options("http", opts.get("http_tls"))
+        if files is None:
+            return cls()
+        material = load(files)
+        alpn = HYPERCORN_ALPN if opts.get("http_server") == "hypercorn" else None
+        metrics = SwappableContext(material) if opts.get("metrics_tls") and opts.get("metrics_port") else None
+        return cls(files, SwappableContext(material, alpn), metrics)
+
+    def reloader(self) -> Reloader | None:
+        if self.files is None:
+            return None
+        ports = [p for p in (self.api, self.metrics) if p is not None]
+
+        def switch(contexts: list) -> None:
+            for port, context in zip(ports, contexts):
+                port.use(context)
+        return Reloader(self.files, lambda material: [p.build(material) for p in ports], switch)
+
+
+async def serve_uvicorn(app, sock: socket.socket, stop: asyncio.Event, tls: SwappableContext | None = None,
+                        peers: PeerCertificates | None = None) -> None:
     import uvicorn
-    config = uvicorn.Config(app, http="httptools", loop="none", lifespan="off", access_log=False,
-                            log_level="warning", timeout_graceful_shutdown=None)
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    config = uvicorn.Config(app, http=peers.protocol(HttpToolsProtocol) if peers else HttpToolsProtocol,
+                            loop="none", lifespan="off", access_log=False, log_level="warning",
+                            timeout_graceful_shutdown=None, proxy_headers=False,
+                            ssl_context_factory=(lambda _config, _default: tls.context) if tls else None)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -56,10 +98,21 @@ async def serve_uvicorn(app, sock: socket.socket, stop: asyncio.Event) -> None:
     await task
 
 
-async def serve_hypercorn(app, sock: socket.socket, stop: asyncio.Event) -> None:
+async def serve_hypercorn(app, sock: socket.socket, stop: asyncio.Event, tls: SwappableContext | None = None
+                          ) -> None:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
-    config = Config()
+
+    class TlsConfig(Config):
+        """Serves this process's swappable context on the bound socket."""
+        @property
+        def ssl_enabled(self) -> bool:
+            return True
+
+        def create_ssl_context(self):
+            return tls.context
+
+    config = TlsConfig() if tls else Config()
     config.bind = [f"fd://{sock.fileno()}"]
     config.accesslog = None
     config.errorlog = None
@@ -67,24 +120,37 @@ async def serve_hypercorn(app, sock: socket.socket, stop: asyncio.Event) -> None
 
 
 async def run(opts: dict) -> None:
-    async with frontend_dataplane(opts, "http") as (dataplane, stop):
+    tls = Tls.from_options(opts)
+    reloader = tls.reloader()
+    subjects = subject_rules(opts.get("http_restricted_subjects"))
+    peers = PeerCertificates() if subjects else None
+    async with frontend_dataplane(opts, "http", reloader.reload if reloader else None) as (dataplane, stop):
         api = HttpApi(dataplane, HttpOptions(
             server_name=opts.get("server_name", "triton"),
             strict_readiness=opts.get("strict_readiness", True),
             max_input_size=opts.get("http_max_input_size", 1 << 26),
             restricted={k: tuple(v) for k, v in (opts.get("http_restricted") or {}).items()},
+            subjects=subjects,
+            client_certificate=peers.certificate if peers else None,
         ))
-        serve = serve_hypercorn if opts.get("http_server") == "hypercorn" else serve_uvicorn
-        servers = [serve(api.app(), listen_socket(opts["http_address"], opts["http_port"]), stop)]
+        sock = listen_socket(opts["http_address"], opts["http_port"])
+        if opts.get("http_server") == "hypercorn":
+            servers = [serve_hypercorn(api.app(), sock, stop, tls.api)]
+        else:
+            servers = [serve_uvicorn(api.app(), sock, stop, tls.api, peers)]
         if opts.get("metrics_port"):
             servers.append(serve_uvicorn(metrics_app(dataplane.client), listen_socket(
-                opts.get("metrics_address") or opts["http_address"], opts["metrics_port"]), stop))
+                opts.get("metrics_address") or opts["http_address"], opts["metrics_port"]), stop, tls.metrics))
         await asyncio.gather(*servers)
 
 
 def main(argv: list[str]) -> int:
     opts = start_process(argv, "http")
-    uvloop.run(run(opts))
+    try:
+        uvloop.run(run(opts))
+    except TlsError as e:
+        log.error("HTTP frontend cannot serve TLS: %s", e)
+        return 1
     return 0
 
 

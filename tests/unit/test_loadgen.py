@@ -54,8 +54,8 @@ class TinyHttpServer:
             return (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + chunks + b"0\r\n\r\n"
         return (head + f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
 
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+    async def start(self, ssl_context=None) -> str:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0, ssl=ssl_context)
         return "127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
 
 
@@ -148,3 +148,27 @@ def test_grpc_results_are_counted():
     assert request.model_name == "identity_fp32"
     assert list(request.inputs[0].shape) == [16]
     np.testing.assert_array_equal(np.frombuffer(request.raw_input_contents[0], np.float32), _fp32_input().data)
+
+
+@pytest.mark.timeout(10)
+def test_http_over_mutual_tls(tmp_path):
+    import ssl
+
+    from tls_certs import issue, make_ca
+    ca = make_ca(tmp_path)
+    server_cert = issue(tmp_path, "server", ca, "localhost", server=True)
+    client_cert = issue(tmp_path, "client", ca, "client")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca.cert))
+    server_ctx.load_cert_chain(str(server_cert.cert), str(server_cert.key))
+    server_ctx.verify_mode = ssl.CERT_REQUIRED
+    server = TinyHttpServer()
+    tls = loadgen.ClientTls(str(ca.cert), str(client_cert.cert), str(client_cert.key))
+
+    async def scenario():
+        target = await server.start(server_ctx)
+        async with server.server:
+            return await loadgen.run_async(target, "http", "identity_fp32", [_fp32_input()], 2, 0.3, 0.1, tls=tls)
+
+    result = asyncio.run(scenario())
+    assert result.errors == 0 and result.count > 0
+    assert server.connections == 2
