@@ -220,8 +220,11 @@ def autocomplete_savedmodel(
     try:
         sig = read_signature(model_dir, tag, signature)
     except ValueError as e:
-        field = f"parameters.{PARAM_SIGNATURE}" if "signature" in str(e) else "default_model_filename"
-        raise ConfigError(cfg.name, model_dir, field, str(e)) from None
+        if "signature" in str(e):
+            raise fail(f"parameters.{PARAM_SIGNATURE}", str(e)) from None
+        tagged = "tagged" in str(e)
+        raise ConfigError(cfg.name, config_file if tagged else model_dir,
+                          f"parameters.{PARAM_TAG}" if tagged else "default_model_filename", str(e)) from None
     except Exception as e:  # protobuf DecodeError, OSError: not a SavedModel
         raise ConfigError(cfg.name, model_dir, "default_model_filename", f"cannot read the SavedModel: {e}") from None
     if fill:
