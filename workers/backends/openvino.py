@@ -10,15 +10,17 @@ ENABLE_BATCH_PADDING.
 
 Batching: for a model with max_batch_size > 0 the batch dimension is made dynamic
 (1..max_batch_size), so a batch formed by the dynamic batcher runs at its own size. With
-SKIP_OV_DYNAMIC_BATCHSIZE=YES (models whose topology cannot take a dynamic batch) it is fixed
-at max_batch_size, as Triton's backend always does: a smaller batch is then an error unless
-ENABLE_BATCH_PADDING=YES pads it with zeros (and the padding is cut from the outputs).
+SKIP_OV_DYNAMIC_BATCHSIZE=YES, or when the topology pins the batch (an output keeps a fixed
+first dimension), it is fixed at max_batch_size, as Triton's backend always does: a smaller
+batch is then an error unless ENABLE_BATCH_PADDING=YES pads it with zeros (and the padding is
+cut from the outputs).
 
 `openvino` is imported only here; the repository layer has checked the parameters and the
 shapes (repository/openvino_autocomplete.py) before this worker started.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -28,6 +30,8 @@ from tritond.repository.parameters import config_parameter
 
 from .base import Backend, WorkerRequest, WorkerResponse
 from .batching import Reshapes, execute_batch
+
+log = logging.getLogger("tritond.worker.openvino")
 
 CONFIG_ELEMENT = {
     "TYPE_BOOL": "boolean", "TYPE_UINT8": "u8", "TYPE_UINT16": "u16", "TYPE_UINT32": "u32", "TYPE_UINT64": "u64",
@@ -132,6 +136,15 @@ class OpenVINOBackend(Backend):
                 hint = "" if self.static_batch else "; try parameter SKIP_OV_DYNAMIC_BATCHSIZE=YES"
                 raise ValueError(f"model '{self.instance.model_name}' cannot take the configured shapes: "
                                  f"{e}{hint}") from None
+        if self.batching and not self.static_batch and any(
+                o.get_partial_shape().rank.is_static and len(o.get_partial_shape()) and
+                o.get_partial_shape()[0].is_static for o in model.outputs):
+            # The topology pins the batch (e.g. a Reshape to a constant shape): run it as Triton's
+            # backend runs every model, at max_batch_size.
+            log.warning("model '%s' cannot take a dynamic batch; its batch is fixed at max_batch_size %d",
+                        self.instance.model_name, self.max_batch)
+            self.static_batch = True
+            model.reshape({port: [self.max_batch, *list(port.get_partial_shape())[1:]] for port in model.inputs})
         return model
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
