@@ -6,12 +6,18 @@ Usage: python examples/build_repository.py DEST
 The ONNX binaries are generated rather than committed (*.onnx is git-ignored); fixed seeds
 make every build byte-identical. Models are saved with IR version 10 and opset 17 because
 onnx 1.23 would write IR 14 by default, which onnxruntime 1.31 refuses to load.
-`mlp_torch` (TorchScript, with the weights of `mlp_onnx`) is written only where torch is
-importable; elsewhere that model is left out.
+`mlp_torch` (TorchScript), `mlp_openvino` (OpenVINO IR) and `mlp_tensorflow` (SavedModel)
+carry the weights of `mlp_onnx`, converted or rebuilt with each framework's own tools; each is
+written only where its framework is importable, and left out elsewhere. TensorFlow is large,
+so the SavedModel is written by a child process (`build_repository.py --savedmodel DIR`).
 """
 import importlib.util
+import os
 import shutil
+import subprocess
 import sys
+import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +31,6 @@ MLP_DIMS = (256, 1024, 1024, 256)
 ADD_SUB_WIDTH = 16
 IMAGE_SHAPE = (3, 224, 224)
 EMBEDDING_WIDTH = 512
-ENSEMBLES = ("search_pipeline_ensemble",)   # config only; Triton still wants a version directory
 
 
 def _finish(graph: onnx.GraphProto) -> onnx.ModelProto:
@@ -92,6 +97,42 @@ def mlp_torch_model(mlp: onnx.ModelProto):
     return torch.jit.trace(module, torch.zeros(1, MLP_DIMS[0]))
 
 
+def write_openvino_ir(onnx_path: Path, xml_path: Path) -> None:
+    """Convert the ONNX MLP with OpenVINO's converter; the batch layout lets auto-complete batch it.
+    Weights stay FP32 (OpenVINO would store FP16 by default) so the outputs match ONNX Runtime's."""
+    import openvino as ov
+
+    model = ov.convert_model(str(onnx_path))
+    for port in (*model.inputs, *model.outputs):
+        port.get_node().set_layout(ov.Layout("N?"))
+    ov.save_model(model, str(xml_path), compress_to_fp16=False)
+
+
+def write_savedmodel(path: Path) -> None:
+    """The ONNX MLP as a TensorFlow module with the same weights, saved with its serving signature."""
+    import tensorflow as tf
+
+    weights = {t.name: numpy_helper.to_array(t) for t in mlp_model().graph.initializer}
+    layers = len(MLP_DIMS) - 1
+
+    class Mlp(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = [tf.Variable(weights[f"W{i}"]) for i in range(layers)]
+            self.b = [tf.Variable(weights[f"B{i}"]) for i in range(layers)]
+
+        @tf.function(input_signature=[tf.TensorSpec([None, MLP_DIMS[0]], tf.float32, name="INPUT0")])
+        def serve(self, x):
+            for i in range(layers):
+                x = tf.matmul(x, self.w[i]) + self.b[i]
+                if i < layers - 1:
+                    x = tf.nn.relu(x)
+            return {"OUTPUT0": x}
+
+    module = Mlp()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+
+
 def image_encoder_model(seed: int = 1) -> onnx.ModelProto:
     """IMAGE [batch, 3, 224, 224] -> 8x8 stride-8 conv (16 channels), Relu, 4x4 average pool,
     Gemm to 512, L2 normalization -> EMBEDDING [batch, 512]."""
@@ -120,33 +161,53 @@ def image_encoder_model(seed: int = 1) -> onnx.ModelProto:
     return _finish(graph)
 
 
-def build(dest: str) -> None:
-    """Copy the committed configs and Python models into dest and write the ONNX models."""
+# Models that need a framework beyond onnx, and the module that must be importable for each.
+FRAMEWORK_MODELS = {"mlp_torch": "torch", "mlp_openvino": "openvino", "mlp_tensorflow": "tensorflow"}
+
+
+def build(dest: str, models: Collection[str] | None = None) -> None:
+    """Copy the committed configs and Python models into dest and write the model files;
+    `models` limits the build to those model names (default: all)."""
     root = Path(dest)
-    has_torch = importlib.util.find_spec("torch") is not None
-    skip = () if has_torch else ("mlp_torch",)
+    names = sorted(p.name for p in SOURCE.iterdir() if p.is_dir())
+    missing = {n for n, module in FRAMEWORK_MODELS.items() if importlib.util.find_spec(module) is None}
+    skip = [n for n in names if n in missing or (models is not None and n not in models)]
+    wanted = [n for n in names if n not in skip]
     shutil.copytree(SOURCE, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.onnx", *skip))
     mlp = mlp_model().SerializeToString()
     onnx_files = {
-        "mlp_onnx": mlp,
-        "mlp_onnx_nobatch": mlp,
-        "add_sub_onnx": add_sub_model().SerializeToString(),
-        "image_encoder_onnx": image_encoder_model().SerializeToString(),
+        "mlp_onnx": lambda: mlp,
+        "mlp_onnx_nobatch": lambda: mlp,
+        "add_sub_onnx": lambda: add_sub_model().SerializeToString(),
+        "image_encoder_onnx": lambda: image_encoder_model().SerializeToString(),
     }
-    for name, data in onnx_files.items():
+    for name in wanted:
         version = root / name / "1"
         version.mkdir(parents=True, exist_ok=True)
-        (version / "model.onnx").write_bytes(data)
-    for name in ENSEMBLES:
-        (root / name / "1").mkdir(parents=True, exist_ok=True)
-    if has_torch:
+        if name in onnx_files:
+            (version / "model.onnx").write_bytes(onnx_files[name]())
+    if "mlp_torch" in wanted:
         import torch
 
-        (root / "mlp_torch" / "1").mkdir(parents=True, exist_ok=True)
         torch.jit.save(mlp_torch_model(mlp_model()), str(root / "mlp_torch" / "1" / "model.pt"))
+    if "mlp_openvino" in wanted:
+        with tempfile.TemporaryDirectory() as tmp:
+            source = Path(tmp) / "mlp.onnx"
+            source.write_bytes(mlp)
+            write_openvino_ir(source, root / "mlp_openvino" / "1" / "model.xml")
+    if "mlp_tensorflow" in wanted:
+        target = root / "mlp_tensorflow" / "1" / "model.savedmodel"
+        shutil.rmtree(target, ignore_errors=True)
+        done = subprocess.run([sys.executable, __file__, "--savedmodel", str(target)], capture_output=True,
+                              text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        if done.returncode != 0:
+            raise RuntimeError(f"writing the SavedModel failed:\n{done.stderr}")
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--savedmodel":
+        write_savedmodel(Path(sys.argv[2]))
+        return
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     build(sys.argv[1])

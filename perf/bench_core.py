@@ -64,12 +64,13 @@ class InProcess:
     p99_us: float
 
 
-def build_repository(dest: Path) -> None:
-    """Import examples/build_repository.py by path; examples/ is not a package."""
+def build_repository(dest: Path, models: Sequence[str] | None = None) -> None:
+    """Import examples/build_repository.py by path (examples/ is not a package) and build
+    `models` (default: all) into dest."""
     spec = importlib.util.spec_from_file_location("build_repository", ROOT / "examples" / "build_repository.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.build(str(dest))
+    module.build(str(dest), models)
 
 
 def free_port() -> int:

@@ -6,6 +6,8 @@ server can list it as UNAVAILABLE and keep serving the others.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+
 from tritonclient.grpc import model_config_pb2
 
 from .advice import config_advice
@@ -24,7 +26,7 @@ def load_spec(
     source: ModelSource,
     *,
     autocomplete: bool = True,
-    default_max_batch_size: int = 4,
+    default_max_batch_size: int | Mapping[str, int] = 4,
     config_name: str = "",
     override: model_config_pb2.ModelConfig | None = None,
 ) -> ModelSpec:
@@ -57,7 +59,7 @@ def load_spec(
 
 
 def check_repository(
-    repos: list[str], autocomplete: bool = True, *, default_max_batch_size: int = 4, config_name: str = ""
+    repos: list[str], autocomplete: bool = True, *, default_max_batch_size: int | Mapping[str, int] = 4, config_name: str = ""
 ) -> list[ModelSpec]:
     """Every model of the repositories, ensembles checked against their composing models, sorted by name."""
     specs = {

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from .autofill import autofill_backend
-from .backends import ONNXRUNTIME
+from .backends import ONNXRUNTIME, OPENVINO, SAVEDMODEL_PLATFORM, TENSORFLOW
 from .devices import gpu_count
 from .errors import ConfigError
 from .layout import ModelSource, version_dirs
 from .normalize import normalize_config
 from .onnx_autocomplete import autocomplete_onnx
+from .openvino_autocomplete import autocomplete_openvino
+from .tensorflow_autocomplete import autocomplete_savedmodel
 from .validation import validate_config
 
 __all__ = [
@@ -92,7 +95,7 @@ def load_model_config(
     source: ModelSource,
     *,
     autocomplete: bool = True,
-    default_max_batch_size: int = 4,
+    default_max_batch_size: int | Mapping[str, int] = 4,
     config_name: str = "",
     override: ModelConfig | None = None,
 ) -> ModelConfig:
@@ -102,7 +105,11 @@ def load_model_config(
     Without a config file the model loads only if auto-complete is on and the
     backend can be told from the files. A missing model file is left for
     `validate_config` to report. Python models keep empty inputs and
-    outputs here; their worker runs `auto_complete_config`. Raises ConfigError.
+    outputs here; their worker runs `auto_complete_config`. OpenVINO and
+    SavedModel configs are checked against the model file even without
+    auto-complete, as their Triton backends do at load. `default_max_batch_size`
+    may map backend names ('' for the rest) to Triton's `default-max-batch-size`.
+    Raises ConfigError.
     """
     file = config_path(source.path, config_name)
     if override is not None:
@@ -129,9 +136,21 @@ def load_model_config(
     versions = version_dirs(source.path)
     first_version = os.path.join(source.path, str(versions[0])) if versions else None
     autofill_backend(cfg, source.name, first_version, file)
-    if autocomplete and cfg.backend == ONNXRUNTIME and first_version is not None:
-        model_file = os.path.join(first_version, cfg.default_model_filename)
-        if os.path.exists(model_file):
-            autocomplete_onnx(cfg, model_file, file, default_max_batch_size)
+    model_file = os.path.join(first_version, cfg.default_model_filename) if first_version is not None else ""
+    if model_file and os.path.exists(model_file):
+        max_batch = backend_default(default_max_batch_size, cfg.backend)
+        if autocomplete and cfg.backend == ONNXRUNTIME:
+            autocomplete_onnx(cfg, model_file, file, max_batch)
+        elif cfg.backend == OPENVINO:
+            autocomplete_openvino(cfg, model_file, file, max_batch, fill=autocomplete)
+        elif cfg.backend == TENSORFLOW and cfg.platform == SAVEDMODEL_PLATFORM:
+            autocomplete_savedmodel(cfg, model_file, file, max_batch, fill=autocomplete)
     normalize_config(cfg)
     return cfg
+
+
+def backend_default(value: int | Mapping[str, int], backend: str) -> int:
+    """`default-max-batch-size` for a backend: its own entry, else the entry for all ('')."""
+    if isinstance(value, Mapping):
+        return int(value.get(backend, value.get("", 4)))
+    return int(value)

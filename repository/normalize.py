@@ -10,7 +10,7 @@ from __future__ import annotations
 from tritonclient.grpc import model_config_pb2
 
 from . import devices
-from .backends import ENSEMBLE_PLATFORM, ONNXRUNTIME
+from .backends import ENSEMBLE_PLATFORM, ONNXRUNTIME, OPENVINO
 
 Kind = model_config_pb2.ModelInstanceGroup.Kind
 
@@ -30,7 +30,8 @@ def _normalize_instance_groups(cfg: model_config_pb2.ModelConfig) -> None:
         if not group.name:
             group.name = f"{cfg.name}_{idx}"
         if group.kind == Kind.KIND_AUTO:
-            usable = gpus > 0 and all(0 <= g < gpus for g in group.gpus)
+            # OpenVINO runs on the CPU only; Triton's backend prefers KIND_CPU for AUTO groups.
+            usable = gpus > 0 and all(0 <= g < gpus for g in group.gpus) and cfg.backend != OPENVINO
             group.kind = Kind.KIND_GPU if usable else Kind.KIND_CPU
         if group.count < 1:
             group.count = default_instance_count(group.kind, cfg.backend)

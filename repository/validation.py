@@ -11,7 +11,15 @@ from typing import Callable
 from tritonclient.grpc import model_config_pb2
 
 from . import devices
-from .backends import BACKEND_PLATFORM, DEFAULT_MODEL_FILENAME, ENSEMBLE_PLATFORM, KNOWN_BACKENDS, TENSORRT
+from .backends import (
+    BACKEND_PLATFORM,
+    DEFAULT_MODEL_FILENAME,
+    ENSEMBLE_PLATFORM,
+    GRAPHDEF_PLATFORM,
+    KNOWN_BACKENDS,
+    TENSORFLOW,
+    TENSORRT,
+)
 from .errors import ConfigError
 from .layout import version_dirs
 
@@ -40,6 +48,9 @@ def _check_identity(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
     if not cfg.backend:
         what = f"platform '{cfg.platform}'" if cfg.platform else "no platform or model file"
         raise fail("backend", f"cannot determine the backend from {what}; set 'backend'")
+    if cfg.platform == GRAPHDEF_PLATFORM:
+        raise fail("platform", "TensorFlow GraphDef models (platform 'tensorflow_graphdef') are not supported by "
+                               "tritond; save the model as a SavedModel ('tensorflow_savedmodel')")
     if cfg.backend not in KNOWN_BACKENDS:
         raise fail("backend", f"unknown backend '{cfg.backend}'; supported backends are {', '.join(KNOWN_BACKENDS)}")
     expected = BACKEND_PLATFORM.get(cfg.backend)
@@ -215,6 +226,9 @@ def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versi
         path = os.path.join(model_path, str(v), filename)
         if not os.path.exists(path):
             raise ConfigError(cfg.name, path, "default_model_filename", f"version {v} has no model file '{filename}'")
+        if cfg.backend == TENSORFLOW and not os.path.isfile(os.path.join(path, "saved_model.pb")):
+            raise ConfigError(cfg.name, path, "default_model_filename",
+                              f"version {v}: '{filename}' must be a SavedModel directory holding saved_model.pb")
 
 
 def validate_config(

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv with tritond installed (editable). With --test, also the test tools and
-# perf_analyzer. Safe to run again: it only installs what is missing.
+# Creates .venv with tritond installed (editable). With --test, also the test tools, the
+# OpenVINO and TensorFlow (CPU) extras, torch and perf_analyzer. Safe to run again: it only
+# installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install -q --upgrade pip
 fi
 if [ "${1:-}" = "--test" ]; then
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[test,openvino,tensorflow]'
   .venv/bin/python -m pip install -q 'torch==2.13.0' || echo "setup: torch 2.13.0 not installable here; PyTorch tests will skip"
   if [ ! -x .venv/perf_analyzer/perf_analyzer ]; then
     PATH="$PWD/.venv/bin:$PATH" bash scripts/install-perf-analyzer "$PWD/.venv/perf_analyzer" \

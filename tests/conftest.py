@@ -31,11 +31,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def build_example_repository(dest: Path) -> Path:
+# Example models whose workers import a large framework (seconds per server start); only the
+# tests of those backends build them (build_example_repository(dest, FRAMEWORK_MODELS)).
+FRAMEWORK_MODELS = ("mlp_openvino", "mlp_tensorflow")
+
+
+def build_example_repository(dest: Path, models: tuple[str, ...] | None = None) -> Path:
+    """Build the example repository into dest: `models`, or every model but FRAMEWORK_MODELS."""
     spec = importlib.util.spec_from_file_location("build_repository", ROOT / "examples" / "build_repository.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.build(str(dest))
+    if models is None:
+        models = tuple(p.name for p in (ROOT / "examples" / "model_repository").iterdir()
+                       if p.is_dir() and p.name not in FRAMEWORK_MODELS)
+    mod.build(str(dest), models)
     return dest
 
 

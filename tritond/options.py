@@ -172,12 +172,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--load-model requires --model-control-mode=explicit")
     if "*" in args.load_models and len(args.load_models) > 1:
         raise UsageError("--load-model=* must be the only --load-model")
-    default_mbs = 4
-    for entry in args.backend_config:
-        backend, _, kv = entry.partition(",")
-        key, _, value = kv.partition("=")
-        if backend == "onnxruntime" and key == "default-max-batch-size":
-            default_mbs = int(value)
+    default_mbs = _backend_config(args.backend_config)
     disable_ac = args.disable_auto_complete_config or bool(args.strict_model_config)
     http_tls = _tls(args, "http")
     grpc_tls = _tls(args, "grpc")
@@ -226,6 +221,39 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "mps": args.mps,
         "mps_active_thread_percentage": _percentage(args.mps_active_thread_percentage),
     }
+
+
+def _backend_config(entries: list[str]) -> dict[str, int]:
+    """`--backend-config [<backend>,]<key>=<value>` -> default-max-batch-size per backend ('' for all).
+
+    For the backends added with their whole settings (openvino, tensorflow) a setting tritond
+    does not apply is refused rather than ignored."""
+    defaults = {"": 4}
+    for entry in entries:
+        backend, sep, setting = entry.partition(",")
+        if not sep:
+            backend, setting = "", entry
+        key, eq, value = setting.partition("=")
+        if not eq:
+            raise UsageError(f"--backend-config '{entry}': expected [<backend>,]<setting>=<value>")
+        if key == "default-max-batch-size":
+            if not value.strip().isdigit():
+                raise UsageError(f"--backend-config '{entry}': default-max-batch-size must be a non-negative integer")
+            defaults[backend] = int(value)
+        elif backend == "tensorflow" and (key, value.strip()) == ("version", "2"):
+            continue
+        elif backend == "tensorflow" and key == "allow-soft-placement" and _is_true(value):
+            continue   # TensorFlow 2 places ops softly already
+        elif backend in ("tensorflow", "openvino"):
+            raise UsageError(f"--backend-config '{entry}' is not supported by tritond")
+    return defaults
+
+
+def _is_true(value: str) -> bool:
+    try:
+        return parse_bool(value)
+    except argparse.ArgumentTypeError:
+        return False
 
 
 def _percentage(value: int | None) -> int | None:

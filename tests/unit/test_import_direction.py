@@ -30,7 +30,10 @@ RULES = [
     ("tritond.broker", ("starlette", "uvicorn", "hypercorn", "grpc")),
     ("tritond.workers", ("starlette", "uvicorn", "hypercorn", "grpc")),
     ("tritond.wire", ("zmq", "numpy", "starlette", "grpc")),
-    ("tritond.frontend", ("onnxruntime", "torch", "tensorrt")),
+    ("tritond.frontend", ("onnxruntime", "torch", "tensorrt", "openvino", "tensorflow")),
+    # Frameworks load only in their workers (the repository reads their model files without them).
+    ("tritond.broker", ("openvino", "tensorflow")),
+    ("tritond.repository", ("openvino", "tensorflow")),
 ]
 
 

@@ -19,4 +19,10 @@ def create(config: dict, instance: InstanceInfo) -> Backend:
     if backend == "tensorrt" or platform == "tensorrt_plan":
         from .tensorrt import TensorRTBackend
         return TensorRTBackend(config, instance)
+    if backend == "openvino":
+        from .openvino import OpenVINOBackend
+        return OpenVINOBackend(config, instance)
+    if platform == "tensorflow_savedmodel":
+        from .tensorflow import TensorFlowBackend
+        return TensorFlowBackend(config, instance)
     raise ValueError(f"unsupported backend '{backend or platform}'")

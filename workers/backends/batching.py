@@ -48,3 +48,27 @@ def execute_batch(
         WorkerResponse({k: v for k, v in out.items() if not req.requested_outputs or k in req.requested_outputs})
         for req, out in zip(requests, per_request)
     ]
+
+
+class Reshapes:
+    """A config's `reshape` entries: the shape a model sees for an input, and the dims a client
+    sees for an output, each behind the batch dimension of a batching model."""
+
+    def __init__(self, config: dict) -> None:
+        self.batching = int(config.get("max_batch_size", 0) or 0) > 0
+        self.inputs = {i["name"]: list(i["reshape"].get("shape") or [])
+                       for i in config.get("input") or [] if "reshape" in i}
+        self.outputs = {o["name"]: list(o["dims"]) for o in config.get("output") or [] if "reshape" in o}
+
+    def _apply(self, arr: np.ndarray, shape: list[int]) -> np.ndarray:
+        return arr.reshape(([arr.shape[0]] if self.batching else []) + shape)
+
+    def model_inputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.inputs:
+            return inputs
+        return {n: self._apply(a, self.inputs[n]) if n in self.inputs else a for n, a in inputs.items()}
+
+    def client_outputs(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.outputs:
+            return outputs
+        return {n: self._apply(a, self.outputs[n]) if n in self.outputs else a for n, a in outputs.items()}

@@ -10,7 +10,7 @@ from tritond.repository.parameters import config_parameter
 
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
-from .batching import execute_batch
+from .batching import Reshapes, execute_batch
 
 
 class OnnxBackend(Backend):
@@ -40,20 +40,12 @@ class OnnxBackend(Backend):
             providers = ["CPUExecutionProvider"]
         self.session = ort.InferenceSession(path, sess_options=opts, providers=providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.batching = int(self.config.get("max_batch_size", 0) or 0) > 0
-        self.input_reshape = {
-            i["name"]: list(i["reshape"]["shape"]) for i in self.config.get("input", []) if i.get("reshape")
-        }
-        self.output_dims = {
-            o["name"]: list(o["dims"]) for o in self.config.get("output", []) if o.get("reshape")
-        }
+        self.reshapes = Reshapes(self.config)
+        self.batching = self.reshapes.batching
 
     def _feed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {}
-        for name, arr in inputs.items():
-            shape = self.input_reshape.get(name)
-            if shape is not None:
-                arr = arr.reshape(([arr.shape[0]] if self.batching else []) + shape)
+        for name, arr in self.reshapes.model_inputs(inputs).items():
             if arr.dtype == np.object_:
                 arr = np.array([x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
                                 for x in arr.reshape(-1)], dtype=object).reshape(arr.shape)
@@ -65,11 +57,7 @@ class OnnxBackend(Backend):
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = self.session.run(self.output_names, self._feed(inputs))
-        outputs = dict(zip(self.output_names, results))
-        for name, dims in self.output_dims.items():
-            if name in outputs:
-                arr = outputs[name]
-                outputs[name] = arr.reshape(([arr.shape[0]] if self.batching else []) + dims)
+        outputs = self.reshapes.client_outputs(dict(zip(self.output_names, results)))
         for name, arr in outputs.items():
             if arr.dtype.kind == "U" or arr.dtype == np.object_:
                 outputs[name] = np.array([str(x).encode() for x in arr.reshape(-1)], dtype=object).reshape(arr.shape)
