@@ -95,6 +95,7 @@ class BrokerClient:
         self.table_event = asyncio.Event()
         self.last_heard = 0.0
         self.alive = False
+        self.serving = True       # every frontend process of the server is serving (see readiness.py)
         self.boot = 0
         self.on_gone: Callable[[str], None] | None = None   # drops mappings of a dead owner's segments
         self.decoder = P.decoder(P.BrokerToFrontend)
@@ -215,6 +216,10 @@ class BrokerClient:
             self._broker_lost("the broker was restarted")
         if boot:
             self.boot = boot
+
+    def ready(self, strict: bool) -> bool:
+        """Server readiness as this frontend reports it."""
+        return self.alive and self.serving and self.table.ready(strict)
 
     def _check(self) -> None:
         if not self.alive:

@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import signal
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from tritond.broker.addresses import Addresses
 from tritond.broker.process import die_with_parent, setup_logging
@@ -18,6 +18,7 @@ from tritond.shm.mapping import SegmentMaps
 
 from .broker_client import BrokerClient
 from .dataplane import Dataplane
+from .readiness import SupervisorLink
 
 log = logging.getLogger("tritond.frontend")
 
@@ -34,13 +35,17 @@ def start_process(argv: list[str], role: str) -> dict:
 
 
 @contextlib.asynccontextmanager
-async def frontend_dataplane(opts: dict, kind: str) -> AsyncIterator[tuple[Dataplane, asyncio.Event]]:
-    """The dataplane a protocol server serves with, and the event SIGTERM sets. The server
-    opens its port only after this, once the broker's model table has arrived, so the first
-    request sees a live server."""
+async def frontend_dataplane(opts: dict, kind: str
+                             ) -> AsyncIterator[tuple[Dataplane, asyncio.Event, Callable[[], None]]]:
+    """The dataplane a protocol server serves with, the event SIGTERM sets, and what to call
+    once its port is open. The server opens its port only after this, once the broker's
+    model table has arrived, so the first request sees a live server; it answers ready only
+    when the supervisor says every frontend process is serving."""
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     client = BrokerClient(Addresses(opts["run_dir"]).frontends, kind)
+    client.serving = False
+    link = SupervisorLink(opts.get("ready_fd"), lambda: setattr(client, "serving", True))
     await client.start()
     if not await client.wait_table(TABLE_WAIT_S):
         log.warning("no model table from the broker after %gs; serving anyway", TABLE_WAIT_S)
@@ -48,8 +53,9 @@ async def frontend_dataplane(opts: dict, kind: str) -> AsyncIterator[tuple[Datap
     maps = SegmentMaps()
     client.on_gone = maps.drop_prefix
     try:
-        yield Dataplane(client, arena, maps), stop
+        yield Dataplane(client, arena, maps), stop, link.listening
     finally:
+        link.close()
         client.close()
         maps.close()
         arena.close()

@@ -50,6 +50,8 @@ def start_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-restricted-protocol", action="append", default=[])
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument("--broker-hang-timeout-secs", type=float, default=30.0, metavar="SECS",
+                   help="restart the broker when it has sent nothing for this long (it pings twice a second)")
     _flag(p, "--exit-on-error", True, "exit when a model fails to load at startup")
     _flag(p, "--strict-readiness", True, "ready only when every model is ready")
     _flag(p, "--allow-client-shm", False, "allow client shared-memory registration")
@@ -123,6 +125,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "grpc_restricted": _restrictions(args.grpc_restricted_protocol),
         "log_verbose": args.log_verbose,
         "exit_timeout_secs": args.exit_timeout_secs,
+        "broker_hang_timeout_secs": _positive(args.broker_hang_timeout_secs, "--broker-hang-timeout-secs"),
         "exit_on_error": args.exit_on_error,
         "strict_readiness": args.strict_readiness,
         "allow_client_shm": args.allow_client_shm,
@@ -140,4 +143,10 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
 def _percentage(value: int | None) -> int | None:
     if value is not None and not 1 <= value <= 100:
         raise UsageError(f"--mps-active-thread-percentage must be from 1 to 100, got {value}")
+    return value
+
+
+def _positive(value: float, flag: str) -> float:
+    if not value > 0:
+        raise UsageError(f"{flag} must be positive, got {value:g}")
     return value

@@ -35,7 +35,7 @@ def bind_address(address: str, port: int) -> str:
 
 
 async def run(opts: dict) -> None:
-    async with frontend_dataplane(opts, "grpc") as (dataplane, stop):
+    async with frontend_dataplane(opts, "grpc") as (dataplane, stop, listening):
         servicer = InferenceServicer(dataplane, GrpcOptions(
             server_name=opts.get("server_name", "triton"),
             strict_readiness=opts.get("strict_readiness", True),
@@ -46,6 +46,7 @@ async def run(opts: dict) -> None:
         server.add_generic_rpc_handlers((health_handler(servicer),))
         server.add_insecure_port(bind_address(opts["grpc_address"], opts["grpc_port"]))
         await server.start()
+        listening()
         await stop.wait()
         await servicer.drain(float(opts.get("exit_timeout_secs", 30)))
         await server.stop(STOP_GRACE_S)

@@ -93,7 +93,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             await asyncio.sleep(0.05)
 
     def ready(self) -> bool:
-        return self.client.alive and self.client.table.ready(self.opts.strict_readiness)
+        return self.client.ready(self.opts.strict_readiness)
 
     # ------------------------------------------------------------- health and metadata
 

@@ -157,7 +157,7 @@ class HttpApi:
         return Response(status_code=200 if self.client.alive else 400)
 
     async def ready(self, request: Request) -> Response:
-        ok = self.client.alive and self.client.table.ready(self.opts.strict_readiness)
+        ok = self.client.ready(self.opts.strict_readiness)
         return Response(status_code=200 if ok else 400)
 
     async def server_metadata(self, request: Request) -> Response:

@@ -65,7 +65,7 @@ async def serve_hypercorn(app, sock: socket.socket, stop: asyncio.Event) -> None
 
 
 async def run(opts: dict) -> None:
-    async with frontend_dataplane(opts, "http") as (dataplane, stop):
+    async with frontend_dataplane(opts, "http") as (dataplane, stop, listening):
         api = HttpApi(dataplane, HttpOptions(
             server_name=opts.get("server_name", "triton"),
             strict_readiness=opts.get("strict_readiness", True),
@@ -77,6 +77,7 @@ async def run(opts: dict) -> None:
         if opts.get("metrics_port"):
             servers.append(serve_uvicorn(metrics_app(dataplane.client), listen_socket(
                 opts.get("metrics_address") or opts["http_address"], opts["metrics_port"]), stop))
+        listening()    # the sockets listen: connections queue until the servers accept them
         await asyncio.gather(*servers)
 
 
