@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tritond.repository.remote import RemoteError, check_available
+
 
 class UsageError(Exception):
     pass
@@ -95,6 +97,12 @@ def _restrictions(specs: list[str]) -> dict[str, tuple[str, str]]:
 
 def server_options(args: argparse.Namespace) -> dict[str, Any]:
     """A plain dict every process can read (it travels as JSON in argv)."""
+    for repo in args.model_repositories:
+        if "://" in repo:
+            try:
+                check_available(repo)
+            except RemoteError as e:
+                raise UsageError(str(e)) from None
     if args.model_control_mode != "explicit" and args.load_models:
         raise UsageError("--load-model requires --model-control-mode=explicit")
     if "*" in args.load_models and len(args.load_models) > 1:

@@ -41,6 +41,7 @@ from tritond.frontend.broker_client import BROKER_SILENCE_S
 from tritond.frontend.readiness import LISTENING, SERVING
 from tritond.mps import MpsError, from_options
 from tritond.notify import Notifier
+from tritond.repository.remote import CACHE_ENV, RemoteError, is_remote, list_models
 from tritond.shm.naming import PREFIX, new_server_id, owner_prefix, sweep
 from tritond.shm_space import shm_shortfall
 
@@ -101,6 +102,8 @@ class Supervisor:
         self.run_dir = tempfile.mkdtemp(prefix="tritond-")
         os.chmod(self.run_dir, 0o700)
         self.opts = dict(opts, server_id=self.server_id, run_dir=self.run_dir, supervisor_pid=os.getpid())
+        if any(is_remote(r) for r in opts["model_repositories"]) and not os.environ.get(CACHE_ENV):
+            os.environ[CACHE_ENV] = os.path.join(self.run_dir, "model-cache")   # the children's, removed at exit
         self.mps = from_options(opts, self.run_dir)
         if self.mps is not None:
             self.opts["mps_env"] = self.mps.worker_env()
@@ -323,6 +326,7 @@ class Supervisor:
         try:
             self.check_ports()
             self.notify.status("loading models")
+            self.check_remote_repositories()
             self.start_broker()
             failed = self.failed_models()
             if failed and self.opts["exit_on_error"]:
@@ -345,6 +349,16 @@ class Supervisor:
             return 1
         self.notify.ready(self.serving_status())
         return self.watch()
+
+    def check_remote_repositories(self) -> None:
+        """List each remote repository once before the broker starts, so that an unreachable
+        or missing bucket is one clear startup error (what was fetched stays in the cache)."""
+        for repo in self.opts["model_repositories"]:
+            if is_remote(repo):
+                try:
+                    list_models(repo)
+                except RemoteError as e:
+                    raise StartupError(str(e)) from None
 
     def check_shm(self) -> None:
         """Log an error when /dev/shm cannot hold the arenas of every process."""
