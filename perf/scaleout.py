@@ -194,7 +194,7 @@ def main() -> None:
     p.add_argument("--service-ms", type=float, default=40.0, help="time the model holds its instance per request")
     p.add_argument("--target", type=float, default=8.0, help="queued requests per replica the rule aims at")
     p.add_argument("--step-seconds", type=float, default=8.0)
-    p.add_argument("--steps", type=lambda s: [float(x) for x in s.split(",")], default=[15, 40, 40, 60, 60, 15, 15],
+    p.add_argument("--steps", type=lambda s: [float(x) for x in s.split(",")], default=[15, 40, 40, 40, 50, 15, 15],
                    help="request rate of each step, requests/s")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="tritond-scaleout-") as tmp:
