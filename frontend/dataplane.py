@@ -16,6 +16,8 @@ from tritond.broker import protocol as P
 from tritond.repository.datatypes import (
     CONFIG_TO_WIRE, ELEMENT_SIZE, WIRE_TYPES, bytes_to_array, element_count,
 )
+from tritond.repository.layout import validate_model_name
+from tritond.repository.remote import RemoteError, mirror_model
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
 
@@ -150,10 +152,25 @@ def count_bytes_elements(buf: bytes | memoryview, name: str, model: str, request
 
 
 class Dataplane:
-    def __init__(self, client: BrokerClient, arena: Arena, maps: SegmentMaps) -> None:
+    def __init__(self, client: BrokerClient, arena: Arena, maps: SegmentMaps,
+                 remote_repositories: list[str] | None = None) -> None:
         self.client = client
         self.arena = arena
         self.maps = maps
+        self.remote_repositories = remote_repositories or []
+
+    async def load_model(self, args: dict[str, Any]) -> None:
+        """Ask the broker to load a model. A model of a remote repository is mirrored here
+        first, in a thread: the broker mirrors it again before loading and then finds every
+        file current, so its loop is not held up (and silent) for the download."""
+        name = args.get("name")
+        if isinstance(name, str) and validate_model_name(name) is None:
+            for repo in self.remote_repositories:
+                try:
+                    await asyncio.to_thread(mirror_model, repo, name)
+                except RemoteError:
+                    pass       # not in this repository, or unreachable: the broker's load says why
+        await self.client.control("load", args)
 
     def entry(self, name: str, version: int = -1) -> P.ModelEntry:
         return self.client.table.resolve(name, version)

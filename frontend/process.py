@@ -13,6 +13,7 @@ from typing import AsyncIterator, Callable
 
 from tritond.broker.addresses import Addresses
 from tritond.broker.process import die_with_parent, setup_logging
+from tritond.repository.remote import is_remote
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
 
@@ -53,7 +54,10 @@ async def frontend_dataplane(opts: dict, kind: str
     maps = SegmentMaps()
     client.on_gone = maps.drop_prefix
     try:
-        yield Dataplane(client, arena, maps), stop, link.listening
+        # Only explicit mode loads after startup: elsewhere a load request must not fetch anything.
+        remote = [r for r in opts.get("model_repositories", []) if is_remote(r)] \
+            if opts.get("model_control_mode") == "explicit" else []
+        yield Dataplane(client, arena, maps, remote), stop, link.listening
     finally:
         link.close()
         client.close()

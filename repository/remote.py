@@ -12,7 +12,9 @@ Each goes through fsspec (packages s3fs, gcsfs, adlfs: `pip install tritond[s3|g
 Everything else in tritond sees plain directories: listing a repository (`scan`) brings in
 each model's top-level files (config.pbtxt, configs/, labels) so that ensembles can be
 ordered, and loading a model (`load_spec`) first mirrors all of it, so every load, an
-explicit one included, serves what the bucket holds at that moment. Mirroring is
+explicit one included, serves what the bucket holds at that moment (for an explicit load
+the frontend mirrors the model first, off the broker's loop, which then finds it current).
+Mirroring is
 incremental: a file whose size and ETag (or generation) are unchanged is not fetched again;
 a changed one is written beside the old and renamed over it, so a running worker keeps the
 file it opened; files gone from the bucket are removed.

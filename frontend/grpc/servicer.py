@@ -229,7 +229,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(self, request, context):
         if request.repository_name:
             raise TritonError("UNSUPPORTED", "'repository_name' specification is not supported")
-        await self.client.control("load", cv.load_arguments(request))
+        await self.dp.load_model(cv.load_arguments(request))
         return pb.RepositoryModelLoadResponse()
 
     @rpc("model-repository")

@@ -261,7 +261,7 @@ class HttpApi:
                     args["files"] = {k: base64.b64decode(v, validate=True) for k, v in files.items()}
                 except (ValueError, TypeError):
                     raise invalid("failed to decode the base64 content of a 'file:' parameter") from None
-        await self.client.control("load", args)
+        await self.dp.load_model(args)
         return Response(status_code=200)
 
     async def unload(self, request: Request) -> Response:
