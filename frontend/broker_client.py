@@ -81,6 +81,7 @@ class BrokerClient:
         self.table_event = asyncio.Event()
         self.last_heard = 0.0
         self.alive = False
+        self.serving = True       # every frontend process of the server is serving (see readiness.py)
         self.boot = 0
         self.on_gone: Callable[[str], None] | None = None   # drops mappings of a dead owner's segments
         self.decoder = S.decoder(S.BrokerToFrontend)
@@ -207,6 +208,10 @@ class BrokerClient:
             self._send_quietly(S.encode(S.Hello(S.PROTOCOL_VERSION, self.kind, os.getpid())))
         if boot:
             self.boot = boot
+
+    def ready(self, strict: bool) -> bool:
+        """Server readiness as this frontend reports it."""
+        return self.alive and self.serving and self.table.ready(strict)
 
     def _check(self) -> None:
         if not self.alive:

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from tritond.repository.datatypes import ELEMENT_SIZE, WIRE_TYPES, bytes_to_array, element_count, serialize_bytes
+from tritond.repository.layout import validate_model_name
+from tritond.repository.remote import RemoteError, mirror_model
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
 from tritond.wire import schema as S
@@ -144,10 +146,24 @@ def count_bytes_elements(buf: bytes | memoryview, name: str, model: str, request
 
 
 class Dataplane:
-    def __init__(self, client: BrokerClient, arena: Arena, maps: SegmentMaps) -> None:
+    def __init__(self, client: BrokerClient, arena: Arena, maps: SegmentMaps,
+                 remote_repositories: list[str] | None = None) -> None:
         self.client = client
         self.arena = arena
         self.maps = maps
+        self.remote_repositories = remote_repositories or []
+
+    async def load_model(self, op: S.LoadModel) -> None:
+        """Ask the broker to load a model. A model of a remote repository is mirrored here
+        first, in a thread: the broker mirrors it again before loading and then finds every
+        file current, so its loop is not held up (and silent) for the download."""
+        if validate_model_name(op.name) is None:
+            for repo in self.remote_repositories:
+                try:
+                    await asyncio.to_thread(mirror_model, repo, op.name)
+                except RemoteError:
+                    pass       # not in this repository, or unreachable: the broker's load says why
+        await self.client.control(op)
 
     def entry(self, name: str, version: int = -1) -> S.ModelEntry:
         return self.client.table.resolve(name, version)

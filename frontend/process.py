@@ -12,12 +12,14 @@ import signal
 from typing import AsyncIterator, Callable
 
 from tritond.process import die_with_parent, setup_logging
+from tritond.repository.remote import is_remote
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
 from tritond.wire.addresses import Addresses
 
 from .broker_client import BrokerClient
 from .dataplane import Dataplane
+from .readiness import SupervisorLink
 
 log = logging.getLogger("tritond.frontend")
 
@@ -39,17 +41,21 @@ def _nothing_to_reload() -> None:
 
 @contextlib.asynccontextmanager
 async def frontend_dataplane(opts: dict, kind: str, on_hangup: Callable[[], object] | None = None
-                             ) -> AsyncIterator[tuple[Dataplane, asyncio.Event]]:
-    """The dataplane a protocol server serves with, and the event SIGTERM sets. The server
-    opens its port only after this, once the broker's model table has arrived, so the first
-    request sees a live server. SIGHUP calls `on_hangup` (a certificate reload); the process
-    started with SIGHUP blocked, and one that arrived meanwhile is delivered now."""
+                             ) -> AsyncIterator[tuple[Dataplane, asyncio.Event, Callable[[], None]]]:
+    """The dataplane a protocol server serves with, the event SIGTERM sets, and what to call
+    once its port is open. The server opens its port only after this, once the broker's
+    model table has arrived, so the first request sees a live server; it answers ready only
+    when the supervisor says every frontend process is serving. SIGHUP calls `on_hangup` (a
+    certificate reload); the process started with SIGHUP blocked, and one that arrived
+    meanwhile is delivered now."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGHUP, on_hangup or _nothing_to_reload)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
     client = BrokerClient(Addresses(opts["run_dir"]).frontends, kind)
+    client.serving = False
+    link = SupervisorLink(opts.get("ready_fd"), lambda: setattr(client, "serving", True))
     await client.start()
     if not await client.wait_table(TABLE_WAIT_S):
         log.warning("no model table from the broker after %gs; serving anyway", TABLE_WAIT_S)
@@ -57,8 +63,12 @@ async def frontend_dataplane(opts: dict, kind: str, on_hangup: Callable[[], obje
     maps = SegmentMaps()
     client.on_gone = maps.drop_prefix
     try:
-        yield Dataplane(client, arena, maps), stop
+        # Only explicit mode loads after startup: elsewhere a load request must not fetch anything.
+        remote = [r for r in opts.get("model_repositories", []) if is_remote(r)] \
+            if opts.get("model_control_mode") == "explicit" else []
+        yield Dataplane(client, arena, maps, remote), stop, link.listening
     finally:
+        link.close()
         client.close()
         maps.close()
         arena.close()

@@ -16,6 +16,7 @@ from .config import OVERRIDE_FILE, config_path, load_model_config, validate_conf
 from .ensemble import validate_ensemble
 from .errors import ConfigError
 from .layout import ModelSource, scan, validate_model_name, version_dirs
+from .remote import RemoteError, is_remote, mirror_model
 from .spec import ModelSpec
 from .versions import select_versions
 
@@ -40,6 +41,11 @@ def load_spec(
     bad_name = validate_model_name(source.name)
     if bad_name:
         return failed(bad_name)
+    if is_remote(source.repo):
+        try:
+            mirror_model(source.repo, source.name)
+        except RemoteError as e:
+            return failed(str(e))
     try:
         cfg = load_model_config(
             source,

@@ -9,10 +9,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .remote import is_remote, list_models
+
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A model directory found in a repository; `error` is set when it cannot be loaded."""
+    """A model directory found in a repository; `error` is set when it cannot be loaded.
+    For a remote repository (`repo` is its URL), `path` is the model's local mirror."""
 
     name: str
     path: str
@@ -24,21 +27,24 @@ def scan(repos: list[str]) -> dict[str, ModelSource]:
     """Every model directory of every repository, keyed by model name.
 
     A name present in two repositories is ambiguous, so it maps to a source with
-    `error` set and shows as unavailable. Raises OSError when a repository
-    cannot be listed.
+    `error` set and shows as unavailable. Raises OSError when a local repository
+    cannot be listed, RemoteError (repository.remote) when a remote one cannot.
     """
     found: dict[str, ModelSource] = {}
     for repo in repos:
-        with os.scandir(repo) as entries:
-            names = sorted(e.name for e in entries if e.is_dir())
-        for name in names:
+        if is_remote(repo):
+            paths = list_models(repo)
+        else:
+            with os.scandir(repo) as entries:
+                paths = {e.name: os.path.join(repo, e.name) for e in entries if e.is_dir()}
+        for name in sorted(paths):
             if name in found:
                 first = found[name]
                 found[name] = ModelSource(
                     name, first.path, first.repo, f"model '{name}' appears in multiple repositories"
                 )
             else:
-                found[name] = ModelSource(name, os.path.join(repo, name), repo)
+                found[name] = ModelSource(name, paths[name], repo)
     return found
 
 

@@ -5,6 +5,8 @@ import argparse
 import os
 from typing import Any
 
+from tritond.repository.remote import RemoteError, check_available
+
 
 class UsageError(Exception):
     pass
@@ -65,6 +67,8 @@ def start_parser() -> argparse.ArgumentParser:
                    help="limit protocol categories to clients whose certificate subject matches an RFC 4514 name")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument("--broker-hang-timeout-secs", type=float, default=30.0, metavar="SECS",
+                   help="restart the broker when it has sent nothing for this long (it pings twice a second)")
     _flag(p, "--exit-on-error", True, "exit when a model fails to load at startup")
     _flag(p, "--strict-readiness", True, "ready only when every model is ready")
     _flag(p, "--allow-client-shm", False, "allow client shared-memory registration")
@@ -168,6 +172,12 @@ def _metrics_tls(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> d
 
 def server_options(args: argparse.Namespace) -> dict[str, Any]:
     """A plain dict every process can read (it travels as JSON in argv)."""
+    for repo in args.model_repositories:
+        if "://" in repo:
+            try:
+                check_available(repo)
+            except RemoteError as e:
+                raise UsageError(str(e)) from None
     if args.model_control_mode != "explicit" and args.load_models:
         raise UsageError("--load-model requires --model-control-mode=explicit")
     if "*" in args.load_models and len(args.load_models) > 1:
@@ -209,6 +219,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "metrics_tls": _metrics_tls(args, http_tls),
         "log_verbose": args.log_verbose,
         "exit_timeout_secs": args.exit_timeout_secs,
+        "broker_hang_timeout_secs": _positive(args.broker_hang_timeout_secs, "--broker-hang-timeout-secs"),
         "exit_on_error": args.exit_on_error,
         "strict_readiness": args.strict_readiness,
         "allow_client_shm": args.allow_client_shm,
@@ -259,4 +270,10 @@ def _is_true(value: str) -> bool:
 def _percentage(value: int | None) -> int | None:
     if value is not None and not 1 <= value <= 100:
         raise UsageError(f"--mps-active-thread-percentage must be from 1 to 100, got {value}")
+    return value
+
+
+def _positive(value: float, flag: str) -> float:
+    if not value > 0:
+        raise UsageError(f"{flag} must be positive, got {value:g}")
     return value

@@ -6,6 +6,14 @@ could not be bound, the broker would not start); 2 in-flight requests had to be 
 at the exit timeout; 3 the broker or a frontend kept dying, or the broker could not be
 restarted, and the server gave up.
 
+Ready means every startup model has loaded and every frontend process (each HTTP and each
+gRPC worker) is serving: each frontend says "listening" over a socket pair once its port is
+open, is told "serving" when all are, answers ready from then on and acknowledges. Under systemd the
+supervisor then sends READY=1, STATUS= lines as the state changes, STOPPING=1 on drain, and
+WATCHDOG=1 while the broker is healthy. The broker pings twice a second: one silent for 3 s is
+not healthy (the frontends fail its requests too), one silent for `--broker-hang-timeout-secs`
+is hung: it is killed and restarted like a dead one.
+
 After a child dies its shared-memory segments are swept; after the broker dies, also its
 workers' (they die with it by parent-death signal; any that linger are killed first).
 
@@ -19,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -31,9 +40,14 @@ from typing import Any
 
 import zmq
 
+from tritond.frontend.broker_client import BROKER_SILENCE_S
+from tritond.frontend.readiness import LISTENING, SERVING
 from tritond.frontend.tls import TlsError, TlsFiles, load as load_tls, server_context
 from tritond.mps import MpsError, from_options
+from tritond.notify import Notifier
+from tritond.repository.remote import CACHE_ENV, RemoteError, is_remote, list_models
 from tritond.shm.naming import PREFIX, new_server_id, owner_prefix, sweep
+from tritond.shm_space import shm_shortfall
 from tritond.wire import schema as S
 from tritond.wire.addresses import Addresses
 
@@ -43,6 +57,8 @@ RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
 STARTUP_TIMEOUT_S = 600.0
 ORPHAN_GRACE_S = 2.0
+FRONTEND_START_S = 60.0
+CLOSED = b"closed"
 
 
 @dataclass
@@ -53,6 +69,9 @@ class Child:
     proc: subprocess.Popen | None = None
     pidfd: int = -1
     deaths: list[float] = field(default_factory=list)
+    link: socket.socket | None = None     # frontends: the supervisor's end of the readiness pair
+    link_state: bytes = b""               # frontends: b"" | LISTENING | SERVING (acknowledged) | CLOSED
+    hung: bool = False                    # killed by the supervisor for not answering
 
 
 class StartupError(Exception):
@@ -89,6 +108,8 @@ class Supervisor:
         self.run_dir = tempfile.mkdtemp(prefix="tritond-")
         os.chmod(self.run_dir, 0o700)
         self.opts = dict(opts, server_id=self.server_id, run_dir=self.run_dir, supervisor_pid=os.getpid())
+        if any(is_remote(r) for r in opts["model_repositories"]) and not os.environ.get(CACHE_ENV):
+            os.environ[CACHE_ENV] = os.path.join(self.run_dir, "model-cache")   # the children's, removed at exit
         self.mps = from_options(opts, self.run_dir)
         if self.mps is not None:
             self.opts["mps_env"] = self.mps.worker_env()
@@ -108,6 +129,10 @@ class Supervisor:
         self.hangups = 0
         signal.signal(signal.SIGHUP, self._on_hangup)
         self.cids = 0
+        self.notify = Notifier()
+        self.last_heard = 0.0          # monotonic time of the broker's last message
+        self.next_watchdog = 0.0
+        self.serving = False           # startup finished: every frontend has been told to serve
 
     # ---------------------------------------------------------------- children
 
@@ -116,12 +141,22 @@ class Supervisor:
 
     def spawn(self, child: Child) -> None:
         opts = dict(self.opts, **child.extra)
+        theirs = None
+        if child is not self.broker:
+            if child.link is not None:
+                child.link.close()
+            child.link, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            child.link_state = b""
+            opts["ready_fd"] = theirs.fileno()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
         try:
             child.proc = subprocess.Popen([sys.executable, "-m", child.module, json.dumps(opts)],
-                                          stdin=subprocess.DEVNULL, close_fds=True)
+                                          stdin=subprocess.DEVNULL, close_fds=True,
+                                          pass_fds=(theirs.fileno(),) if theirs else ())
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if theirs is not None:
+                theirs.close()
         child.pidfd = os.pidfd_open(child.proc.pid)
 
     def forward_hangup(self) -> None:
@@ -130,6 +165,52 @@ class Supervisor:
         log.info("SIGHUP: forwarding to %d processes (frontends reload their TLS certificates)", len(children))
         for c in children:
             c.proc.send_signal(signal.SIGHUP)
+
+    def on_link(self, child: Child) -> None:
+        """A frontend reports its port open (then, once every frontend has, or at once after
+        the server became ready, it is told to serve), or acknowledges that it serves."""
+        try:
+            said = child.link.recv(64)
+        except OSError:
+            said = b""
+        if said == LISTENING:
+            child.link_state = LISTENING
+            if self.serving:
+                self.tell_serving(child)
+        elif said == SERVING:
+            child.link_state = SERVING
+        elif not said:
+            child.link_state = CLOSED     # the process is exiting; its pidfd says so
+
+    def tell_serving(self, child: Child) -> None:
+        try:
+            child.link.send(SERVING)
+        except OSError:
+            pass                       # it died meanwhile; its pidfd reports that
+
+    def heard_from_broker(self) -> None:
+        self.last_heard = time.monotonic()
+
+    def broker_silence(self) -> float:
+        """Seconds since the running broker last spoke; 0 while it starts (loading models,
+        it cannot ping: alive is all that can be known)."""
+        if self.table is None or not self.table.startup_done:
+            return 0.0
+        return time.monotonic() - self.last_heard
+
+    def broker_healthy(self) -> bool:
+        p = self.broker.proc
+        return p is not None and p.poll() is None and self.broker_silence() < BROKER_SILENCE_S
+
+    def tick_watchdog(self) -> None:
+        """WATCHDOG=1 every half WatchdogSec, and only while the broker is healthy: a hung
+        server stops petting systemd's watchdog, which then restarts it."""
+        if not self.notify.watchdog_s:
+            return
+        now = time.monotonic()
+        if now >= self.next_watchdog and self.broker_healthy():
+            self.notify.watchdog()
+            self.next_watchdog = now + self.notify.watchdog_s
 
     def connect(self) -> None:
         if self.sock is not None:
@@ -150,8 +231,10 @@ class Supervisor:
                 return None
             if self.sock.poll(100):
                 msg = self.decoder.decode(self.sock.recv())
+                self.heard_from_broker()
                 if isinstance(msg, S.ControlReply) and msg.cid == cid:
                     return msg.result
+            self.tick_watchdog()
         return None
 
     def start_broker(self) -> None:
@@ -170,8 +253,10 @@ class Supervisor:
                 raise StartupError(f"the broker exited during startup (code {self.broker.proc.returncode})")
             if self.signals:
                 raise Interrupted("interrupted during startup")
+            self.tick_watchdog()
             if self.sock.poll(100):
                 msg = self.decoder.decode(self.sock.recv())
+                self.heard_from_broker()
                 if isinstance(msg, S.Table):
                     self.table = msg
                     if msg.startup_done:
@@ -189,24 +274,35 @@ class Supervisor:
                 self.frontends.append(Child("grpc", "tritond.frontend.grpc.server"))
         for f in self.frontends:
             self.spawn(f)
+        self.wait_links(LISTENING)
+        self.serving = True
+        for f in self.frontends:
+            self.tell_serving(f)
+        self.wait_links(SERVING)
         for name, host, port in self.ports():
-            self.wait_port(host, port)
             log.info("Started %s at %s:%d", name, host, port)
 
-    def wait_port(self, host: str, port: int, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        target = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
-        while time.monotonic() < deadline:
+    def wait_links(self, state: bytes) -> None:
+        """Wait until every frontend process has reached `state` on its link: LISTENING
+        (its port is open) or SERVING (it answers ready)."""
+        deadline = time.monotonic() + FRONTEND_START_S
+        reached = (LISTENING, SERVING) if state == LISTENING else (SERVING,)
+        while waiting := [f for f in self.frontends if f.link_state not in reached]:
+            if time.monotonic() > deadline:
+                late = ", ".join(f"{f.role} (pid {f.proc.pid})" for f in waiting)
+                raise StartupError(f"frontends did not start serving in {FRONTEND_START_S:g}s: {late}")
+            if self.signals:
+                raise Interrupted("interrupted during startup")
             for f in self.frontends:
                 if f.proc.poll() is not None:
+                    port = self.opts["http_port" if f.role == "http" else "grpc_port"]
                     raise StartupError(f"the {f.role} frontend exited during startup (code {f.proc.returncode}); "
                                        f"is port {port} already in use?")
-            try:
-                with socket.create_connection((target, port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise StartupError(f"nothing is listening on {host}:{port}")
+            self.tick_watchdog()
+            readable, _, _ = select.select([f.link for f in waiting], [], [], 0.1)
+            for f in waiting:
+                if f.link in readable:
+                    self.on_link(f)
 
     # ---------------------------------------------------------------- main loop
 
@@ -266,6 +362,8 @@ class Supervisor:
         try:
             self.check_tls()
             self.check_ports()
+            self.notify.status("loading models")
+            self.check_remote_repositories()
             self.start_broker()
             failed = self.failed_models()
             if failed and self.opts["exit_on_error"]:
@@ -274,6 +372,8 @@ class Supervisor:
                 log.error("exiting: a model failed to load at startup (--exit-on-error=true)")
                 self.stop_broker()
                 return 1
+            self.check_shm()
+            self.notify.status("starting frontends")
             self.start_frontends()
         except Interrupted:
             log.info("stopping: interrupted during startup")
@@ -281,21 +381,56 @@ class Supervisor:
             return 0
         except StartupError as e:
             log.error("%s", e)
+            self.notify.status(f"startup failed: {e}")
             self.stop_all()
             return 1
+        self.notify.ready(self.serving_status())
         return self.watch()
+
+    def check_remote_repositories(self) -> None:
+        """List each remote repository once before the broker starts, so that an unreachable
+        or missing bucket is one clear startup error (what was fetched stays in the cache)."""
+        for repo in self.opts["model_repositories"]:
+            if is_remote(repo):
+                try:
+                    list_models(repo)
+                except RemoteError as e:
+                    raise StartupError(str(e)) from None
+
+    def check_shm(self) -> None:
+        """Log an error when /dev/shm cannot hold the arenas of every process."""
+        stats = self.control(S.ModelMetrics(), 10.0) or []
+        workers = sum(int(s.get("instances_ready", 0)) for s in stats)
+        o = self.opts
+        frontends = (o["http_workers"] if o["allow_http"] else 0) + (o["grpc_workers"] if o["allow_grpc"] else 0)
+        why = shm_shortfall(frontends, workers)
+        if why:
+            log.error("%s", why)
+
+    def serving_status(self) -> str:
+        ready = 0 if self.table is None else sum(e.state is S.ModelState.READY for e in self.table.models)
+        where = ", ".join(f"{name} {host}:{port}" for name, host, port in self.ports())
+        return f"serving {ready} model versions; {where}"
 
     def watch(self) -> int:
         poller = zmq.Poller()
         poller.register(self.sig_r, zmq.POLLIN)
         while True:
             children = [self.broker] + self.frontends
+            links = [f for f in self.frontends if f.link_state not in (SERVING, CLOSED) and f.link is not None]
             for c in children:
                 poller.register(c.pidfd, zmq.POLLIN)
+            for f in links:
+                poller.register(f.link, zmq.POLLIN)
             poller.register(self.sock, zmq.POLLIN)
-            events = dict(poller.poll(1000))
+            timeout = 1.0
+            if self.notify.watchdog_s:
+                timeout = min(timeout, max(0.0, self.next_watchdog - time.monotonic()))
+            events = dict(poller.poll(int(timeout * 1000)))
             for c in children:
                 poller.unregister(c.pidfd)
+            for f in links:
+                poller.unregister(f.link)
             poller.unregister(self.sock)
             if self.sig_r in events:
                 os.read(self.sig_r, 64)
@@ -306,13 +441,32 @@ class Supervisor:
                 self.forward_hangup()
             while self.sock.poll(0):
                 msg = self.decoder.decode(self.sock.recv())
+                self.heard_from_broker()
                 if isinstance(msg, S.Table):
                     self.table = msg
+            for f in links:
+                if f.link in events:
+                    self.on_link(f)
+            self.check_hung()
+            self.tick_watchdog()
             for c in children:
                 if c.pidfd in events:
                     code = self.on_child_exit(c)
                     if code is not None:
                         return code
+                    self.notify.status(self.serving_status())
+
+    def check_hung(self) -> None:
+        """Kill a broker that stopped pinging; its pidfd then reports the death and it is
+        restarted like any dead broker."""
+        p = self.broker.proc
+        silence = self.broker_silence()
+        if silence < self.opts["broker_hang_timeout_secs"] or p is None or p.poll() is not None or self.broker.hung:
+            return
+        log.error("the broker (pid %d) sent nothing for %.1fs: it is hung; killing it", p.pid, silence)
+        self.notify.status("the broker is hung; restarting it")
+        self.broker.hung = True
+        p.kill()
 
     def on_child_exit(self, child: Child) -> int | None:
         """Restart a dead child, or give up (exit code 3) when it keeps dying."""
@@ -321,11 +475,15 @@ class Supervisor:
         child.pidfd = -1
         now = time.monotonic()
         child.deaths = [t for t in child.deaths if now - t < RESTART_WINDOW_S] + [now]
-        log.error("the %s process (pid %d) died (%s); restarting it", child.role, child.proc.pid,
+        cause = "was killed as hung" if child.hung else "died"
+        child.hung = False
+        log.error("the %s process (pid %d) %s (%s); restarting it", child.role, child.proc.pid, cause,
                   f"signal {-rc}" if rc < 0 else f"exit code {rc}")
+        self.notify.status(f"the {child.role} process {cause}; restarting it")
         if len(child.deaths) > RESTART_LIMIT:
             log.error("the %s process died %d times in %ds; giving up", child.role, len(child.deaths),
                       int(RESTART_WINDOW_S))
+            self.notify.stopping(f"gave up: the {child.role} process kept dying")
             self.stop_all()
             return 3
         if child is not self.broker:
@@ -342,6 +500,7 @@ class Supervisor:
             return 0
         except StartupError as e:
             log.error("could not restart the broker: %s", e)
+            self.notify.stopping(f"gave up: could not restart the broker: {e}")
             self.stop_all()
             return 3
         log.info("the broker is back (pid %d)", self.broker.proc.pid)
@@ -369,6 +528,7 @@ class Supervisor:
     def graceful_stop(self) -> int:
         """Drain in-flight work within --exit-timeout-secs, then stop every process."""
         log.info("stopping: draining in-flight requests (timeout %gs)", self.opts["exit_timeout_secs"])
+        self.notify.stopping("draining in-flight requests")
         result = self.control(S.Drain(), self.opts["exit_timeout_secs"] + 5)
         drained = bool(result and result.get("drained"))
         self.stop_all()
@@ -413,5 +573,10 @@ class Supervisor:
         self.reap_orphans(set())
         if self.mps is not None:
             self.mps.stop()
+        for f in self.frontends:
+            if f.link is not None:
+                f.link.close()
+                f.link = None
+        self.notify.close()
         sweep(f"{PREFIX}{self.server_id}.")
         shutil.rmtree(self.run_dir, ignore_errors=True)

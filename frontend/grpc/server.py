@@ -75,7 +75,7 @@ async def run(opts: dict) -> None:
     files = TlsFiles.from_options("grpc", opts.get("grpc_tls"))
     credentials = Credentials(load(files)) if files else None
     reload = credentials.reloader().reload if credentials else None
-    async with frontend_dataplane(opts, "grpc", reload) as (dataplane, stop):
+    async with frontend_dataplane(opts, "grpc", reload) as (dataplane, stop, listening):
         servicer = InferenceServicer(dataplane, GrpcOptions(
             server_name=opts.get("server_name", "triton"),
             strict_readiness=opts.get("strict_readiness", True),
@@ -91,6 +91,7 @@ async def run(opts: dict) -> None:
         else:
             server.add_insecure_port(address)
         await server.start()
+        listening()
         await stop.wait()
         await servicer.drain(float(opts.get("exit_timeout_secs", 30)))
         await server.stop(STOP_GRACE_S)

@@ -101,7 +101,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             await asyncio.sleep(0.05)
 
     def ready(self) -> bool:
-        return self.client.alive and self.client.table.ready(self.opts.strict_readiness)
+        return self.client.ready(self.opts.strict_readiness)
 
     # ------------------------------------------------------------- health and metadata
 
@@ -236,7 +236,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(self, request, context):
         if request.repository_name:
             raise TritonError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
-        await self.client.control(cv.load_model(request))
+        await self.dp.load_model(cv.load_model(request))
         return pb.RepositoryModelLoadResponse()
 
     @rpc("model-repository")

@@ -168,7 +168,7 @@ class HttpApi:
         return Response(status_code=200 if self.client.alive else 400)
 
     async def ready(self, request: Request) -> Response:
-        ok = self.client.alive and self.client.table.ready(self.opts.strict_readiness)
+        ok = self.client.ready(self.opts.strict_readiness)
         return Response(status_code=200 if ok else 400)
 
     async def server_metadata(self, request: Request) -> Response:
@@ -273,7 +273,7 @@ class HttpApi:
                     op.files = {k: base64.b64decode(v, validate=True) for k, v in files.items()}
                 except (ValueError, TypeError):
                     raise invalid("failed to decode the base64 content of a 'file:' parameter") from None
-        await self.client.control(op)
+        await self.dp.load_model(op)
         return Response(status_code=200)
 
     async def unload(self, request: Request) -> Response:

@@ -124,7 +124,8 @@ async def run(opts: dict) -> None:
     reloader = tls.reloader()
     subjects = subject_rules(opts.get("http_restricted_subjects"))
     peers = PeerCertificates() if subjects else None
-    async with frontend_dataplane(opts, "http", reloader.reload if reloader else None) as (dataplane, stop):
+    async with frontend_dataplane(opts, "http", reloader.reload if reloader else None) as (
+            dataplane, stop, listening):
         api = HttpApi(dataplane, HttpOptions(
             server_name=opts.get("server_name", "triton"),
             strict_readiness=opts.get("strict_readiness", True),
@@ -141,6 +142,7 @@ async def run(opts: dict) -> None:
         if opts.get("metrics_port"):
             servers.append(serve_uvicorn(metrics_app(dataplane.client), listen_socket(
                 opts.get("metrics_address") or opts["http_address"], opts["metrics_port"]), stop, tls.metrics))
+        listening()    # the sockets listen: connections queue until the servers accept them
         await asyncio.gather(*servers)
 
 
