@@ -33,38 +33,10 @@ from pathlib import Path
 import numpy as np
 
 import loadgen
-from bench_core import Server, ServerStartError
+from bench_core import ROOT, Server, ServerStartError
 
-MODEL_PY = '''
-import json
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        self.sleep_s = float(config["parameters"]["sleep_ms"]["string_value"]) / 1000.0
-
-    def execute(self, requests):
-        if self.sleep_s:
-            time.sleep(self.sleep_s)
-        return [pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests]
-'''
-
-CONFIG = '''
-name: "{name}"
-backend: "python"
-max_batch_size: 16
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
-dynamic_batching {{ }}
-instance_group [ {{ count: {count} kind: KIND_CPU }} ]
-parameters {{ key: "sleep_ms" value: {{ string_value: "{sleep_ms}" }} }}
-'''
+sys.path.insert(0, str(ROOT / "tests"))
+from fault_models import add_fault_model  # noqa: E402  (the tests' fault model, shared)
 
 KILL_LOG = re.compile(r"model 'chaos' instance '[^']+' \(pid (\d+)\) died \(killed by signal 9 \(SIGKILL\)\); "
                       r"its batch held (\d+) request")
@@ -88,9 +60,7 @@ class Tally:
 
 def build(repo: Path, sleep_ms: float) -> None:
     for name, count in (("chaos", 2), ("bystander", 1)):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(MODEL_PY)
-        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, count=count, sleep_ms=sleep_ms))
+        add_fault_model(repo, name, count=count, max_batch=16, dims="16", params={"sleep_ms": sleep_ms})
 
 
 def worker_pids(server_id: str, model: str) -> list[int]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import textwrap
 import threading
 import time
 import urllib.request
@@ -19,89 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import TritondServer, http_get
-
-MODEL_PY = textwrap.dedent('''
-    """Identity whose behaviour a test picks per request with the parameter "fault"."""
-    import ctypes
-    import json
-    import os
-    import time
-
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-
-    class TritonPythonModel:
-        def initialize(self, args):
-            config = json.loads(args["model_config"])
-            params = {k: v["string_value"] for k, v in (config.get("parameters") or {}).items()}
-            self.markers = params.get("marker_dir", "")
-            while self.markers and os.path.exists(os.path.join(self.markers, "hold_init")):
-                time.sleep(0.05)
-
-        def note_batch(self, ids):
-            if self.markers:
-                path = os.path.join(self.markers, f"busy-{os.getpid()}")
-                with open(path + ".tmp", "w") as f:
-                    json.dump(ids, f)
-                os.replace(path + ".tmp", path)
-
-        def execute(self, requests):
-            params = [json.loads(r.parameters() or "{}") for r in requests]
-            self.note_batch([r.request_id() for r in requests])
-            faults = {p.get("fault", "") for p in params}
-            time.sleep(max(float(p.get("sleep_ms", 0)) for p in params) / 1000.0)
-            if "raise" in faults:
-                raise ValueError("execute refused this batch")
-            if "exit" in faults:
-                os._exit(7)
-            if "abort" in faults:
-                os.abort()
-            if "segv" in faults:
-                ctypes.string_at(0)
-            if "memory" in faults:
-                raise MemoryError("the model could not allocate")
-            if "alloc" in faults:
-                hog = np.ones(1 << 28)
-                hog[::4096] = 2.0
-            if "loop" in faults:
-                while True:
-                    pass
-            responses = []
-            n = len(requests)
-            for r, p in zip(requests, params):
-                if p.get("fault") == "error":
-                    responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("this request was refused")))
-                    continue
-                x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-                rows = (x.shape[0], 1)
-                responses.append(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("OUTPUT0", x),
-                    pb_utils.Tensor("PID", np.full(rows, os.getpid(), dtype=np.int64)),
-                    pb_utils.Tensor("BATCH_SIZE", np.full(rows, n, dtype=np.int32)),
-                ]))
-            if self.markers:
-                os.unlink(os.path.join(self.markers, f"busy-{os.getpid()}"))
-            return responses
-''')
-
-
-def model_config(name: str, count: int, max_batch: int, delay_us: int, params: dict[str, str]) -> str:
-    entries = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in params.items())
-    return textwrap.dedent(f'''
-        name: "{name}"
-        backend: "python"
-        max_batch_size: {max_batch}
-        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-        output [
-          {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }},
-          {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }},
-          {{ name: "BATCH_SIZE" data_type: TYPE_INT32 dims: [ 1 ] }}
-        ]
-        dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
-        instance_group [ {{ count: {count} kind: KIND_CPU }} ]
-    ''') + entries
-
+from fault_models import add_fault_model
 
 MODELS = {
     # name: (instances, max_batch_size, queue delay in us, extra parameters)
@@ -121,10 +38,8 @@ def markers(tmp_path_factory) -> Path:
 def fserver(tmp_path_factory, markers):
     repo = tmp_path_factory.mktemp("faults") / "models"
     for name, (count, mbs, delay, params) in MODELS.items():
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(MODEL_PY)
-        (repo / name / "config.pbtxt").write_text(
-            model_config(name, count, mbs, delay, dict(params, marker_dir=str(markers))))
+        add_fault_model(repo, name, count=count, max_batch=mbs, batching=f"max_queue_delay_microseconds: {delay}",
+                        params=dict(params, marker_dir=markers), pid_outputs=True)
     s = TritondServer(repo).start()
     yield s
     code = s.stop()

@@ -15,39 +15,11 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import TritondServer, http_get
-
-MODEL_PY = '''
-import json
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        params = [json.loads(r.parameters() or "{}") for r in requests]
-        time.sleep(max(float(p.get("sleep_ms", 0)) for p in params) / 1000.0)
-        return [pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests]
-'''
-
-CONFIG = '''
-name: "{name}"
-backend: "python"
-max_batch_size: 4
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-dynamic_batching {{ }}
-instance_group [ {{ count: {count} kind: KIND_CPU }} ]
-'''
-
+from fault_models import add_fault_model
 
 def build(repo: Path) -> Path:
     for name, count in (("pair", 2), ("other", 1)):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(MODEL_PY)
-        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, count=count))
+        add_fault_model(repo, name, count=count)
     return repo
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import textwrap
 import time
 from pathlib import Path
 
@@ -15,53 +14,11 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import TritondServer, http_get
-
-MODEL_PY = textwrap.dedent('''
-    import json
-    import os
-
-    import triton_python_backend_utils as pb_utils
-
-
-    class TritonPythonModel:
-        def initialize(self, args):
-            config = json.loads(args["model_config"])
-            params = {k: v["string_value"] for k, v in (config.get("parameters") or {}).items()}
-            mode = params.get("mode", "")
-            if mode == "init_raises":
-                raise RuntimeError("initialize failed: the weights file is corrupt")
-            if mode == "init_raises_after_first":
-                first = os.path.join(params["marker_dir"], "loaded-once")
-                if os.path.exists(first):
-                    raise RuntimeError("initialize failed on reload")
-                open(first, "w").close()
-            self.mode = mode
-
-        def execute(self, requests):
-            if self.mode == "exit_on_request":
-                os._exit(3)
-            return [pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-                for r in requests]
-''')
-
-CONFIG = '''
-name: "{name}"
-backend: "python"
-max_batch_size: 4
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-parameters {{ key: "mode" value: {{ string_value: "{mode}" }} }}
-parameters {{ key: "marker_dir" value: {{ string_value: "{markers}" }} }}
-'''
-
+from fault_models import add_fault_model
 
 def build(repo: Path, markers: Path, models: dict[str, str]) -> Path:
     for name, mode in models.items():
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(MODEL_PY)
-        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, mode=mode, markers=markers))
+        add_fault_model(repo, name, batching=None, params={"mode": mode, "marker_dir": markers})
     return repo
 
 

@@ -15,49 +15,14 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import TritondServer
-
-MODEL_PY = r'''
-import json
-import os
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        self.markers = config["parameters"]["marker_dir"]["string_value"]
-
-    def execute(self, requests):
-        params = [json.loads(r.parameters() or "{}") for r in requests]
-        with open(os.path.join(self.markers, "started"), "a") as f:
-            f.write(f"{len(requests)}\n")
-        time.sleep(max(float(p.get("sleep_ms", 0)) for p in params) / 1000.0)
-        return [pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests]
-'''
-
-CONFIG = '''
-name: "{name}"
-backend: "python"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-dynamic_batching {{ max_queue_delay_microseconds: 100000 }}
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-parameters {{ key: "marker_dir" value: {{ string_value: "{markers}" }} }}
-'''
-
+from fault_models import add_fault_model
 
 def build(root: Path) -> tuple[Path, Path]:
     repo, markers = root / "models", root / "markers"
     markers.mkdir(parents=True)
     for name in ("slow", "other"):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(MODEL_PY)
-        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, markers=markers))
+        add_fault_model(repo, name, max_batch=8, batching="max_queue_delay_microseconds: 100000",
+                        params={"marker_dir": markers})
     return repo, markers
 
 
