@@ -40,7 +40,8 @@ DEFERRED = _Deferred()
 class ControlHandler:
     def __init__(self, opts: dict[str, Any], registry: ModelRegistry, lifecycle: Lifecycle,
                  ensembles: Ensembles, regions: ClientRegions, drain: Drain, settings: Settings,
-                 begin_drain: Callable[[], None], stop: Callable[[], None]) -> None:
+                 begin_drain: Callable[[], None], stop: Callable[[], None],
+                 snapshot: Callable[[], dict] = dict) -> None:
         self.explicit = opts.get("model_control_mode", "none") == "explicit"
         self.allow_client_shm = bool(opts.get("allow_client_shm", False))
         self.registry = registry
@@ -51,6 +52,7 @@ class ControlHandler:
         self.settings = settings
         self._begin_drain = begin_drain
         self._stop = stop
+        self._snapshot = snapshot
         self.waiting_loads: list[tuple[Answer, str]] = []
         self._ops: dict[type, Callable[[S.ControlOp, Answer], Any]] = {
             S.RepositoryIndex: self.index, S.LoadModel: self.load, S.UnloadModel: self.unload,
@@ -58,7 +60,8 @@ class ControlHandler:
             S.ShmRegister: self.shm_register, S.ShmUnregister: self.shm_unregister, S.ShmStatus: self.shm_status,
             S.CudaRegister: self.cuda_register, S.CudaUnregister: self.cuda_unregister,
             S.CudaStatus: self.cuda_status, S.LogSettings: self.log_settings,
-            S.TraceSettings: self.trace_settings, S.Drain: self.drain_op, S.StopServer: self.stop,
+            S.TraceSettings: self.trace_settings, S.ReopenLog: self.reopen_log, S.Drain: self.drain_op,
+            S.StopServer: self.stop,
         }
 
     def handle(self, op: S.ControlOp, answer: Answer) -> None:
@@ -157,15 +160,9 @@ class ControlHandler:
             return [self.registry.resolve(op.name, op.version).stats.as_dict()]
         return [mv.stats.as_dict() for _, mv in sorted(versions.items()) if mv.state == READY]
 
-    def metrics(self, op: S.ModelMetrics, answer: Answer) -> list[dict]:
-        out = []
-        for mv in self.registry.versions():
-            d = mv.stats.as_dict()
-            d["pending"] = len(mv.scheduler) if mv.scheduler else 0
-            d["instances_ready"] = len(mv.serving())
-            d["state"] = mv.state.value
-            out.append(d)
-        return out
+    def metrics(self, op: S.ModelMetrics, answer: Answer) -> dict:
+        """What one /metrics scrape reports (broker/metrics.py)."""
+        return self._snapshot()
 
     # ---------------------------------------------------------------- shared memory
 
@@ -213,6 +210,9 @@ class ControlHandler:
 
     def log_settings(self, op: S.LogSettings, answer: Answer) -> dict:
         return self.settings.update_log(op.settings)
+
+    def reopen_log(self, op: S.ReopenLog, answer: Answer) -> dict:
+        return self.settings.reopen_log()
 
     def trace_settings(self, op: S.TraceSettings, answer: Answer) -> dict:
         if op.model and not self.registry.get(op.model):

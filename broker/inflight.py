@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tritond.wire.schema import Infer, InferReply
 
@@ -30,6 +30,7 @@ class Req:
     order: int = -1                  # preserve_ordering sequence number (-1: not ordered)
     retried: bool = False
     regions: list = field(default_factory=list)
+    trace: Any = None                # broker/tracing.py Trace, when this request is traced
 
 
 class InflightTable:

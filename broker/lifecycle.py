@@ -8,6 +8,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from tritond.repository.catalog import load_spec
 from tritond.repository.errors import ConfigError
 from tritond.repository.layout import ModelSource, scan
@@ -17,7 +19,7 @@ from tritond.repository.render import config_from_json, config_to_json
 from tritond.repository.validation import validate_config
 from tritond.wire.addresses import Addresses
 from tritond.wire.errors import unavailable
-from tritond.wire.schema import PROTOCOL_VERSION, WorkerSpec, WorkerUp
+from tritond.wire.schema import PROTOCOL_VERSION, LogConfig, WorkerSpec, WorkerUp
 
 from .clock import Clock
 from .ensembles import Ensembles
@@ -131,6 +133,7 @@ class Lifecycle:
             version_dir=os.path.join(mv.model_dir, str(mv.version)), repository=mv.repo,
             config=mv.config, instance_name=inst.name, kind=inst.kind, device_id=inst.device_id,
             log_verbose=int(self.opts.get("log_verbose", 0)),
+            log=msgspec.convert(self.opts["log"], LogConfig) if self.opts.get("log") else None,
         )
 
     def _env(self, mv: ModelVersion, inst: Instance) -> dict[str, str] | None:

@@ -17,12 +17,13 @@ from .sockets import BrokerSockets
 def main(argv: list[str]) -> int:
     opts = json.loads(argv[1])
     die_with_parent(opts["supervisor_pid"], signal.SIGTERM)
-    setup_logging(int(opts.get("log_verbose", 0)), "broker")
+    setup_logging(int(opts.get("log_verbose", 0)), "broker", opts.get("log"))
     sig_r, sig_w = os.pipe()
     os.set_blocking(sig_w, False)
     signal.set_wakeup_fd(sig_w)
     signal.signal(signal.SIGTERM, lambda *_: None)     # the wakeup fd carries it to the loop
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor turns ^C into a drain
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)      # log reopening comes by message
     sockets = BrokerSockets(opts["run_dir"])
     try:
         code = Broker(opts, sockets).run(sig_r)

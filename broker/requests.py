@@ -141,20 +141,23 @@ class RequestPath:
         missing = ExecResult(error=TritonError(Code.INTERNAL, f"model '{mv.name}' returned no result for the request"))
         for i, req in enumerate(reqs):
             res = msg.results[i] if i < len(msg.results) else missing
+            if req.trace is not None:
+                req.trace.compute(req.dispatch_ns, msg)
             self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, inst.identity),
-                        res.error is None, times)
+                        res.error is None, times, "BACKEND")
         self.dispatch(mv)
 
-    def finish(self, req: Req, reply: InferReply, ok: bool, times: tuple[int, int, int] = (0, 0, 0)) -> None:
-        """Answer a request: statistics, release its client regions, keep the model's answer
-        order under preserve_ordering."""
+    def finish(self, req: Req, reply: InferReply, ok: bool, times: tuple[int, int, int] = (0, 0, 0),
+               reason: str = "OTHER") -> None:
+        """Answer a request: statistics (a failure counted for Triton's `reason`), release its
+        client regions, keep the model's answer order under preserve_ordering."""
         now = self.clock.now_ns()
         mv = req.mv
         if ok:
             mv.stats.record_success(req.pending.batch_size, now - req.arrival_ns,
                                     req.dispatch_ns - req.arrival_ns, *times)
         else:
-            mv.stats.record_failure(now - req.arrival_ns)
+            mv.stats.record_failure(now - req.arrival_ns, reason)
         self.regions.release(req.regions)
         if req.order < 0:
             req.reply(reply)
@@ -165,8 +168,8 @@ class RequestPath:
             mv.send_seq += 1
             to(r)
 
-    def fail(self, req: Req, err: TritonError) -> None:
-        self.finish(req, InferReply(req.msg.rid, error=err), False)
+    def fail(self, req: Req, err: TritonError, reason: str = "OTHER") -> None:
+        self.finish(req, InferReply(req.msg.rid, error=err), False, reason=reason)
 
     # ---------------------------------------------------------------- failures
 
@@ -175,7 +178,7 @@ class RequestPath:
         deadline = mv.scheduler.next_deadline()
         if deadline and deadline < now_ns:
             for p in mv.scheduler.expire(now_ns):
-                self.fail(p.key, unavailable("Request timeout expired"))
+                self.fail(p.key, unavailable("Request timeout expired"), "REJECTED")
 
     def fail_queued(self, mv: ModelVersion, err: TritonError) -> None:
         if mv.scheduler is None:

@@ -19,25 +19,30 @@ from typing import Any, Protocol
 
 import zmq
 
+from tritond import logs
 from tritond.shm.naming import PREFIX, sweep
 from tritond.wire import schema as S
 from tritond.wire.errors import TritonError, unavailable
 
+from . import stats
 from .bls import BlsCalls
+from .cache import OWNER as CACHE_OWNER, ResponseCache
 from .client_regions import ClientRegions
 from .clock import Clock
 from .control import ControlHandler
 from .drain import Drain
 from .ensembles import Ensembles
-from .inflight import InflightTable, ReplyTo
+from .inflight import InflightTable, ReplyTo, Req
 from .instances import InstanceTable
 from .lifecycle import Lifecycle
+from .metrics import latency_factory, snapshot
 from .pool import Instance, InstanceState, WorkerProcesses
 from .registry import ModelRegistry
 from .requests import RequestPath, untrusted
 from .settings import Settings
 from .sockets import BrokerSockets
 from .supervision import Supervision
+from .tracing import Tracer
 
 log = logging.getLogger("tritond.broker")
 
@@ -70,12 +75,17 @@ class Broker:
         self.next_check = 0.0
         self.fe_decoder = S.decoder(S.FrontendMsg)
         self.wk_decoder = S.decoder(S.WorkerMsg)
+        self.peers: dict[bytes, tuple[str, int]] = {}     # frontend identity -> (kind, pid)
+        stats.latency_factory = latency_factory(opts.get("metrics") or {})
+        self.settings = Settings(opts.get("log"), opts.get("trace"), self.observe_changed)
 
         self.registry = ModelRegistry()
         self.instances = InstanceTable()
         self.inflight = InflightTable()
         self.regions = ClientRegions(self.unmap)
         self.requests = RequestPath(self.inflight, self.regions, self.send_exec, self.clock)
+        self.cache = ResponseCache(int(opts.get("cache_size") or 0), self.server_id, self.registry, self.clock)
+        self.tracer = Tracer(self.settings, self.clock, self.observe_changed)
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
                                    self.clock, opts.get("model_config_name", ""))
         self.bls = BlsCalls(self.registry, self.instances, self.reply_worker, self.route_release)
@@ -85,8 +95,8 @@ class Broker:
                                        self.lifecycle, self.requests, self.announce_gone)
         self.drain = Drain(float(opts.get("exit_timeout_secs", 30)))
         self.control = ControlHandler(opts, self.registry, self.lifecycle, self.ensembles, self.regions,
-                                      self.drain, Settings(int(opts.get("log_verbose", 0))),
-                                      self.begin_drain, self.stop)
+                                      self.drain, self.settings, self.begin_drain, self.stop,
+                                      snapshot=lambda: snapshot(self))
 
     # ------------------------------------------------------------------ sending
 
@@ -117,19 +127,37 @@ class Broker:
         memory is freed rather than held by their mappings."""
         self.to_frontends(S.Gone(prefix))
         self.to_workers(S.Gone(prefix))
+        self.cache.drop_mappings(prefix)
 
     def unmap(self, keys: list[str]) -> None:
         """Every worker drops its mappings of client regions nobody uses any more."""
         self.to_workers(S.Unmap(keys))
 
     def route_release(self, msg: S.Release) -> None:
+        if msg.owner == CACHE_OWNER:
+            self.cache.release(msg.leases)
+            return
         if self.ensembles.release_handover(msg):
             return
         if self.instances.is_worker(msg.owner):
             self.sockets.to_worker(msg.owner, S.encode(msg))
 
     def publish_table(self) -> None:
+        self.cache.mark()
         self.to_frontends(self.registry.publish(self.drain.stopping, self.boot))
+
+    def observed(self) -> S.Observe:
+        return S.Observe(self.settings.log_config, self.tracer.gates())
+
+    def observe_changed(self) -> None:
+        """Log or trace settings changed: every process applies them now."""
+        if not hasattr(self, "tracer"):
+            return
+        self.tracer.reload()
+        msg = self.observed()
+        logs.apply(msg.log)
+        self.to_frontends(msg)
+        self.to_workers(msg)
 
     # ------------------------------------------------------------------ frontends
 
@@ -145,10 +173,13 @@ class Broker:
         if ident not in self.frontends:     # a frontend that outlived our predecessor
             self.frontends.add(ident)
             self.sockets.to_frontend(ident, S.encode(self.registry.table(self.drain.stopping, self.boot)))
+            self.sockets.to_frontend(ident, S.encode(self.observed()))
         if isinstance(msg, S.Infer):
             self.on_infer(functools.partial(self.reply_frontend, ident), msg)
         elif isinstance(msg, S.Release):
             self.route_release(msg)
+        elif isinstance(msg, S.TraceDone):
+            self.tracer.done(msg)
         elif isinstance(msg, S.Control):
             self.control.handle(msg.op, functools.partial(self.answer_control, ident, msg.cid))
 
@@ -161,7 +192,9 @@ class Broker:
                 f"the broker speaks protocol version {S.PROTOCOL_VERSION}, this process {msg.proto}")))
             return
         self.frontends.add(ident)
+        self.peers[ident] = (msg.kind, msg.pid)
         self.sockets.to_frontend(ident, S.encode(self.registry.table(self.drain.stopping, self.boot)))
+        self.sockets.to_frontend(ident, S.encode(self.observed()))
 
     def answer_control(self, ident: bytes, cid: int, result: Any = None, error: TritonError | None = None) -> None:
         self.sockets.to_frontend(ident, S.encode(S.ControlReply(cid, result, error)))
@@ -177,11 +210,22 @@ class Broker:
         except TritonError as e:
             reply(S.InferReply(msg.rid, error=e))
             return
+        trace = None
         if caller is not None:
+            msg.cache_key, msg.trace = b"", None      # a model's code may not name cache entries
             reply = self.bls.admit(caller, msg, mv)
             if reply is None:
                 return
-        self.ensembles.submit(reply, msg, mv)
+        else:
+            if msg.trace is not None:
+                trace, reply = self.tracer.start(reply, msg, mv)
+            if msg.cache_key and self.cache.enabled:
+                reply = self.cache.lookup(reply, msg, mv)
+                if reply is None:
+                    return      # answered from the response cache
+        handle = self.ensembles.submit(reply, msg, mv)
+        if trace is not None and isinstance(handle, Req):
+            handle.trace = trace
 
     # ------------------------------------------------------------------ workers
 
@@ -200,6 +244,7 @@ class Broker:
             self.requests.on_batch_done(inst, mv, msg)
         elif isinstance(msg, S.WorkerUp):
             self.lifecycle.on_worker_up(mv, inst, msg)
+            self.sockets.to_worker(ident, S.encode(self.observed()))
         elif isinstance(msg, S.WorkerDown):
             self.supervision.on_load_failed(mv, inst, msg.reason)
         elif isinstance(msg, S.Infer):
@@ -249,6 +294,7 @@ class Broker:
             self.next_ping = now + PING_INTERVAL_S
             self.to_frontends(S.Ping(self.boot))
         self.control.tick()
+        self.tracer.tick(now_ns)
         idle = not self.inflight and self.registry.idle()
         cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.get("supervisor_pid"))
         if cancel:
@@ -298,6 +344,8 @@ class Broker:
             if self.registry.dirty:
                 self.publish_table()
         self.shutdown_workers()
+        self.tracer.close()
+        self.cache.close()
         return 0
 
     def shutdown_workers(self) -> None:

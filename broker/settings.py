@@ -1,55 +1,126 @@
 """The log and trace settings the logging and trace APIs read and update (Triton's keys and
-checks). File locations are never settable over the network."""
+checks), starting from the command line's. Every change is applied live: `on_change` makes the
+broker broadcast the log settings and the tracing gates to every process. File locations are
+never settable over the network."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from tritond.wire.errors import Code, TritonError, invalid
+from tritond.wire.schema import LogConfig
+
+LOG_FORMATS = ("default", "ISO8601", "json")
+TRACE_LEVELS = ("OFF", "TIMESTAMPS")
+
+
+def trace_values(cfg: dict[str, Any] | None) -> dict[str, Any]:
+    """The API's view (strings, as Triton answers) of the `--trace-config` options."""
+    cfg = cfg or {}
+    return {
+        "trace_file": cfg.get("file", ""), "trace_level": [cfg.get("level", "OFF")],
+        "trace_rate": str(cfg.get("rate", 1000)), "trace_count": str(cfg.get("count", -1)),
+        "log_frequency": str(cfg.get("log_frequency", 0)), "trace_mode": cfg.get("mode", "triton"),
+    }
+
+
+def _uint_setting(key: str, value: Any, minimum: int = 0) -> str:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise invalid(f"Unable to parse '{key}', expecting an integer string, got: {value}") from None
+    if n < minimum:
+        raise invalid(f"'{key}' must be at least {minimum}, got: {value}")
+    return str(n)
 
 
 class Settings:
-    def __init__(self, log_verbose: int) -> None:
-        self.log: dict[str, Any] = {
-            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
-            "log_verbose_level": log_verbose, "log_format": "default",
-        }
-        self.trace: dict[str, Any] = {
-            "trace_file": "", "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
-            "log_frequency": "0", "trace_mode": "triton",
-        }
+    def __init__(self, log: LogConfig | dict | None = None, trace: dict[str, Any] | None = None,
+                 on_change: Callable[[], None] = lambda: None) -> None:
+        if isinstance(log, dict):
+            log = msgspec.convert(log, LogConfig)
+        self.log_config = log or LogConfig()
+        self.trace: dict[str, Any] = trace_values(trace)
         self.model_trace: dict[str, dict[str, Any]] = {}
+        self.on_change = on_change
+
+    @property
+    def log(self) -> dict[str, Any]:
+        c = self.log_config
+        return {"log_file": c.file, "log_info": c.info, "log_warning": c.warning, "log_error": c.error,
+                "log_verbose_level": c.verbose, "log_format": c.format}
 
     def update_log(self, updates: dict[str, Any]) -> dict[str, Any]:
         if updates.get("log_file") not in (None, ""):
             raise TritonError(Code.UNSUPPORTED, "log file location can not be updated through network protocol")
-        for key in ("log_info", "log_warning", "log_error"):
+        c = self.log_config
+        changes: dict[str, Any] = {}
+        for key, field in (("log_info", "info"), ("log_warning", "warning"), ("log_error", "error")):
             if key in updates:
                 if not isinstance(updates[key], bool):
                     raise invalid(f"expect boolean for '{key}'")
-                self.log[key] = updates[key]
+                changes[field] = updates[key]
         if "log_verbose_level" in updates:
             v = updates["log_verbose_level"]
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise invalid("expect unsigned integer for 'log_verbose_level'")
-            self.log["log_verbose_level"] = v
+            changes["verbose"] = v
         if "log_format" in updates:
             fmt = updates["log_format"]
-            if fmt not in ("default", "ISO8601"):
+            if fmt not in LOG_FORMATS:
                 raise TritonError(Code.UNAVAILABLE, f"invalid argument for --log_format, got: {fmt}")
-            self.log["log_format"] = fmt
+            changes["format"] = fmt
+        if changes:
+            self.log_config = msgspec.structs.replace(c, **changes)
+            self.on_change()
         return self.log
+
+    def reopen_log(self) -> dict[str, Any]:
+        """Every process opens its log file again (after logrotate moved it)."""
+        self.log_config = msgspec.structs.replace(self.log_config, generation=self.log_config.generation + 1)
+        self.on_change()
+        return {}
 
     def update_trace(self, model: str, updates: dict[str, Any]) -> dict[str, Any]:
         """Server-wide settings (model ''), or a model's overrides (None clears one)."""
         if "trace_file" in updates and updates["trace_file"] not in (None, "", []):
             raise invalid("trace file location can not be updated through network protocol")
         base = self.trace
-        target = self.model_trace.setdefault(model, {}) if model else base
+        checked: dict[str, Any] = {}
         for k, v in updates.items():
             if k not in base:
                 raise invalid(f"unknown trace setting '{k}'")
+            checked[k] = None if v is None else self._check(k, v)
+        target = self.model_trace.setdefault(model, {}) if model else base
+        for k, v in checked.items():
+            if k == "trace_file":
+                continue
             if v is not None:
                 target[k] = v
             elif model:
                 target.pop(k, None)
+        if checked:
+            self.on_change()
         return {**base, **(self.model_trace.get(model, {}) if model else {})}
+
+    @staticmethod
+    def _check(key: str, value: Any) -> Any:
+        if key == "trace_level":
+            levels = value if isinstance(value, list) else [value]
+            for level in levels:
+                if level == "TENSORS":
+                    raise TritonError(Code.UNSUPPORTED, "trace level 'TENSORS' is not supported by tritond")
+                if level not in TRACE_LEVELS:
+                    raise invalid(f"invalid value for 'trace_level': '{level}' (OFF or TIMESTAMPS)")
+            return list(levels)
+        if key in ("trace_rate", "log_frequency"):
+            return _uint_setting(key, value)
+        if key == "trace_count":
+            return _uint_setting(key, value, -1)
+        if key == "trace_mode":
+            if value not in ("triton", "opentelemetry"):
+                raise invalid(f"invalid value for 'trace_mode': '{value}' (triton or opentelemetry)")
+            return value
+        return value

@@ -6,12 +6,28 @@ What counts where, as Triton's core and backends count it:
   `inference_count` += its own batch size;
 - a request that fails after admission (backend error, worker death, queue timeout):
   `fail` only; a request refused at admission ("Exceeds maximum queue size") counts nowhere;
-- an execution: `execution_count` += 1, `batch_stats[total batch size]`, `last_inference`.
+- an execution: `execution_count` += 1, `batch_stats[total batch size]`, `last_inference`;
+- a response cache hit: `success`, `queue` and `cache_hit` (lookup time), no inference or
+  execution; a miss: `cache_miss` (lookup and insertion time), which is also added to the
+  request's duration.
+Failures are counted per Triton's reasons for `nv_inference_request_failure`. When latency
+summaries or the first-response histogram are on (`--metrics-config`), `latency` observes
+each request as well (broker/metrics.py).
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+# Builds a model version's latency observer; set by the broker from --metrics-config.
+latency_factory: Callable[[], Any] | None = None
+
+
+def _latency() -> Any:
+    return latency_factory() if latency_factory is not None else None
 
 
 @dataclass
@@ -49,6 +65,10 @@ class ModelStats:
     compute_output: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStat] = field(default_factory=dict)
     restarts: int = 0
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    latency: Any = field(default_factory=_latency)
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One model execution of `batch_size` elements (the sum over its requests)."""
@@ -70,6 +90,24 @@ class ModelStats:
         self.compute_input.add(input_ns)
         self.compute_infer.add(infer_ns)
         self.compute_output.add(output_ns)
+        if self.latency is not None:
+            self.latency.success(total_ns, queue_ns, input_ns, infer_ns, output_ns)
+
+    def record_cache_hit(self, total_ns: int, queue_ns: int, lookup_ns: int) -> None:
+        """One request answered from the response cache, without executing."""
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)
+        self.cache_hit.add(lookup_ns)
+        if self.latency is not None:
+            self.latency.cache_hit(total_ns, queue_ns, lookup_ns)
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """A cacheable request that executed: lookup plus insertion time, which Triton also
+        adds to the request's duration."""
+        self.cache_miss.add(miss_ns)
+        self.success.ns += miss_ns
+        if self.latency is not None:
+            self.latency.cache_miss(miss_ns)
 
     def record_ensemble(self, batch_size: int, total_ns: int) -> None:
         """One ensemble request answered with outputs: its steps were counted by their models."""
@@ -77,9 +115,10 @@ class ModelStats:
         self.last_inference_ms = int(time.time() * 1000)
         self.record_success(batch_size, total_ns, 0, 0, 0, 0)
 
-    def record_failure(self, total_ns: int) -> None:
-        """One admitted request answered with an error."""
+    def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
+        """One admitted request answered with an error, for one of FAILURE_REASONS."""
         self.fail.add(total_ns)
+        self.failures[reason] += 1
 
     def as_dict(self) -> dict:
         return {
@@ -95,8 +134,8 @@ class ModelStats:
                 "compute_input": self.compute_input.as_dict(),
                 "compute_infer": self.compute_infer.as_dict(),
                 "compute_output": self.compute_output.as_dict(),
-                "cache_hit": {"count": 0, "ns": 0},
-                "cache_miss": {"count": 0, "ns": 0},
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
             },
             "response_stats": {},
             "batch_stats": [

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import zmq
 
+from tritond import logs
 from tritond.process import EXIT_REFUSED
 from tritond.wire import schema as S
 from tritond.wire.errors import TritonError, invalid, unavailable
@@ -86,6 +87,8 @@ class BrokerClient:
         self.on_gone: Callable[[str], None] | None = None   # drops mappings of a dead owner's segments
         self.decoder = S.decoder(S.BrokerToFrontend)
         self.tasks: list[asyncio.Task] = []
+        self.tracing: dict[str, str] = {}      # model ("" = the rest) -> trace mode to stamp for
+        self.on_observe: Callable[[S.Observe], None] | None = None
 
     def _connect(self) -> None:
         """One DEALER for the frontend's life: ZeroMQ reconnects it to a restarted broker."""
@@ -173,6 +176,11 @@ class BrokerClient:
                 self._note_boot(msg.boot)
             elif isinstance(msg, S.Gone) and self.on_gone is not None:
                 self.on_gone(msg.prefix)
+            elif isinstance(msg, S.Observe):
+                self.tracing = msg.tracing
+                logs.apply(msg.log)
+                if self.on_observe is not None:
+                    self.on_observe(msg)
             elif isinstance(msg, S.Refused):
                 log.critical("the broker refused this process: %s; exiting to be restarted", msg.reason)
                 os._exit(EXIT_REFUSED)
@@ -208,6 +216,14 @@ class BrokerClient:
             self._send_quietly(S.encode(S.Hello(S.PROTOCOL_VERSION, self.kind, os.getpid())))
         if boot:
             self.boot = boot
+
+    def trace_mode(self, model: str) -> str:
+        """The trace mode requests for `model` are stamped for ('' when not traced)."""
+        tracing = self.tracing
+        if not tracing:
+            return ""
+        mode = tracing.get(model)
+        return tracing.get("", "") if mode is None else mode
 
     def ready(self, strict: bool) -> bool:
         """Server readiness as this frontend reports it."""
@@ -271,6 +287,11 @@ class BrokerClient:
             self._send(frame)
         except TritonError:
             pass
+
+    def send_quietly(self, msg: S.TraceDone) -> None:
+        """A message nobody waits for an answer to (dropped when the broker is away)."""
+        if self.sock is not None:
+            self._send_quietly(S.encode(msg))
 
     def close(self) -> None:
         for t in self.tasks:

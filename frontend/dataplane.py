@@ -7,6 +7,7 @@ arena), asks the broker, and hands back output views that point into the worker'
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from tritond.wire import schema as S
 from tritond.wire.errors import internal, invalid, request_prefix as prefix
 
 from .broker_client import BrokerClient
+from .tracing import FrontendTracer
 
 RESERVED_PREFIX = "triton_"
 
@@ -81,6 +83,7 @@ class RequestOptions:
     timeout_us: int = 0
     correlation_id: int | str = 0
     flags: int = 0
+    trace: S.TraceStart | None = None
 
 
 FLAG_START = 1
@@ -118,6 +121,17 @@ def split_parameters(params: dict[str, Any]) -> RequestOptions:
     return opts
 
 
+def cache_key(inputs: list[InputTensor]) -> bytes:
+    """The response cache's digest of a request's inputs (Triton's key without the model and
+    version, which the broker adds): every input's name, datatype, shape and bytes, in name
+    order. Computed here, where the bytes already are, so the broker never reads them."""
+    h = hashlib.blake2b(digest_size=16)
+    for t in sorted(inputs, key=lambda t: t.name):
+        h.update(f"{t.name}\0{t.datatype}\0{t.shape}\0{len(t.data)}\0".encode())
+        h.update(t.data)
+    return h.digest()
+
+
 def count_bytes_elements(buf: bytes | memoryview, name: str, model: str, request_id: str,
                          expected: int | None = None) -> int:
     """Walk a BYTES payload's length prefixes; raises Triton's errors on truncation or a wrong count."""
@@ -147,11 +161,12 @@ def count_bytes_elements(buf: bytes | memoryview, name: str, model: str, request
 
 class Dataplane:
     def __init__(self, client: BrokerClient, arena: Arena, maps: SegmentMaps,
-                 remote_repositories: list[str] | None = None) -> None:
+                 remote_repositories: list[str] | None = None, tracer: FrontendTracer | None = None) -> None:
         self.client = client
         self.arena = arena
         self.maps = maps
         self.remote_repositories = remote_repositories or []
+        self.tracer = tracer or FrontendTracer(client, None)
 
     async def load_model(self, op: S.LoadModel) -> None:
         """Ask the broker to load a model. A model of a remote repository is mirrored here
@@ -294,8 +309,13 @@ class Dataplane:
             specs = [S.OutputSpec(o.name, o.classification,
                                   region=S.Region(o.region, o.offset, o.nbytes) if o.region else None)
                      for o in outputs]
+            key = b""
+            if entry.view is not None and entry.view.response_cache and not any(t.region for t in inputs) \
+                    and not any(o.region for o in outputs):
+                key = cache_key(inputs)
             msg = S.Infer(self.client.next_id(), entry.name, entry.version, descs, specs, opts.id,
-                          opts.params, opts.priority, opts.timeout_us, opts.correlation_id, opts.flags)
+                          opts.params, opts.priority, opts.timeout_us, opts.correlation_id, opts.flags,
+                          key, opts.trace)
             reply = await self.client.infer(msg, on_orphan=lambda held=blocks: self._free(held))
         except asyncio.CancelledError:
             blocks = []   # the broker still holds the request: freed when it answers
@@ -315,6 +335,8 @@ class Dataplane:
         wanted = {o.name: o for o in outputs}
         result_outputs = []
         for d in reply.outputs:
+            if wanted and d.name not in wanted:
+                continue            # a cached response holds every output; only those asked go back
             loc = d.loc
             region = ""
             if isinstance(loc, S.Inline):

@@ -19,6 +19,7 @@ from tritond.wire.addresses import Addresses
 
 from .broker_client import BrokerClient
 from .dataplane import Dataplane
+from .tracing import FrontendTracer
 from .readiness import SupervisorLink
 
 log = logging.getLogger("tritond.frontend")
@@ -31,7 +32,8 @@ def start_process(argv: list[str], role: str) -> dict:
     opts = json.loads(argv[1])
     die_with_parent(opts["supervisor_pid"], signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    setup_logging(int(opts.get("log_verbose", 0)), role)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)      # log reopening comes by message
+    setup_logging(int(opts.get("log_verbose", 0)), role, opts.get("log"))
     return opts
 
 
@@ -62,12 +64,14 @@ async def frontend_dataplane(opts: dict, kind: str, on_hangup: Callable[[], obje
     arena = Arena(opts["server_id"], f"f{os.getpid()}")
     maps = SegmentMaps()
     client.on_gone = maps.drop_prefix
+    tracer = FrontendTracer(client, (opts.get("trace") or {}).get("otel"))
     try:
         # Only explicit mode loads after startup: elsewhere a load request must not fetch anything.
         remote = [r for r in opts.get("model_repositories", []) if is_remote(r)] \
             if opts.get("model_control_mode") == "explicit" else []
-        yield Dataplane(client, arena, maps, remote), stop, link.listening
+        yield Dataplane(client, arena, maps, remote, tracer), stop, link.listening
     finally:
+        tracer.close()
         link.close()
         client.close()
         maps.close()

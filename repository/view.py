@@ -69,4 +69,5 @@ def model_view(config: dict[str, Any]) -> ModelView:
         batching=_dynamic_batching(config.get("dynamic_batching")),
         exec_timeout_s=_exec_timeout(config),
         idempotent=config_parameter(config, "idempotent").lower() in ("1", "true", "yes"),
+        response_cache=bool((config.get("response_cache") or {}).get("enable", False)),
     )

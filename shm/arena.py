@@ -113,6 +113,18 @@ class Arena:
         assert off is not None
         return Block(seg.name, off, nbytes, seg.view[off:off + nbytes])
 
+    def alloc_bounded(self, nbytes: int) -> Block | None:
+        """A block from one segment of `segment_bytes` at most (created on first use), or None
+        when it has no room: for a bounded store that evicts to make room."""
+        if not self.segments:
+            seg = _Segment(segment_name(self.server_id, self.owner), _align(self.segment_bytes))
+            self.segments[seg.name] = seg
+        for seg in self.segments.values():
+            off = seg.alloc(nbytes)
+            if off is not None:
+                return Block(seg.name, off, nbytes, seg.view[off:off + nbytes])
+        return None
+
     def free(self, seg: str, offset: int) -> None:
         """Return a block; unknown blocks are ignored (a release may arrive twice)."""
         s = self.segments.get(seg)

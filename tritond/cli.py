@@ -19,7 +19,7 @@ def cmd_start(argv: list[str]) -> int:
         start_parser().print_usage(sys.stderr)
         print(f"tritond start: error: {e}", file=sys.stderr)
         return 1
-    setup_logging(opts["log_verbose"], "tritond")
+    setup_logging(opts["log_verbose"], "tritond", opts.get("log"))
     sup = Supervisor(opts)
     try:
         code = sup.run()

@@ -7,6 +7,8 @@ from typing import Any
 
 from tritond.repository.remote import RemoteError, check_available
 
+from . import observe_options
+
 
 class UsageError(Exception):
     pass
@@ -83,6 +85,7 @@ def start_parser() -> argparse.ArgumentParser:
     _flag(p, "--mps", False, "run GPU workers under a private NVIDIA MPS daemon")
     p.add_argument("--mps-active-thread-percentage", type=int, default=None, metavar="PCT",
                    help="share of a GPU's SMs each GPU worker may use under --mps (1-100)")
+    observe_options.add_flags(p, _flag, parse_bool)
     return p
 
 
@@ -184,6 +187,14 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--load-model=* must be the only --load-model")
     default_mbs = _backend_config(args.backend_config)
     disable_ac = args.disable_auto_complete_config or bool(args.strict_model_config)
+    try:
+        observe = {"log": observe_options.log_settings(args),
+                   "metrics": observe_options.metrics_settings(args.metrics_config, args.metrics_interval_ms),
+                   "trace": observe_options.trace_settings(args.trace_config),
+                   "cache_size": observe_options.cache_settings(args.cache_config, args.response_cache_byte_size),
+                   "cpu_metrics": args.allow_cpu_metrics, "gpu_metrics": args.allow_gpu_metrics}
+    except observe_options.FlagError as e:
+        raise UsageError(str(e)) from None
     http_tls = _tls(args, "http")
     grpc_tls = _tls(args, "grpc")
     http_subjects = _subject_restrictions(args.http_restricted_api_subject, "--http-restricted-api-subject")
@@ -231,6 +242,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "default_max_batch_size": default_mbs,
         "mps": args.mps,
         "mps_active_thread_percentage": _percentage(args.mps_active_thread_percentage),
+        **observe,
     }
 
 

@@ -3,11 +3,14 @@ logging, and the exit code a worker uses when it runs out of memory."""
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import resource
 import signal
-import sys
+
+import msgspec
+
+from tritond import logs
+from tritond.wire.schema import LogConfig
 
 PR_SET_PDEATHSIG = 1
 # A worker that hits MemoryError exits with this code (ENOMEM), so the broker can say why.
@@ -40,11 +43,9 @@ def limit_memory(nbytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (nbytes, hard))
 
 
-def setup_logging(verbose: int, role: str) -> None:
-    level = logging.DEBUG if verbose > 0 else logging.INFO
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format=f"%(asctime)s %(levelname).1s {role}[{os.getpid()}] %(message)s",
-        datefmt="%H:%M:%S",
-    )
+def setup_logging(verbose: int, role: str, log: dict | LogConfig | None = None) -> None:
+    """This process's log handler: the server's log settings (options "log"), or stderr at
+    `verbose`."""
+    if isinstance(log, dict):
+        log = msgspec.convert(log, LogConfig)
+    logs.setup(role, log or LogConfig(verbose=verbose))

@@ -43,6 +43,7 @@ import zmq
 from tritond.frontend.broker_client import BROKER_SILENCE_S
 from tritond.frontend.readiness import LISTENING, SERVING
 from tritond.frontend.tls import TlsError, TlsFiles, load as load_tls, server_context
+from tritond import logs
 from tritond.mps import MpsError, from_options
 from tritond.notify import Notifier
 from tritond.repository.remote import CACHE_ENV, RemoteError, is_remote, list_models
@@ -128,6 +129,8 @@ class Supervisor:
             signal.signal(s, lambda n, _f: self.signals.append(n))
         self.hangups = 0
         signal.signal(signal.SIGHUP, self._on_hangup)
+        self.reopens = 0
+        signal.signal(signal.SIGUSR1, self._on_usr1)
         self.cids = 0
         self.notify = Notifier()
         self.last_heard = 0.0          # monotonic time of the broker's last message
@@ -138,6 +141,19 @@ class Supervisor:
 
     def _on_hangup(self, _n: int, _f: Any) -> None:
         self.hangups += 1
+
+    def _on_usr1(self, _n: int, _f: Any) -> None:
+        self.reopens += 1
+
+    def reopen_logs(self) -> None:
+        """SIGUSR1 (logrotate moved the log file): this process and, through the broker,
+        every other one open the file again."""
+        logs.reopen()
+        self.cids += 1
+        try:
+            self.sock.send(S.encode(S.Control(self.cids, S.ReopenLog())), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
 
     def spawn(self, child: Child) -> None:
         opts = dict(self.opts, **child.extra)
@@ -399,8 +415,8 @@ class Supervisor:
 
     def check_shm(self) -> None:
         """Log an error when /dev/shm cannot hold the arenas of every process."""
-        stats = self.control(S.ModelMetrics(), 10.0) or []
-        workers = sum(int(s.get("instances_ready", 0)) for s in stats)
+        snapshot = self.control(S.ModelMetrics(), 10.0) or {}
+        workers = sum(int(m.get("instances_ready", 0)) for m in snapshot.get("models", []))
         o = self.opts
         frontends = (o["http_workers"] if o["allow_http"] else 0) + (o["grpc_workers"] if o["allow_grpc"] else 0)
         why = shm_shortfall(frontends, workers)
@@ -439,11 +455,16 @@ class Supervisor:
             if self.hangups:
                 self.hangups = 0
                 self.forward_hangup()
+            if self.reopens:
+                self.reopens = 0
+                self.reopen_logs()
             while self.sock.poll(0):
                 msg = self.decoder.decode(self.sock.recv())
                 self.heard_from_broker()
                 if isinstance(msg, S.Table):
                     self.table = msg
+                elif isinstance(msg, S.Observe):
+                    logs.apply(msg.log)
             for f in links:
                 if f.link in events:
                     self.on_link(f)
@@ -492,6 +513,7 @@ class Supervisor:
             return None
         self.reap_orphans({f.proc.pid for f in self.frontends if f.proc})
         sweep(f"{PREFIX}{self.server_id}.w")
+        sweep(owner_prefix(self.server_id, "b"))        # the response cache's arena
         try:
             self.start_broker()
         except Interrupted:

@@ -7,10 +7,10 @@ supervisor) and `WorkerUp` (workers): a broker built from other code refuses the
 instead of misreading its frames. `Hello`'s first three fields never change shape.
 
 Directions:
-  frontend/supervisor -> broker   Hello, Infer, Release, Control
-  broker -> frontend/supervisor   Table, Ping, InferReply, ControlReply, Gone, Refused
+  frontend/supervisor -> broker   Hello, Infer, Release, Control, TraceDone
+  broker -> frontend/supervisor   Table, Ping, InferReply, ControlReply, Gone, Refused, Observe
   worker -> broker                WorkerUp, WorkerDown, Heartbeat, BatchDone, Infer (BLS), Release
-  broker -> worker                Exec, Stop, Release, InferReply (BLS), Unmap, Gone
+  broker -> worker                Exec, Stop, Release, InferReply (BLS), Unmap, Gone, Observe
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import msgspec
 
 from .errors import Code, TritonError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 # Inline tensors up to this size ride inside the message; larger ones go through shm.
 INLINE_MAX = 64 * 1024
 # At most this many inline bytes per message a frontend or worker builds; the rest go by shm.
@@ -106,6 +106,19 @@ class Refused(_S, tag="refused"):
     reason: str
 
 
+class TraceStart(_S):
+    """A frontend's part of a request that may be traced: when it was received."""
+    recv_start: int             # monotonic ns
+    recv_end: int
+    protocol: str = "HTTP"      # HTTP | GRPC: names the timestamps
+    forced: bool = False        # the client sent a trace context: traced whatever the rate
+
+
+class Stamp(_S):
+    name: str                   # Triton's timestamp names: REQUEST_START, QUEUE_START, ...
+    ns: int                     # monotonic ns, comparable across this host's processes
+
+
 class Infer(_S, tag="infer"):
     rid: int
     model: str
@@ -118,6 +131,14 @@ class Infer(_S, tag="infer"):
     timeout_us: int = 0
     correlation_id: int | str = 0
     flags: int = 0
+    cache_key: bytes = b""          # digest of the inputs (frontends only; response cache)
+    trace: TraceStart | None = None
+
+
+class TraceInfo(_S):
+    """A traced request's id and the timestamps the broker and the worker took."""
+    id: int
+    stamps: list[Stamp] = []
 
 
 class InferReply(_S, tag="reply"):
@@ -126,6 +147,13 @@ class InferReply(_S, tag="reply"):
     outputs: list[TensorDesc] = []
     error: TritonError | None = None
     owner: bytes = b""      # identity that holds the output leases
+    trace: TraceInfo | None = None
+
+
+class TraceDone(_S, tag="trace_done"):
+    """The frontend's last timestamps of a traced request (the response was sent)."""
+    id: int
+    stamps: list[Stamp] = []
 
 
 class Release(_S, tag="release"):
@@ -198,6 +226,10 @@ class TraceSettings(_S, tag="trace_settings"):
     settings: dict[str, Any] = {}
 
 
+class ReopenLog(_S, tag="reopen_log"):
+    """Reopen the log file everywhere (SIGUSR1, after logrotate moved it)."""
+
+
 class Drain(_S, tag="drain"):
     pass
 
@@ -208,7 +240,7 @@ class StopServer(_S, tag="stop"):
 
 ControlOp = Union[RepositoryIndex, LoadModel, UnloadModel, Statistics, ModelMetrics, ShmRegister,
                   ShmUnregister, ShmStatus, CudaRegister, CudaUnregister, CudaStatus, LogSettings,
-                  TraceSettings, Drain, StopServer]
+                  TraceSettings, ReopenLog, Drain, StopServer]
 
 
 class Control(_S, tag="control"):
@@ -269,6 +301,7 @@ class ModelView(_S):
     batching: DynamicBatching | None = None
     exec_timeout_s: float = 60.0
     idempotent: bool = False
+    response_cache: bool = False    # the server's cache is on and the config enables it
 
 
 class ModelEntry(_S):
@@ -295,6 +328,24 @@ class Ping(_S, tag="ping"):
     boot: int = 0
 
 
+class LogConfig(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The log settings every process applies (Triton's logging API keys)."""
+    info: bool = True
+    warning: bool = True
+    error: bool = True
+    verbose: int = 0
+    format: str = "default"          # default | ISO8601 | json
+    file: str = ""                   # set at startup only, never over the network
+    generation: int = 0              # bumped to make every process reopen the file
+
+
+class Observe(_S, tag="observe"):
+    """Live log settings, and the trace mode frontends stamp requests for, per model ("" key:
+    models without settings of their own; "" value: not tracing)."""
+    log: LogConfig = LogConfig()
+    tracing: dict[str, str] = {}
+
+
 class Gone(_S, tag="gone"):
     """Segments with this name prefix were unlinked (their owner died): drop any mapping."""
     prefix: str
@@ -318,6 +369,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True):
     kind: str = "CPU"
     device_id: int = 0
     log_verbose: int = 0
+    log: LogConfig | None = None
 
 
 class ExecRequest(_S):
@@ -346,6 +398,7 @@ class BatchDone(_S, tag="done"):
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
+    start_ns: int = 0       # monotonic ns when the worker began (trace timestamps)
 
 
 class WorkerUp(_S, tag="up"):
@@ -371,10 +424,10 @@ class Unmap(_S, tag="unmap"):
     keys: list[str]
 
 
-FrontendMsg = Union[Hello, Infer, Release, Control]
-BrokerToFrontend = Union[Table, InferReply, ControlReply, Ping, Gone, Refused]
+FrontendMsg = Union[Hello, Infer, Release, Control, TraceDone]
+BrokerToFrontend = Union[Table, InferReply, ControlReply, Ping, Gone, Refused, Observe]
 WorkerMsg = Union[WorkerUp, WorkerDown, BatchDone, Heartbeat, Infer, Release]
-BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap, Gone]
+BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap, Gone, Observe]
 
 
 # ---------------------------------------------------------------- encoding

@@ -20,6 +20,7 @@ import time
 import msgspec
 import zmq
 
+from tritond import logs
 from tritond.process import EXIT_NO_MEMORY, die_with_parent, limit_memory, setup_logging
 from tritond.repository.parameters import config_parameter
 from tritond.shm.arena import Arena
@@ -88,6 +89,9 @@ class Worker:
             for key in msg.keys:
                 self.maps.drop(key)
             return True
+        if isinstance(msg, P.Observe):
+            logs.apply(msg.log)
+            return True
         return False
 
     def load(self):
@@ -113,6 +117,16 @@ class Worker:
         return backend, completed
 
     def execute(self, backend, msg: P.Exec) -> P.BatchDone:
+        """Run one batch; what the model logs meanwhile carries the batch's request ids."""
+        ids = ",".join(r.id for r in msg.requests if r.id)
+        token = logs.REQUEST_ID.set(ids) if ids else None
+        try:
+            return self._execute(backend, msg)
+        finally:
+            if token is not None:
+                logs.REQUEST_ID.reset(token)
+
+    def _execute(self, backend, msg: P.Exec) -> P.BatchDone:
         t0 = time.monotonic_ns()
         requests: list[WorkerRequest] = []
         slots: list = []
@@ -150,7 +164,7 @@ class Worker:
         t3 = time.monotonic_ns()
         if log.isEnabledFor(logging.DEBUG):
             log_device_traffic(msg, results, on_device)
-        return P.BatchDone(msg.bid, results, t1 - t0, t2 - t1, t3 - t2)
+        return P.BatchDone(msg.bid, results, t1 - t0, t2 - t1, t3 - t2, t0)
 
     def close_imports(self) -> None:
         """Unmap the producers' device memory this batch opened; its outputs are written."""
@@ -224,7 +238,8 @@ def main(argv: list[str]) -> int:
     die_with_parent(spec.broker_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the broker stops workers by message
-    setup_logging(spec.log_verbose, f"worker:{spec.instance_name}")
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # log reopening comes by message
+    setup_logging(spec.log_verbose, f"worker:{spec.instance_name}", spec.log)
     return Worker(spec).run()
 
 

@@ -16,6 +16,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from tritond import logs
 from tritond.repository.render import config_from_json
 from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError, unavailable
@@ -24,6 +25,7 @@ from ..client_subject import SubjectRule
 from ..dataplane import Dataplane
 from ..errors import GRPC_CODE_NAME
 from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
+from ..tracing import Pending
 from . import converters as cv
 
 log = logging.getLogger("tritond.grpc")
@@ -45,6 +47,14 @@ class GrpcOptions:
 
 def status_of(e: TritonError) -> grpc.StatusCode:
     return STATUS.get(e.code, grpc.StatusCode.INTERNAL)
+
+
+def traceparent(context: grpc.aio.ServicerContext) -> str:
+    """The client's W3C trace context, when it sent one."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            return value
+    return ""
 
 
 def rpc(category: str) -> Callable:
@@ -148,23 +158,35 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # ------------------------------------------------------------- inference
 
-    async def _infer(self, request: pb.ModelInferRequest, decoupled_text: str) -> pb.ModelInferResponse:
+    async def _infer(self, request: pb.ModelInferRequest, decoupled_text: str,
+                     context: grpc.aio.ServicerContext | None = None) -> pb.ModelInferResponse:
+        mode = self.client.trace_mode(request.model_name)
+        pending = Pending("GRPC", mode, traceparent(context) if mode and context else "") if mode else None
         entry = self.dp.entry(request.model_name, cv.parse_version(request.model_version))
         if entry.view is not None and entry.view.decoupled:
             raise TritonError(Code.UNSUPPORTED, decoupled_text)
         opts = cv.request_options(request.parameters)
         opts.id = request.id
+        if request.id:
+            logs.REQUEST_ID.set(request.id)      # this RPC's task: its log lines carry the id
+        if pending is not None:
+            opts.trace = pending.start()
         result = await self.dp.infer(entry, cv.parse_inputs(request), cv.parse_outputs(request), opts)
+        info = result.reply.trace if result.reply is not None else None
         try:
             return cv.infer_response(result)
         finally:
             self.dp.release(result)
+            if info is not None:
+                # grpc.aio writes the response after the handler returns: both send times are taken here
+                now = time.monotonic_ns()
+                self.dp.tracer.finish(info, pending, entry.name, result.model_version, request.id, now, now)
 
     @rpc("inference")
     async def ModelInfer(self, request, context):
         self.inflight += 1
         try:
-            return await self._infer(request, DECOUPLED_INFER)
+            return await self._infer(request, DECOUPLED_INFER, context)
         finally:
             self.inflight -= 1
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import logging
 import re
+import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -16,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tritond import logs
 from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError, invalid
 
@@ -23,6 +25,7 @@ from ..client_subject import SubjectRule
 from ..dataplane import Dataplane, split_parameters
 from ..errors import http_status
 from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
+from ..tracing import Pending
 from .codec import parse_infer, parse_json, render_response
 
 
@@ -207,6 +210,8 @@ class HttpApi:
 
     async def infer(self, request: Request) -> Response:
         name = request.path_params["model"]
+        mode = self.client.trace_mode(name)
+        pending = Pending("HTTP", mode, request.headers.get("traceparent", "")) if mode else None
         entry = self.dp.entry(name, self.version(request))
         body = await self.body(request)
         header = request.headers.get("inference-header-content-length")
@@ -225,7 +230,12 @@ class HttpApi:
         params = doc.get("parameters") or {}
         opts = split_parameters(params)
         opts.id = request_id
+        if request_id:
+            logs.REQUEST_ID.set(request_id)      # this request's task: its log lines carry the id
+        if pending is not None:
+            opts.trace = pending.start()
         result = await self.dp.infer(entry, inputs, outputs, opts)
+        info = result.reply.trace if result.reply is not None else None
         try:
             body_out, json_len = render_response(result, default_binary)
         finally:
@@ -242,7 +252,10 @@ class HttpApi:
         elif encoding == "deflate":
             body_out = zlib.compress(body_out)
             headers["Content-Encoding"] = "deflate"
-        return Response(body_out, headers=headers, media_type=media)
+        response = Response(body_out, headers=headers, media_type=media)
+        if info is not None:
+            response.trace = (info, pending, entry.name, result.model_version, request_id)
+        return response
 
     # ------------------------------------------------------------- repository
 
@@ -366,7 +379,13 @@ class HttpApi:
                         params["version"] = int(match.group(2))
                     scope["path_params"] = params
                     response = await infer(Request(scope, receive))
+                    traced = getattr(response, "trace", None)
+                    if traced is None:
+                        await response(scope, receive, send)
+                        return
+                    sent = time.monotonic_ns()
                     await response(scope, receive, send)
+                    self.dp.tracer.finish(*traced, sent, time.monotonic_ns())
                     return
             await starlette(scope, receive, send)
 

@@ -14,15 +14,13 @@ from dataclasses import dataclass
 
 import uvloop
 from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from tritond.wire.errors import TritonError
-from tritond.wire.schema import ModelMetrics
 
-from ..broker_client import BrokerClient
 from ..client_subject import subject_rules
-from ..metrics import render
+from ..metrics import CONTENT_TYPE, MetricsEndpoint
 from ..process import frontend_dataplane, start_process
 from ..tls import Reloader, SwappableContext, TlsError, TlsFiles, load
 from .app import HttpApi, HttpOptions
@@ -43,13 +41,13 @@ def listen_socket(address: str, port: int) -> socket.socket:
     return sock
 
 
-def metrics_app(client: BrokerClient) -> Starlette:
+def metrics_app(endpoint: MetricsEndpoint) -> Starlette:
     async def metrics(request):
         try:
-            stats = await client.control(ModelMetrics(), timeout=5)
+            body = await endpoint.render()
         except TritonError as e:
             return PlainTextResponse(e.message, status_code=503)
-        return PlainTextResponse(render(stats), media_type="text/plain; version=0.0.4")
+        return Response(body, media_type=CONTENT_TYPE)
     return Starlette(routes=[Route("/metrics", metrics)])
 
 
@@ -140,7 +138,9 @@ async def run(opts: dict) -> None:
         else:
             servers = [serve_uvicorn(api.app(), sock, stop, tls.api, peers)]
         if opts.get("metrics_port"):
-            servers.append(serve_uvicorn(metrics_app(dataplane.client), listen_socket(
+            endpoint = MetricsEndpoint(dataplane.client, opts)
+            endpoint.start()
+            servers.append(serve_uvicorn(metrics_app(endpoint), listen_socket(
                 opts.get("metrics_address") or opts["http_address"], opts["metrics_port"]), stop, tls.metrics))
         listening()    # the sockets listen: connections queue until the servers accept them
         await asyncio.gather(*servers)

@@ -1,0 +1,202 @@
+"""The observability and cache flags, parsed with tritonserver's syntax and checks:
+`--log-*`, `--metrics-config`, `--metrics-interval-ms`, `--trace-config`, `--cache-config`
+(and the deprecated `--response-cache-byte-size`). Each returns plain data for the options
+dict every process receives; a value tritond does not implement is a usage error."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import msgspec
+
+from tritond.wire.schema import LogConfig
+
+LOG_FORMATS = ("default", "ISO8601", "json")
+TRACE_MODES = ("triton", "opentelemetry")
+DEFAULT_QUANTILES = [(0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001)]
+OTEL_DEFAULT_URL = "http://localhost:4318/v1/traces"
+
+
+class FlagError(ValueError):
+    """A flag value tritonserver would refuse, or one tritond does not implement."""
+
+
+def add_flags(p: argparse.ArgumentParser, flag: Any, parse_bool: Any) -> None:
+    p.add_argument("--log-file", default="", metavar="PATH", help="append every process's log lines to PATH")
+    p.add_argument("--log-format", default="default", help="default | ISO8601 | json (one object per line)")
+    flag(p, "--log-info", True, "log INFO lines")
+    flag(p, "--log-warning", True, "log WARNING lines")
+    flag(p, "--log-error", True, "log ERROR lines")
+    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE")
+    p.add_argument("--metrics-interval-ms", type=float, default=2000.0)
+    flag(p, "--allow-cpu-metrics", True, "report nv_cpu_* and the process tree's CPU and memory")
+    flag(p, "--allow-gpu-metrics", True, "report nv_gpu_* through NVML when GPUs exist")
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE")
+    p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,SETTING=VALUE")
+    p.add_argument("--response-cache-byte-size", type=int, default=None, help="deprecated: --cache-config local,size=N")
+
+
+def log_settings(args: argparse.Namespace) -> dict[str, Any]:
+    if args.log_format not in LOG_FORMATS:
+        raise FlagError(f"invalid argument for --log-format, got: {args.log_format} "
+                        f"(expected {', '.join(LOG_FORMATS)})")
+    if args.log_verbose < 0:
+        raise FlagError("--log-verbose must be a non-negative integer")
+    path = args.log_file
+    if path:
+        import os
+        path = os.path.abspath(path)
+        try:
+            with open(path, "a", encoding="utf-8"):
+                pass
+        except OSError as e:
+            raise FlagError(f"--log-file: cannot open '{path}' for appending: {e.strerror}") from None
+    cfg = LogConfig(info=args.log_info, warning=args.log_warning, error=args.log_error,
+                    verbose=args.log_verbose, format=args.log_format, file=path)
+    return msgspec.to_builtins(cfg)
+
+
+def _bool(value: str, what: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1"):
+        return True
+    if v in ("false", "0"):
+        return False
+    raise FlagError(f"{what} expects true or false, got '{value}'")
+
+
+def parse_quantiles(text: str) -> list[tuple[float, float]]:
+    """'0.5:0.05,0.9:0.01' -> [(0.5, 0.05), (0.9, 0.01)]: Triton's <quantile>:<error> pairs."""
+    out = []
+    for pair in text.split(","):
+        q, sep, err = pair.strip().partition(":")
+        try:
+            qv, ev = float(q), float(err)
+        except ValueError:
+            qv = ev = -1.0
+        if not sep or not 0.0 <= qv <= 1.0 or not 0.0 <= ev < 1.0:
+            raise FlagError(f"--metrics-config summary_quantiles: invalid pair '{pair}', expected "
+                            f"<quantile>:<error> with both in [0, 1]")
+        out.append((qv, ev))
+    return out
+
+
+def metrics_settings(entries: list[str], interval_ms: float) -> dict[str, Any]:
+    """`--metrics-config <setting>=<value>` (repeatable) and `--metrics-interval-ms`."""
+    cfg: dict[str, Any] = {"counter_latencies": True, "summary_latencies": False,
+                           "histogram_latencies": False, "summary_quantiles": DEFAULT_QUANTILES}
+    for entry in entries:
+        setting, eq, value = entry.partition("=")
+        if not eq or not setting or not value or "," in setting:
+            raise FlagError(f"--metrics-config option format is <setting>=<value>. Got {entry}")
+        if setting in ("counter_latencies", "summary_latencies", "histogram_latencies"):
+            cfg[setting] = _bool(value, f"--metrics-config {setting}")
+        elif setting == "summary_quantiles":
+            cfg[setting] = parse_quantiles(value)
+        else:
+            raise FlagError(f"--metrics-config setting '{setting}' is not supported by tritond (supported: "
+                            f"counter_latencies, summary_latencies, summary_quantiles, histogram_latencies)")
+    if not interval_ms > 0:
+        raise FlagError(f"--metrics-interval-ms must be positive, got {interval_ms:g}")
+    cfg["interval_ms"] = interval_ms
+    return cfg
+
+
+def _uint(value: str, what: str, minimum: int = 0) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = minimum - 1
+    if n < minimum:
+        raise FlagError(f"--trace-config {what} must be an integer >= {minimum}, got '{value}'")
+    return n
+
+
+def trace_settings(entries: list[str]) -> dict[str, Any]:
+    """`--trace-config [<mode>,]<setting>=<value>` (repeatable), Triton's keys and defaults."""
+    cfg: dict[str, Any] = {"level": "OFF", "rate": 1000, "count": -1, "mode": "triton", "file": "",
+                           "log_frequency": 0,
+                           "otel": {"url": OTEL_DEFAULT_URL, "resource": {}, "bsp_max_queue_size": 2048,
+                                    "bsp_schedule_delay": 5000, "bsp_max_export_batch_size": 512}}
+    levels: list[str] = []
+    for entry in entries:
+        head, eq, value = entry.partition("=")
+        mode, comma, setting = head.rpartition(",")
+        if not eq or not setting:
+            raise FlagError(f"--trace-config option format is '[<mode>,]<setting>=<value>'. Got {entry}")
+        if comma and mode not in TRACE_MODES:
+            raise FlagError(f"--trace-config: unknown trace mode '{mode}' (expected triton or opentelemetry)")
+        if not comma:
+            if setting == "level":
+                level = value.upper()
+                if level == "TENSORS":
+                    raise FlagError("--trace-config level=TENSORS is not supported by tritond (TIMESTAMPS is)")
+                if level not in ("OFF", "TIMESTAMPS"):
+                    raise FlagError(f"--trace-config level: invalid value '{value}' (OFF or TIMESTAMPS)")
+                levels.append(level)
+            elif setting == "rate":
+                cfg["rate"] = _uint(value, "rate")
+            elif setting == "count":
+                cfg["count"] = _uint(value, "count", -1)
+            elif setting == "mode":
+                if value not in TRACE_MODES:
+                    raise FlagError(f"--trace-config mode: invalid value '{value}' (triton or opentelemetry)")
+                cfg["mode"] = value
+            else:
+                raise FlagError(f"--trace-config: unknown global setting '{setting}' (level, rate, count, mode)")
+        elif mode == "triton":
+            if setting == "file":
+                import os
+                cfg["file"] = os.path.abspath(value)
+            elif setting == "log-frequency":
+                cfg["log_frequency"] = _uint(value, "log-frequency")
+            else:
+                raise FlagError(f"--trace-config: unknown triton setting '{setting}' (file, log-frequency)")
+        else:
+            otel = cfg["otel"]
+            if setting == "url":
+                otel["url"] = value if "://" in value else f"http://{value}"
+            elif setting == "resource":
+                key, eq2, val = value.partition("=")
+                if not eq2 or not key:
+                    raise FlagError(f"--trace-config opentelemetry,resource expects <key>=<value>, got '{value}'")
+                otel["resource"][key] = val
+            elif setting in ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"):
+                otel[setting] = _uint(value, setting, 1)
+            else:
+                raise FlagError(f"--trace-config: unknown opentelemetry setting '{setting}' (url, resource, "
+                                f"bsp_max_queue_size, bsp_schedule_delay, bsp_max_export_batch_size)")
+    if levels:
+        cfg["level"] = "TIMESTAMPS" if "TIMESTAMPS" in levels else "OFF"
+    otel = cfg["otel"]
+    if otel["bsp_max_export_batch_size"] > otel["bsp_max_queue_size"]:
+        raise FlagError("--trace-config opentelemetry,bsp_max_export_batch_size must not exceed bsp_max_queue_size")
+    return cfg
+
+
+def cache_settings(entries: list[str], deprecated_size: int | None) -> int:
+    """`--cache-config local,size=<bytes>`: the response cache's size (0: no cache)."""
+    if entries and deprecated_size is not None:
+        raise FlagError("Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+                        "Please provide one or the other.")
+    if deprecated_size is not None:
+        if deprecated_size < 0:
+            raise FlagError("--response-cache-byte-size must be a non-negative number of bytes")
+        return deprecated_size
+    size = 0
+    for entry in entries:
+        name, comma, rest = entry.partition(",")
+        setting, eq, value = rest.partition("=")
+        if not comma or not name:
+            raise FlagError(f"No cache specified. --cache-config option format is <cache name>,<setting>=<value>. "
+                            f"Got {entry}")
+        if not eq or not setting or not value:
+            raise FlagError(f"--cache-config option format is '<cache name>,<setting>=<value>'. Got {entry}")
+        if name != "local":
+            raise FlagError(f"--cache-config: cache '{name}' is not supported by tritond (only 'local')")
+        if setting != "size":
+            raise FlagError(f"--cache-config: unknown setting '{setting}' for the local cache (size)")
+        if not value.strip().isdigit():
+            raise FlagError(f"--cache-config local,size expects a number of bytes, got '{value}'")
+        size = int(value)
+    return size
