@@ -4,6 +4,7 @@ broker broadcast the log settings and the tracing gates to every process. File l
 never settable over the network."""
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -122,5 +123,8 @@ class Settings:
         if key == "trace_mode":
             if value not in ("triton", "opentelemetry"):
                 raise invalid(f"invalid value for 'trace_mode': '{value}' (triton or opentelemetry)")
+            if value == "opentelemetry" and importlib.util.find_spec("opentelemetry.sdk") is None:
+                raise TritonError(Code.UNSUPPORTED, "trace mode 'opentelemetry' needs the OpenTelemetry SDK: "
+                                                    "pip install 'tritond[otel]'")
             return value
         return value

@@ -70,7 +70,8 @@ class Setting:
             if self.sampled % self.rate == 0:
                 if self.count > 0:
                     self.count -= 1
-                    self.scope["trace_count"] = str(self.count)
+                    # the API shows the remaining count; it is not a new setting
+                    self.scope["trace_count"] = self.values["trace_count"] = str(self.count)
                 self.created += 1
                 return True
         return forced and self.mode == "opentelemetry"

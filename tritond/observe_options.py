@@ -168,6 +168,11 @@ def trace_settings(entries: list[str]) -> dict[str, Any]:
                                 f"bsp_max_queue_size, bsp_schedule_delay, bsp_max_export_batch_size)")
     if levels:
         cfg["level"] = "TIMESTAMPS" if "TIMESTAMPS" in levels else "OFF"
+    if cfg["mode"] == "opentelemetry" or any(e.startswith("opentelemetry,") for e in entries):
+        import importlib.util
+        if importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is None:
+            raise FlagError("--trace-config mode=opentelemetry needs the OpenTelemetry SDK and its OTLP/HTTP "
+                            "exporter: pip install 'tritond[otel]'")
     otel = cfg["otel"]
     if otel["bsp_max_export_batch_size"] > otel["bsp_max_queue_size"]:
         raise FlagError("--trace-config opentelemetry,bsp_max_export_batch_size must not exceed bsp_max_queue_size")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tritond.frontend.metrics import GAUGES
+from tritond.frontend.metrics import Families, model_families
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is installed by scripts/setup.sh --test")
 jsonschema = pytest.importorskip("jsonschema")
@@ -159,7 +159,12 @@ def test_service_monitor_pdb_and_autoscaling_fit_together():
     # The metric the rule reads is one tritond exports.
     metric = re.search(r"\b(nv_\w+|tritond_\w+)", trigger["metadata"]["query"]).group(1)
     assert metric == "nv_inference_pending_request_count"
-    assert metric in {name for name, _, _ in GAUGES}
+    families = Families()
+    model_families(families, {
+        "name": "m", "version": 1, "tags": {}, "success": 0, "failures": {}, "inference_count": 0,
+        "execution_count": 0, "request_ns": 0, "queue_ns": 0, "compute_input_ns": 0, "compute_infer_ns": 0,
+        "compute_output_ns": 0, "cache": False, "pending": 3, "restarts": 0, "instances_ready": 1}, {})
+    assert families.by_name[metric].type == "gauge"
     assert 1 <= so["spec"]["minReplicaCount"] < so["spec"]["maxReplicaCount"]
 
 

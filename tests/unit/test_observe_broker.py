@@ -1,0 +1,198 @@
+"""The response cache and trace sampling inside the real broker (in-process, fake clock), the
+observability flags, and the metrics text format."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from broker_harness import Harness, python_model
+from prometheus_client.parser import text_string_to_metric_families
+
+from tritond.frontend.metrics import Families, exposition
+from tritond.options import UsageError, server_options, start_parser
+from tritond.wire import schema as S
+
+X = np.arange(4, dtype=np.float32)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    python_model(tmp_path, "m", ["X"], ["Y", "Z"], extra="response_cache { enable: true }")
+    python_model(tmp_path, "plain", ["X"], ["Y"])
+    return tmp_path
+
+
+@pytest.fixture
+def harness(repo):
+    made = []
+
+    def make(**opts) -> Harness:
+        h = Harness(repo, **opts).load("*")
+        h.broker.publish_table()
+        made.append(h)
+        return h
+    yield make
+    for h in made:
+        h.broker.cache.close()
+
+
+def ask(h: Harness, key: bytes, model: str = "m", rid_id: str = "", outputs=()) -> int:
+    rid = next(h.rids)
+    h.from_frontend(S.Infer(rid, model, -1, [S.TensorDesc("X", "FP32", [4], S.Inline(X.tobytes()))],
+                            [S.OutputSpec(o) for o in outputs], rid_id, cache_key=key))
+    return rid
+
+
+def execute(h: Harness, model: str = "m") -> S.Exec:
+    ((inst, ex),) = h.executing(model)
+    h.answer(inst, ex, *[{"Y": S.Inline(b"y" * 16), "Z": S.Inline(b"z" * 16)}] * len(ex.requests))
+    return ex
+
+
+def mv(h: Harness, name: str = "m"):
+    (v,) = h.broker.registry.get(name).values()
+    return v
+
+
+def test_a_hit_is_answered_by_the_broker_without_a_worker(harness):
+    h = harness(cache_size=1 << 16)
+    assert mv(h).view.response_cache and not mv(h, "plain").view.response_cache
+    first = ask(h, b"k", outputs=("Y",))
+    ex = execute(h)
+    assert ex.requests[0].outputs == []          # a miss computes every output for the entry
+    sent = len(h.to_workers(S.Exec))
+    second = ask(h, b"k", outputs=("Z",))
+    assert len(h.to_workers(S.Exec)) == sent     # no worker saw the hit
+    hit = h.replies()[second]
+    assert {d.name: d.loc.data for d in hit.outputs} == {"Y": b"y" * 16, "Z": b"z" * 16}
+    assert h.replies()[first].error is None
+    stats = mv(h).stats
+    assert (stats.cache_hit.count, stats.cache_miss.count, stats.success.count) == (1, 1, 2)
+    assert (stats.inference_count, stats.execution_count) == (1, 1)
+    ask(h, b"other")
+    execute(h)
+    assert mv(h).stats.cache_miss.count == 2
+
+
+def test_lru_eviction_by_bytes_and_leased_entries(harness):
+    h = harness(cache_size=256)
+    for key in (b"a", b"b", b"c", b"d"):        # 32-byte entries, 64-byte blocks: the fourth evicts "a"
+        ask(h, key)
+        execute(h)
+    cache = h.broker.cache
+    assert cache.evictions >= 1 and (mv(h).name, mv(h).version, b"a") not in cache.entries
+    sent = len(h.to_workers(S.Exec))
+    ask(h, b"d")
+    assert len(h.to_workers(S.Exec)) == sent
+    ask(h, b"a")
+    assert len(h.to_workers(S.Exec)) == sent + 1
+
+
+def test_keys_from_models_and_requests_of_other_models_are_not_cached(harness):
+    h = harness(cache_size=1 << 16)
+    ask(h, b"k", model="plain")
+    execute(h, "plain")
+    ask(h, b"k", model="plain")
+    assert len(h.executing("plain")) == 1
+    assert not h.broker.cache.entries
+
+
+def test_a_reload_invalidates_the_models_entries(harness, repo):
+    h = harness(cache_size=1 << 16, model_control_mode="explicit", load_models=["*"])
+    ask(h, b"k")
+    execute(h)
+    assert h.broker.cache.entries
+    h.broker.lifecycle.unload("m")
+    h.broker.publish_table()
+    assert not h.broker.cache.entries
+
+
+def test_no_flag_means_no_cache(harness):
+    h = harness()
+    assert not h.broker.cache.enabled and not mv(h).view.response_cache
+    ask(h, b"k")
+    execute(h)
+    ask(h, b"k")
+    assert len(h.executing("m")) == 1
+
+
+def test_trace_sampling_rate_count_and_files(harness, tmp_path):
+    trace = {"level": "TIMESTAMPS", "rate": 2, "count": 2, "mode": "triton", "file": str(tmp_path / "t.json"),
+             "log_frequency": 0}
+    h = harness(trace=trace)
+    h.from_frontend(S.Hello(S.PROTOCOL_VERSION, "http", 1))
+    observe = [m for _, m in h.to_frontends(S.Observe)]
+    assert observe and observe[-1].tracing[""] == "triton"
+    for i in range(6):
+        rid = next(h.rids)
+        h.from_frontend(S.Infer(rid, "plain", -1, [S.TensorDesc("X", "FP32", [4], S.Inline(X.tobytes()))],
+                                id=f"r{i}", trace=S.TraceStart(1, 2)))
+        execute(h, "plain")
+        reply = h.replies()[rid]
+        if reply.trace is not None:
+            h.from_frontend(S.TraceDone(reply.trace.id, [S.Stamp("HTTP_SEND_START", 10**18),
+                                                         S.Stamp("HTTP_SEND_END", 10**18 + 1)]))
+    records = json.loads((tmp_path / "t.json.0").read_text())
+    heads = [r for r in records if "model_name" in r]
+    assert [r["request_id"] for r in heads] == ["r1", "r3"]      # every 2nd, 2 at most
+    assert h.to_frontends(S.Observe)[-1][1].tracing[""] == ""    # count used up: frontends stop stamping
+    assert h.control(S.TraceSettings("", {}), ident=b"fe").result["trace_count"] == "0"
+
+
+def test_settings_api_rejects_what_tritond_does_not_do(harness):
+    h = harness()
+    reply = h.control(S.TraceSettings("", {"trace_level": ["TENSORS"]}))
+    assert reply.error is not None and reply.error.code.name == "UNSUPPORTED"
+    reply = h.control(S.TraceSettings("", {"trace_rate": "often"}))
+    assert reply.error is not None and reply.error.code.name == "INVALID_ARG"
+    reply = h.control(S.LogSettings({"log_format": "json"}))
+    assert reply.error is None and reply.result["log_format"] == "json"
+    assert h.to_workers(S.Observe)[-1][1].log.format == "json"
+
+
+def options(*flags: str) -> dict:
+    return server_options(start_parser().parse_args(["--model-repository", "/m", *flags]))
+
+
+def test_flags_parse_with_triton_syntax():
+    o = options("--cache-config=local,size=1048576", "--trace-config=triton,file=/tmp/t.json",
+                "--trace-config=level=TIMESTAMPS", "--trace-config=rate=10", "--metrics-config=summary_latencies=true",
+                "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.001", "--metrics-interval-ms=500",
+                "--log-format=ISO8601", "--log-info=false", "--log-verbose=2")
+    assert o["cache_size"] == 1048576
+    assert (o["trace"]["level"], o["trace"]["rate"], o["trace"]["file"]) == ("TIMESTAMPS", 10, "/tmp/t.json")
+    assert o["metrics"]["summary_latencies"] and o["metrics"]["summary_quantiles"] == [(0.5, 0.05), (0.99, 0.001)]
+    assert o["metrics"]["interval_ms"] == 500
+    assert (o["log"]["format"], o["log"]["info"], o["log"]["verbose"]) == ("ISO8601", False, 2)
+    assert options()["cache_size"] == 0 and options("--cache-config=local,size=0")["cache_size"] == 0
+
+
+@pytest.mark.parametrize("flag", [
+    "--cache-config=local,size=-5", "--cache-config=redis,size=10", "--cache-config=size=10",
+    "--cache-config=local,bytes=10", "--trace-config=level=TENSORS", "--trace-config=rate=x",
+    "--trace-config=jaeger,url=x", "--metrics-config=model_metrics_mode=x", "--metrics-config=a,b=c",
+    "--metrics-config=counter_latencies=maybe", "--metrics-interval-ms=0", "--log-format=xml",
+])
+def test_bad_flag_values_are_usage_errors(flag):
+    with pytest.raises(UsageError):
+        options(flag)
+
+
+def test_exposition_is_tritons_and_parses():
+    f = Families()
+    f.add("nv_inference_request_success", "counter", "Number of successful requests", {"model": 'a"b', "version": "1"}, 5)
+    f.add("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]", {}, 0.25)
+    f.summary("nv_inference_queue_summary_us", "queue", {"model": "m", "version": "1"},
+              {"count": 2, "sum": 3.5, "quantiles": [[0.5, 1.0]]})
+    f.histogram("nv_inference_first_response_histogram_ms", "first", {"model": "m", "version": "1"},
+                {"bounds": [100.0, 500.0], "counts": [1, 0, 2], "sum": 900.0})
+    text = exposition(f.by_name.values()).decode()
+    assert 'nv_inference_request_success{model="a\\"b",version="1"} 5\n' in text
+    assert "# TYPE nv_inference_request_success counter\n" in text and "nv_cpu_utilization 0.25\n" in text
+    assert 'nv_inference_first_response_histogram_ms_bucket{le="+Inf",model="m",version="1"} 3\n' in text
+    families = {m.name: m for m in text_string_to_metric_families(text)}
+    assert families["nv_inference_request_success"].type == "counter"
+    assert families["nv_inference_request_success"].samples[0].labels["model"] == 'a"b'
+    assert families["nv_inference_queue_summary_us"].type == "summary"
+    assert families["nv_inference_first_response_histogram_ms"].type == "histogram"
