@@ -151,8 +151,6 @@ class Broker:
 
     def observe_changed(self) -> None:
         """Log or trace settings changed: every process applies them now."""
-        if not hasattr(self, "tracer"):
-            return
         self.tracer.reload()
         msg = self.observed()
         logs.apply(msg.log)
