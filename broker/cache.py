@@ -17,8 +17,9 @@ return only those requested), and the outputs are copied into the arena when the
 passes through: one memory copy, the only time the broker touches tensor bytes.
 
 Only successful responses of cacheable models are stored: not decoupled, not sequence
-models (their configs are refused), and an ensemble only when every model it composes is
-cacheable too. Entries belong to the model version object they were made for, so a reload
+models (their configs are refused), and an ensemble only when every model it composes
+supports the cache (those need not enable it). Requests of an ensemble's steps are not looked
+up: the frontend's key is the ensemble's. Entries belong to the model version object they were made for, so a reload
 (a new version object) or an unload invalidates them.
 """
 from __future__ import annotations
@@ -78,12 +79,17 @@ class ResponseCache:
 
     # ---------------------------------------------------------------- eligibility
 
-    def cacheable(self, mv: ModelVersion, seen: frozenset = frozenset()) -> bool:
-        """The model enables the cache, is not decoupled, and (an ensemble) composes only
-        cacheable models."""
-        if self.arena is None or mv.config is None:
+    def cacheable(self, mv: ModelVersion) -> bool:
+        """The model enables the cache and supports it (an ensemble: so do what it composes)."""
+        if self.arena is None or mv.config is None or not (mv.config.get("response_cache") or {}).get("enable"):
             return False
-        if not (mv.config.get("response_cache") or {}).get("enable") or mv.view.decoupled:
+        return self.supports(mv, frozenset())
+
+    def supports(self, mv: ModelVersion, seen: frozenset) -> bool:
+        """Not decoupled, not a sequence model, and (an ensemble) composing only such models,
+        which need not enable the cache themselves (as in Triton)."""
+        config = mv.config or {}
+        if mv.view.decoupled or config.get("sequence_batching") is not None:
             return False
         if not isinstance(mv, EnsembleVersion):
             return True
@@ -91,7 +97,7 @@ class ResponseCache:
             return False
         for step in mv.plan.steps:
             _, _, sub = mv.composing(step)
-            if sub is None or not self.cacheable(sub, seen | {id(mv)}):
+            if sub is None or not self.supports(sub, seen | {id(mv)}):
                 return False
         return True
 

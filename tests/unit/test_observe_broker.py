@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from broker_harness import Harness, python_model
+from broker_harness import Harness, ensemble_model, python_model
 from prometheus_client.parser import text_string_to_metric_families
 
 from tritond.frontend.metrics import Families, exposition
@@ -16,10 +16,21 @@ from tritond.wire import schema as S
 X = np.arange(4, dtype=np.float32)
 
 
+PIPE = """
+name: "pipe" platform: "ensemble" response_cache { enable: true }
+input [{ name: "X" data_type: TYPE_FP32 dims: [-1] }]
+output [{ name: "OUT" data_type: TYPE_FP32 dims: [-1] }]
+ensemble_scheduling { step [
+  { model_name: "plain" model_version: -1 input_map { key: "X" value: "X" } output_map { key: "Y" value: "OUT" } }
+] }
+"""
+
+
 @pytest.fixture
 def repo(tmp_path):
     python_model(tmp_path, "m", ["X"], ["Y", "Z"], extra="response_cache { enable: true }")
     python_model(tmp_path, "plain", ["X"], ["Y"])
+    ensemble_model(tmp_path, "pipe", PIPE)
     return tmp_path
 
 
@@ -106,6 +117,17 @@ def test_a_reload_invalidates_the_models_entries(harness, repo):
     h.broker.lifecycle.unload("m")
     h.broker.publish_table()
     assert not h.broker.cache.entries
+
+
+def test_an_ensemble_is_cached_as_a_whole(harness):
+    h = harness(cache_size=1 << 16)
+    assert mv(h, "pipe").view.response_cache       # its step's model need not enable the cache
+    ask(h, b"k", model="pipe")
+    execute(h, "plain")
+    sent = len(h.to_workers(S.Exec))
+    rid = ask(h, b"k", model="pipe")
+    assert len(h.to_workers(S.Exec)) == sent and h.replies()[rid].outputs[0].name == "OUT"
+    assert mv(h, "pipe").stats.cache_hit.count == 1 and mv(h, "plain").stats.success.count == 1
 
 
 def test_no_flag_means_no_cache(harness):
