@@ -17,11 +17,13 @@ from .backends import (
     ENSEMBLE_PLATFORM,
     GRAPHDEF_PLATFORM,
     KNOWN_BACKENDS,
+    PYTHON,
     TENSORFLOW,
     TENSORRT,
 )
 from .errors import ConfigError
 from .layout import version_dirs
+from .unsupported import check_supported
 
 DataType = model_config_pb2.DataType
 Kind = model_config_pb2.ModelInstanceGroup.Kind
@@ -229,6 +231,19 @@ def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versi
         if cfg.backend == TENSORFLOW and not os.path.isfile(os.path.join(path, "saved_model.pb")):
             raise ConfigError(cfg.name, path, "default_model_filename",
                               f"version {v}: '{filename}' must be a SavedModel directory holding saved_model.pb")
+        if cfg.backend == PYTHON and os.path.isfile(path):
+            _check_compiles(cfg.name, path)
+
+
+def _check_compiles(model: str, path: str) -> None:
+    """A model.py with a syntax error fails here, with its line, rather than in its worker."""
+    try:
+        with open(path, "rb") as f:
+            compile(f.read(), path, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        raise ConfigError(model, path, "", f"does not compile: line {e.lineno}: {e.msg}") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(model, path, "", f"cannot be read: {e}") from None
 
 
 def validate_config(
@@ -259,6 +274,7 @@ def validate_config(
         _check_sequence_batching(cfg, fail)
     if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
         raise fail("response_cache", "the response cache does not support decoupled models")
+    check_supported(cfg, config_file)
     if cfg.platform == ENSEMBLE_PLATFORM:
         _check_ensemble(cfg, fail)
         return
