@@ -21,7 +21,7 @@ import msgspec
 
 from .errors import Code, TritonError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 # Inline tensors up to this size ride inside the message; larger ones go through shm.
 INLINE_MAX = 64 * 1024
 # At most this many inline bytes per message a frontend or worker builds; the rest go by shm.
@@ -279,6 +279,7 @@ class ModelEntry(_S):
     unloaded: bool = False          # UNAVAILABLE because it was unloaded, not because it failed
     view: ModelView | None = None
     config: dict[str, Any] | None = None
+    restarting: bool = False        # UNAVAILABLE while its instances restart; requests still queue
 
 
 class Table(_S, tag="table"):
