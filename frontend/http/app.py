@@ -22,7 +22,7 @@ from tritond.wire.errors import Code, TritonError, invalid
 from ..client_subject import SubjectRule
 from ..dataplane import Dataplane, split_parameters
 from ..errors import http_status
-from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
+from ..metadata import SERVER_VERSION, model_metadata
 from .codec import parse_infer, parse_json, render_response
 
 
@@ -33,6 +33,7 @@ log = logging.getLogger("tritond.http")
 class HttpOptions:
     server_name: str = "triton"
     strict_readiness: bool = True
+    extensions: list[str] = field(default_factory=list)
     max_input_size: int = 1 << 26
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (header, value)
     subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
@@ -172,14 +173,17 @@ class HttpApi:
     # ------------------------------------------------------------- health and metadata
 
     async def live(self, request: Request) -> Response:
-        return Response(status_code=200 if self.client.alive else 400)
+        """Live means this process serves: a broker restarting makes the server not ready,
+        not dead (an orchestrator would otherwise restart a server that is recovering)."""
+        return Response(status_code=200)
 
     async def ready(self, request: Request) -> Response:
         ok = self.client.ready(self.opts.strict_readiness)
         return Response(status_code=200 if ok else 400)
 
     async def server_metadata(self, request: Request) -> Response:
-        return json_response({"name": self.opts.server_name, "version": SERVER_VERSION, "extensions": EXTENSIONS})
+        return json_response({"name": self.opts.server_name, "version": SERVER_VERSION,
+                              "extensions": self.opts.extensions})
 
     async def model_metadata(self, request: Request) -> Response:
         name = request.path_params["model"]
