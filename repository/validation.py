@@ -222,6 +222,20 @@ def _check_instance_groups(cfg: model_config_pb2.ModelConfig, fail: Fail) -> Non
             )
 
 
+def check_model_filenames(cfg: model_config_pb2.ModelConfig, config_file: str = "") -> None:
+    """Model file names stay inside the version directory: a config can arrive over the network
+    (an explicit load's `config` parameter), and a name like '../../x' would have auto-complete
+    read, a worker load, or a python model execute any file the server can read."""
+    def fail(field: str, message: str) -> ConfigError:
+        return ConfigError(cfg.name, config_file, field, message)
+
+    named = [("default_model_filename", cfg.default_model_filename)]
+    named += [(f"cc_model_filenames[{k}]", v) for k, v in cfg.cc_model_filenames.items()]
+    for field, name in named:
+        if name and (os.path.isabs(name) or ".." in name.replace("\\", "/").split("/") or "\0" in name):
+            raise fail(field, f"'{name}' must name a file inside the model's version directory")
+
+
 def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versions: list[int]) -> None:
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME.get(cfg.backend, "")
     for v in versions:
@@ -263,6 +277,7 @@ def validate_config(
         return ConfigError(cfg.name, config_file, field, message)
 
     _check_identity(cfg, fail)
+    check_model_filenames(cfg, config_file)
     if cfg.max_batch_size < 0:
         raise fail("max_batch_size", "'max_batch_size' must be non-negative value")
     if not cfg.HasField("version_policy"):

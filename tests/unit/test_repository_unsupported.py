@@ -1,7 +1,8 @@
 """A config that asks for something tritond does not implement fails to load with the field
 named, one row per entry of repository/unsupported.py (an entry that leaves the table when
-its feature lands takes its row along); `tritond check` also catches a model.py that does
-not compile and a repository path that is not a directory."""
+its feature lands takes its row along); model file names stay inside the model; `tritond
+check` also catches a model.py that does not compile and a repository path that is not a
+directory."""
 from __future__ import annotations
 
 import pytest
@@ -107,3 +108,12 @@ def test_check_says_in_one_line_when_the_repository_is_not_a_directory(tmp_path,
     err = capsys.readouterr().err.strip()
     what = "does not exist" if kind == "missing" else "is not a directory"
     assert err == f"tritond check: model repository '{path}' {what}"
+
+
+@pytest.mark.parametrize("filename", ["../../other/1/model.py", "/etc/passwd", "sub/../../x.py"])
+def test_a_model_file_name_that_leaves_the_version_directory_is_refused(tmp_path, filename):
+    """A config can arrive over the network (a load's `config` parameter): its file names must
+    not reach outside the model, not even for auto-complete to read."""
+    error = load_spec(model(tmp_path, BASE + f'default_model_filename: "{filename}"')).error
+    assert f"field 'default_model_filename': '{filename}' must name a file inside the model's version directory" \
+        in error
