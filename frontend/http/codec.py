@@ -346,6 +346,16 @@ def _parse_raw(body: bytes, model: str, view: ModelView) -> tuple[dict, list[Inp
     return {}, [InputTensor(ci.name, datatype, shape, data)], [], True
 
 
+def _json_numbers(arr: np.ndarray) -> np.ndarray:
+    """A flat array orjson writes as JSON numbers without a Python object per value (a JSON
+    rendering of a large output would otherwise take ~30 bytes per value); floats go as float64,
+    so they print exactly as Python floats of the same values do."""
+    flat = arr.reshape(-1)
+    if flat.dtype.kind == "f":
+        return flat.astype(np.float64)
+    return np.ascontiguousarray(flat)
+
+
 def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, int | None]:
     """(body, json length or None when the response is JSON only)."""
     outputs = []
@@ -364,13 +374,11 @@ def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, i
             if t.datatype == "BYTES":
                 entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
                                  for x in arr.reshape(-1)]
-            elif t.datatype == "FP16":
-                entry["data"] = arr.astype(np.float32).reshape(-1).tolist()
             elif t.datatype == "BF16":
                 raise invalid("sending BF16 data via JSON is not supported. Please use the binary data format "
                               "for output")
             else:
-                entry["data"] = arr.reshape(-1).tolist()
+                entry["data"] = _json_numbers(arr)
         outputs.append(entry)
     doc: dict[str, Any] = {}
     if result.id:
@@ -380,7 +388,7 @@ def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, i
     if result.parameters:
         doc["parameters"] = result.parameters
     doc["outputs"] = outputs
-    head = orjson.dumps(doc)
+    head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)
