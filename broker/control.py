@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tritond.repository.devices import gpu_count
+from tritond.repository.layout import validate_model_name
 from tritond.repository.render import config_from_json
 from tritond.shm.regions import CUDA, CUDA_HANDLE_BYTES, SYSTEM
 from tritond.wire.errors import Code, TritonError, invalid
@@ -118,6 +119,9 @@ class ControlHandler:
     def load(self, op: S.LoadModel, answer: Answer) -> Any:
         if not self.explicit:
             raise TritonError(Code.UNAVAILABLE, NOT_EXPLICIT)
+        bad_name = validate_model_name(op.name)
+        if bad_name:
+            raise invalid(bad_name)
         if op.files:
             if op.config is None:
                 raise invalid("Load parameter 'config' must be specified for model file override")

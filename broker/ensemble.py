@@ -128,6 +128,28 @@ class EnsembleVersion(ModelVersion):
         finally:
             self._deriving = False
 
+    @property
+    def restarting(self) -> bool:
+        """Restarting while every composing model that does not serve is restarting: a request
+        then waits in that model's queue, as it would sent to the model itself."""
+        if self._own_state != READY or self._deriving or not hasattr(self, "plan") or self.state != UNAVAILABLE:
+            return False
+        self._deriving = True
+        try:
+            for step in self.plan.steps:
+                versions = self.registry.get(step.model)
+                candidates = [versions[step.version]] if step.version in versions else \
+                    [] if step.version >= 0 else list(versions.values())
+                if not any(mv.state == READY or mv.restarting for mv in candidates):
+                    return False
+            return True
+        finally:
+            self._deriving = False
+
+    @restarting.setter
+    def restarting(self, value: bool) -> None:
+        pass        # derived from the composing models
+
     def composing(self, step: Step) -> tuple[ModelState, str, ModelVersion | None]:
         """(state, reason, the READY version serving the step or None)."""
         versions = self.registry.get(step.model)

@@ -118,7 +118,7 @@ class EnsembleRun:
         step = self.plan.steps[i]
         self.started[i] = True
         try:
-            mv = self.ens.registry.resolve(step.model, step.version)
+            mv = self.ens.registry.resolve(step.model, step.version, restarting_ok=True)
         except TritonError as e:
             self.fail(step, e)
             return

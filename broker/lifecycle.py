@@ -211,9 +211,13 @@ class Lifecycle:
                 self.registry.check_startup()
             return
         reasons = "; ".join(sorted({i.last_error for i in mv.instances if i.last_error}))
+        restarting = not serving and not all(i.state is InstanceState.FAILED for i in mv.instances)
+        if restarting and not mv.restarting:
+            mv.restarting_since = self.clock.now()
+        mv.restarting = restarting       # requests queue for the restarted instance meanwhile
         if serving:
             self.registry.set_state(mv, READY)
-        elif all(i.state is InstanceState.FAILED for i in mv.instances):
+        elif not restarting:
             self.registry.set_state(mv, UNAVAILABLE, f"every instance of model '{mv.name}' failed: {reasons}")
             self.requests.fail_queued(mv, unavailable(f"model '{mv.name}' is unavailable: {reasons}"))
         else:

@@ -30,6 +30,8 @@ class ModelVersion:
     state: ModelState = LOADING
     reason: str = ""
     unloaded: bool = False           # UNAVAILABLE because it was unloaded (not a failure)
+    restarting: bool = False         # UNAVAILABLE while its instances restart: requests queue
+    restarting_since: float = 0.0
     view: ModelView = field(default_factory=ModelView)
     instances: list[Instance] = field(default_factory=list)
     scheduler: Scheduler | None = None

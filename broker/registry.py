@@ -39,9 +39,10 @@ class ModelRegistry:
         self.models[name] = versions
         self.dirty = True
 
-    def resolve(self, name: str, version: int) -> ModelVersion:
-        """Triton's lookup; raises TritonError with Triton's texts."""
-        return resolve(name, version, self.models.get(name), name in self.names)
+    def resolve(self, name: str, version: int, restarting_ok: bool = False) -> ModelVersion:
+        """Triton's lookup; raises TritonError with Triton's texts. With `restarting_ok` (an
+        inference), a version whose instances are restarting is found too: requests queue."""
+        return resolve(name, version, self.models.get(name), name in self.names, restarting_ok)
 
     # ---------------------------------------------------------------- states
 
@@ -56,6 +57,7 @@ class ModelRegistry:
 
     def mark_unloaded(self, mv: ModelVersion) -> None:
         mv.unloaded = True
+        mv.restarting = False
         self.set_state(mv, UNAVAILABLE, "unloaded")
 
     def check_startup(self) -> None:
@@ -71,7 +73,7 @@ class ModelRegistry:
 
     def table(self, stopping: bool, boot: int) -> Table:
         entries = [ModelEntry(mv.name, mv.version, mv.state, mv.reason, mv.unloaded,
-                              mv.view if mv.config is not None else None, mv.config)
+                              mv.view if mv.config is not None else None, mv.config, mv.restarting)
                    for mv in self.versions()]
         return Table(self.epoch, entries, self.names, self.startup_done, stopping, boot)
 

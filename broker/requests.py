@@ -20,6 +20,9 @@ from .scheduler import Pending
 
 log = logging.getLogger("tritond.broker")
 
+# How long requests wait for a model whose only instances are restarting; later ones are refused.
+RESTART_WAIT_S = 30.0
+
 
 def untrusted(msg: Infer, own_prefix: str) -> None:
     """Check what a frontend or a model says about memory (raises INVALID_ARG): it may name a
@@ -69,6 +72,10 @@ class RequestPath:
         if sched is None:       # an ensemble's composing model mid-reload
             self.regions.release(regions)
             reply(InferReply(msg.rid, error=unavailable(f"model '{mv.name}' is not ready")))
+            return None
+        if mv.restarting and self.clock.now() - mv.restarting_since > RESTART_WAIT_S:
+            self.regions.release(regions)
+            reply(InferReply(msg.rid, error=self.restart_overdue(mv)))
             return None
         bs = msg.inputs[0].shape[0] if mv.max_batch_size > 0 and msg.inputs and msg.inputs[0].shape else 1
         now = self.clock.now_ns()
@@ -179,6 +186,15 @@ class RequestPath:
         if deadline and deadline < now_ns:
             for p in mv.scheduler.expire(now_ns):
                 self.fail(p.key, unavailable("Request timeout expired"), "REJECTED")
+
+    @staticmethod
+    def restart_overdue(mv: ModelVersion) -> TritonError:
+        return unavailable(f"{mv.reason}; it did not serve again within {RESTART_WAIT_S:g} s")
+
+    def expire_restart_wait(self, mv: ModelVersion) -> None:
+        """Fail what waits for a restart that is taking too long."""
+        if mv.restarting and self.clock.now() - mv.restarting_since > RESTART_WAIT_S:
+            self.fail_queued(mv, self.restart_overdue(mv))
 
     def fail_queued(self, mv: ModelVersion, err: TritonError) -> None:
         if mv.scheduler is None:

@@ -32,6 +32,7 @@ from .clock import Clock
 from .control import ControlHandler
 from .drain import Drain
 from .ensembles import Ensembles
+from .frontend_leases import FrontendLeases
 from .inflight import InflightTable, ReplyTo, Req
 from .instances import InstanceTable
 from .lifecycle import Lifecycle
@@ -71,6 +72,7 @@ class Broker:
         self.boot = os.getpid()
         self.running = True
         self.frontends: set[bytes] = set()
+        self.frontend_leases = FrontendLeases()
         self.next_ping = 0.0
         self.next_check = 0.0
         self.fe_decoder = S.decoder(S.FrontendMsg)
@@ -92,7 +94,7 @@ class Broker:
         self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests,
                                    self.ensembles, self.send_stop, self.clock)
         self.supervision = Supervision(self.server_id, self.registry, self.instances, self.pool,
-                                       self.lifecycle, self.requests, self.announce_gone)
+                                       self.lifecycle, self.requests, self.announce_gone, self.publish_changes)
         self.drain = Drain(float(opts.get("exit_timeout_secs", 30)))
         self.control = ControlHandler(opts, self.registry, self.lifecycle, self.ensembles, self.regions,
                                       self.drain, self.settings, self.begin_drain, self.stop,
@@ -101,6 +103,11 @@ class Broker:
     # ------------------------------------------------------------------ sending
 
     def reply_frontend(self, ident: bytes, reply: S.InferReply) -> None:
+        if reply.outputs:
+            orphaned = self.frontend_leases.sent(ident, reply)
+            if orphaned is not None:        # the frontend died meanwhile: free its outputs now
+                self.route_release(orphaned)
+                return
         self.sockets.to_frontend(ident, S.encode(reply))
 
     def reply_worker(self, ident: bytes, reply: S.InferReply) -> None:
@@ -157,6 +164,10 @@ class Broker:
         self.to_frontends(msg)
         self.to_workers(msg)
 
+    def publish_changes(self) -> None:
+        if self.registry.dirty:
+            self.publish_table()
+
     # ------------------------------------------------------------------ frontends
 
     def on_frontend_frame(self, ident: bytes, frame: bytes) -> None:
@@ -175,6 +186,7 @@ class Broker:
         if isinstance(msg, S.Infer):
             self.on_infer(functools.partial(self.reply_frontend, ident), msg)
         elif isinstance(msg, S.Release):
+            self.frontend_leases.released(ident, msg)
             self.route_release(msg)
         elif isinstance(msg, S.TraceDone):
             self.tracer.done(msg)
@@ -191,8 +203,17 @@ class Broker:
             return
         self.frontends.add(ident)
         self.peers[ident] = (msg.kind, msg.pid)
+        if msg.kind != "supervisor":
+            self.frontend_leases.hello(ident, msg.pid)
         self.sockets.to_frontend(ident, S.encode(self.registry.table(self.drain.stopping, self.boot)))
         self.sockets.to_frontend(ident, S.encode(self.observed()))
+
+    def on_frontend_exit(self, pidfd: int) -> None:
+        """A frontend process died: the worker blocks its replies still pointed at are freed."""
+        ident, releases = self.frontend_leases.exited(pidfd)
+        self.frontends.discard(ident)
+        for release in releases:
+            self.route_release(release)
 
     def answer_control(self, ident: bytes, cid: int, result: Any = None, error: TritonError | None = None) -> None:
         self.sockets.to_frontend(ident, S.encode(S.ControlReply(cid, result, error)))
@@ -204,7 +225,7 @@ class Broker:
             if caller is None and self.drain.stopping:
                 raise unavailable(SHUTTING_DOWN)
             untrusted(msg, self.own_prefix)
-            mv = self.registry.resolve(msg.model, msg.version)
+            mv = self.registry.resolve(msg.model, msg.version, restarting_ok=True)
         except TritonError as e:
             reply(S.InferReply(msg.rid, error=e))
             return
@@ -275,6 +296,7 @@ class Broker:
             if sched is None or not len(sched):
                 continue
             self.requests.expire_queued(mv, now_ns)
+            self.requests.expire_restart_wait(mv)
             deadline = sched.next_deadline()
             if mv.wake_ns and mv.wake_ns <= now_ns:
                 mv.wake_ns = 0
@@ -317,7 +339,7 @@ class Broker:
         registered: set[int] = set()
         while self.running:
             timeout = self.timers()
-            fds = self.instances.pidfds()
+            fds = self.instances.pidfds() | self.frontend_leases.pidfds()
             for fd in fds - registered:
                 poller.register(fd, zmq.POLLIN)
             for fd in registered - fds:
@@ -334,16 +356,22 @@ class Broker:
             if sockets.fe in events:
                 sockets.drain(sockets.fe, self.on_frontend_frame)
             for fd in events:
-                inst = self.instances.by_pidfd(fd) if isinstance(fd, int) and fd != signal_fd else None
-                if inst is not None:
+                if not isinstance(fd, int) or fd == signal_fd:
+                    continue
+                inst = self.instances.by_pidfd(fd)
+                if inst is not None or fd in self.frontend_leases.pidfds():
                     poller.unregister(fd)
                     registered.discard(fd)
-                    self.on_worker_exit(inst)
+                    if inst is not None:
+                        self.on_worker_exit(inst)
+                    else:
+                        self.on_frontend_exit(fd)
             if self.registry.dirty:
                 self.publish_table()
         self.shutdown_workers()
         self.tracer.close()
         self.cache.close()
+        self.frontend_leases.close()
         return 0
 
     def shutdown_workers(self) -> None:

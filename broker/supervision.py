@@ -44,7 +44,7 @@ def judge(inst: Instance, now: float, exec_timeout_s: float, judge_silence: bool
 class Supervision:
     def __init__(self, server_id: str, registry: ModelRegistry, instances: InstanceTable,
                  pool: WorkerProcesses, lifecycle: Lifecycle, requests: RequestPath,
-                 announce_gone: Callable[[str], None]) -> None:
+                 announce_gone: Callable[[str], None], publish: Callable[[], None]) -> None:
         self.server_id = server_id
         self.registry = registry
         self.instances = instances
@@ -52,11 +52,14 @@ class Supervision:
         self.lifecycle = lifecycle
         self.requests = requests
         self._announce_gone = announce_gone
+        self._publish = publish          # sends the model table now if it changed
         self.shutting_down = False      # no restarts, no retries
 
     def on_exit(self, inst: Instance, now: float) -> None:
-        """A worker process ended: answer (or retry) the batch it held, reclaim its shared
-        memory, drop its identity (so late frames are ignored) and schedule its restart."""
+        """A worker process ended: reclaim its shared memory, drop its identity (so late frames
+        are ignored), schedule its restart, publish the model's new state, and only then answer
+        (or retry) the batch it held: a client told that its request failed finds the model
+        not ready already."""
         pid = inst.pid
         mv = self.instances.model_of(inst)
         self.instances.forget(inst)
@@ -66,22 +69,24 @@ class Supervision:
         self._announce_gone(prefix)
         how = inst.exit_reason or f"died ({describe_exit(rc)})"
         bid, inst.batch = inst.batch, None
-        failed, retried = self.requests.lost_batch(
-            mv, bid, f"inference failed because model '{mv.name}' instance '{inst.name}' {how}",
-            may_retry=not self.shutting_down)
+        lost = f"inference failed because model '{mv.name}' instance '{inst.name}' {how}"
         if inst.state in (InstanceState.STOPPING, InstanceState.STOPPED) or self.shutting_down or mv.unloaded:
             inst.state = InstanceState.STOPPED
+            self.requests.lost_batch(mv, bid, lost, may_retry=not self.shutting_down)
             return
-        log.error("model '%s' instance '%s' (pid %d) %s; its batch held %d request(s): %d failed, %d retried",
-                  mv.name, inst.name, pid, how, failed + retried, failed, retried)
         inst.last_error = f"instance '{inst.name}' {how}"
         if inst.state is InstanceState.FAILED:
-            return
-        if mv.state == LOADING:
+            pass
+        elif mv.state == LOADING:
             self.lifecycle.fail_load(mv, f"load failed for model '{mv.name}': instance '{inst.name}' {how}")
-            return
-        self._after_crash(mv, inst, how, now)
-        self.lifecycle.update_state(mv)
+        else:
+            self._after_crash(mv, inst, how, now)
+            self.lifecycle.update_state(mv)
+        self._publish()
+        may_retry = inst.state is InstanceState.RESTARTING or bool(mv.serving())
+        failed, retried = self.requests.lost_batch(mv, bid, lost, may_retry=may_retry)
+        log.error("model '%s' instance '%s' (pid %d) %s; its batch held %d request(s): %d failed, %d retried",
+                  mv.name, inst.name, pid, how, failed + retried, failed, retried)
         self.requests.dispatch(mv)
 
     def _after_crash(self, mv: ModelVersion, inst: Instance, how: str, now: float) -> None:

@@ -38,11 +38,12 @@ class ModelTable:
                 self.by_name.setdefault(e.name, {})[e.version] = e
             self.names = set(table.names)
 
-    def resolve(self, name: str, version: int = -1) -> S.ModelEntry:
-        """The entry serving (name, version), or Triton's error for it."""
+    def resolve(self, name: str, version: int = -1, restarting_ok: bool = False) -> S.ModelEntry:
+        """The entry serving (name, version), or Triton's error for it; `restarting_ok` for
+        an inference, which queues in the broker while the model's instances restart."""
         if self.table is None:
             raise unavailable("the server's broker is not available")
-        return resolve(name, version, self.by_name.get(name), name in self.names)
+        return resolve(name, version, self.by_name.get(name), name in self.names, restarting_ok)
 
     def any_entry(self, name: str, version: int = -1) -> S.ModelEntry:
         """An entry for metadata/config even when not READY (Triton still answers config)."""

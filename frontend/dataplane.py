@@ -181,7 +181,8 @@ class Dataplane:
         await self.client.control(op)
 
     def entry(self, name: str, version: int = -1) -> S.ModelEntry:
-        return self.client.table.resolve(name, version)
+        """The model version an inference goes to (it may be restarting: the broker queues)."""
+        return self.client.table.resolve(name, version, restarting_ok=True)
 
     # ---------------------------------------------------------------- validation
 

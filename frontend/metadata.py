@@ -4,13 +4,30 @@ from __future__ import annotations
 from typing import Any
 
 from tritond.repository.datatypes import CONFIG_TO_WIRE
+from tritond.repository.devices import gpu_count
 
 SERVER_VERSION = "2.73.0"
+# Triton's extensions, in Triton's order.
 EXTENSIONS = [
     "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
     "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
     "binary_tensor_data", "parameters", "statistics", "trace", "logging",
 ]
+# Not advertised until they work (an entry leaves when its feature lands).
+NOT_IMPLEMENTED = frozenset({"sequence"})
+SHARED_MEMORY = frozenset({"system_shared_memory", "cuda_shared_memory"})
+
+
+def server_extensions(opts: dict[str, Any]) -> list[str]:
+    """The extensions this server serves: client shared memory only when allowed, CUDA
+    shared memory only where there is a GPU."""
+    off = set(NOT_IMPLEMENTED)
+    if not opts.get("allow_client_shm", False):
+        off |= SHARED_MEMORY
+    elif gpu_count() == 0:
+        off.add("cuda_shared_memory")
+    return [e for e in EXTENSIONS if e not in off]
+
 
 PLATFORMS = {
     "onnxruntime": "onnxruntime_onnx",

@@ -23,7 +23,7 @@ from .normalize import normalize_config
 from .onnx_autocomplete import autocomplete_onnx
 from .openvino_autocomplete import autocomplete_openvino
 from .tensorflow_autocomplete import autocomplete_savedmodel
-from .validation import validate_config
+from .validation import check_model_filenames, validate_config
 
 __all__ = [
     "CONFIG_FILE",
@@ -136,6 +136,7 @@ def load_model_config(
     versions = version_dirs(source.path)
     first_version = os.path.join(source.path, str(versions[0])) if versions else None
     autofill_backend(cfg, source.name, first_version, file)
+    check_model_filenames(cfg, file)
     model_file = os.path.join(first_version, cfg.default_model_filename) if first_version is not None else ""
     if model_file and os.path.exists(model_file):
         max_batch = backend_default(default_max_batch_size, cfg.backend)

@@ -48,6 +48,19 @@ def scan(repos: list[str]) -> dict[str, ModelSource]:
     return found
 
 
+def repository_problem(repo: str) -> str | None:
+    """Why a local repository path cannot be served (one line), or None."""
+    if is_remote(repo):
+        return None
+    if not os.path.exists(repo):
+        return f"model repository '{repo}' does not exist"
+    if not os.path.isdir(repo):
+        return f"model repository '{repo}' is not a directory"
+    if not os.access(repo, os.R_OK | os.X_OK):
+        return f"model repository '{repo}' cannot be read (permission denied)"
+    return None
+
+
 def version_dirs(model_path: str) -> list[int]:
     """Version numbers of a model: subdirectories named by a positive integer without leading zeros."""
     try:
@@ -58,15 +71,22 @@ def version_dirs(model_path: str) -> list[int]:
     return sorted(int(n) for n in names if n.isascii() and n.isdigit() and n[0] != "0")
 
 
+MAX_NAME_BYTES = 255    # NAME_MAX: no directory of a longer name exists
+
+
 def validate_model_name(name: str) -> str | None:
     """Why `name` may not be used as a path component, or None when it is safe.
 
     Mirrors Triton's check (surrounding whitespace is ignored, so " .." is "..")
-    and also refuses ".", backslashes and NUL bytes.
+    and also refuses ".", backslashes, NUL bytes and names no file system holds.
     """
     trimmed = name.strip()
     if not trimmed:
         return "Model name cannot be empty. Please enter a valid name to deploy."
+    if len(trimmed.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return (f"invalid model name '{trimmed[:32]}...', model name must not contain path traversal characters "
+                f"and must not be longer than {MAX_NAME_BYTES} bytes")
     if trimmed in (".", "..") or any(c in trimmed for c in "/\\\0"):
-        return f"invalid model name '{name}', model name must not contain path traversal characters"
+        shown = trimmed.replace("\0", "\\0")
+        return f"invalid model name '{shown}', model name must not contain path traversal characters"
     return None

@@ -17,11 +17,13 @@ from .backends import (
     ENSEMBLE_PLATFORM,
     GRAPHDEF_PLATFORM,
     KNOWN_BACKENDS,
+    PYTHON,
     TENSORFLOW,
     TENSORRT,
 )
 from .errors import ConfigError
 from .layout import version_dirs
+from .unsupported import check_supported
 
 DataType = model_config_pb2.DataType
 Kind = model_config_pb2.ModelInstanceGroup.Kind
@@ -220,6 +222,20 @@ def _check_instance_groups(cfg: model_config_pb2.ModelConfig, fail: Fail) -> Non
             )
 
 
+def check_model_filenames(cfg: model_config_pb2.ModelConfig, config_file: str = "") -> None:
+    """Model file names stay inside the version directory: a config can arrive over the network
+    (an explicit load's `config` parameter), and a name like '../../x' would have auto-complete
+    read, a worker load, or a python model execute any file the server can read."""
+    def fail(field: str, message: str) -> ConfigError:
+        return ConfigError(cfg.name, config_file, field, message)
+
+    named = [("default_model_filename", cfg.default_model_filename)]
+    named += [(f"cc_model_filenames[{k}]", v) for k, v in cfg.cc_model_filenames.items()]
+    for field, name in named:
+        if name and (os.path.isabs(name) or ".." in name.replace("\\", "/").split("/") or "\0" in name):
+            raise fail(field, f"'{name}' must name a file inside the model's version directory")
+
+
 def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versions: list[int]) -> None:
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME.get(cfg.backend, "")
     for v in versions:
@@ -229,6 +245,19 @@ def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versi
         if cfg.backend == TENSORFLOW and not os.path.isfile(os.path.join(path, "saved_model.pb")):
             raise ConfigError(cfg.name, path, "default_model_filename",
                               f"version {v}: '{filename}' must be a SavedModel directory holding saved_model.pb")
+        if cfg.backend == PYTHON and os.path.isfile(path):
+            _check_compiles(cfg.name, path)
+
+
+def _check_compiles(model: str, path: str) -> None:
+    """A model.py with a syntax error fails here, with its line, rather than in its worker."""
+    try:
+        with open(path, "rb") as f:
+            compile(f.read(), path, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        raise ConfigError(model, path, "", f"does not compile: line {e.lineno}: {e.msg}") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(model, path, "", f"cannot be read: {e}") from None
 
 
 def validate_config(
@@ -248,6 +277,7 @@ def validate_config(
         return ConfigError(cfg.name, config_file, field, message)
 
     _check_identity(cfg, fail)
+    check_model_filenames(cfg, config_file)
     if cfg.max_batch_size < 0:
         raise fail("max_batch_size", "'max_batch_size' must be non-negative value")
     if not cfg.HasField("version_policy"):
@@ -259,6 +289,7 @@ def validate_config(
         _check_sequence_batching(cfg, fail)
     if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
         raise fail("response_cache", "the response cache does not support decoupled models")
+    check_supported(cfg, config_file)
     if cfg.platform == ENSEMBLE_PLATFORM:
         _check_ensemble(cfg, fail)
         return

@@ -7,10 +7,14 @@ reuse, so steady-state traffic causes no shm_open/mmap/page-fault churn.
 from __future__ import annotations
 
 import bisect
+import errno
 import mmap
+import os
 from dataclasses import dataclass
 
 import posix_ipc
+
+from tritond.wire.errors import unavailable
 
 from .naming import segment_name
 
@@ -30,12 +34,31 @@ class Block:
     view: memoryview
 
 
+def _reserve(fd: int, name: str, size: int) -> None:
+    """Take the segment's pages from the tmpfs now: a sparse segment on a full /dev/shm kills
+    its first writer with SIGBUS mid-request; reserved, the allocation fails here instead,
+    as a 503 for the request that needed the space."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        try:
+            posix_ipc.unlink_shared_memory(name)
+        except posix_ipc.ExistentialError:
+            pass
+        if e.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise unavailable(f"not enough shared memory: /dev/shm cannot hold another {size >> 20} MiB "
+                              f"segment for tensors; give the server a larger /dev/shm") from None
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):   # a file system without fallocate
+            raise
+
+
 class _Segment:
     """One mapped segment with a first-fit free list of (offset, size) kept sorted by offset."""
 
     def __init__(self, name: str, size: int) -> None:
         shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
         try:
+            _reserve(shm.fd, name, size)
             self.map = mmap.mmap(shm.fd, size)
         finally:
             shm.close_fd()

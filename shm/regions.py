@@ -76,6 +76,14 @@ def _is_uint(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= U64_MAX
 
 
+def _check_nonempty(name: str, byte_size: int) -> None:
+    """Triton cannot map zero bytes and refuses such a region (with mmap's error); so do we,
+    as the client's mistake it is."""
+    if byte_size == 0:
+        raise TritonError(Code.INVALID_ARG, f"failed to register shared memory region '{name}': invalid args "
+                                            f"(byte_size must be greater than 0)")
+
+
 class RegionTable:
     def __init__(self) -> None:
         self.regions: dict[str, Region] = {}
@@ -100,6 +108,7 @@ class RegionTable:
         path = "/" + stripped
         if offset + byte_size > _object_size(name, key, path):
             raise TritonError(Code.INVALID_ARG, f"failed to register shared memory region '{name}': invalid args")
+        _check_nonempty(name, byte_size)
         region = Region(name, key, offset, byte_size, path)
         self.regions[name] = region
         return region
@@ -110,6 +119,7 @@ class RegionTable:
         if not isinstance(handle, bytes) or len(handle) != CUDA_HANDLE_BYTES \
                 or not _is_uint(device_id) or not _is_uint(byte_size):
             raise TritonError(Code.INVALID_ARG, f"failed to register shared memory region '{name}': invalid args")
+        _check_nonempty(name, byte_size)
         region = Region(name, "", 0, byte_size, cuda_location(device_id, byte_size, handle), CUDA, device_id)
         self.regions[name] = region
         return region

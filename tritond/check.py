@@ -1,11 +1,19 @@
 """`tritond check DIR...`: validate repositories the way the server would load them."""
 from __future__ import annotations
 
+import sys
+
 from tritond.repository.catalog import check_repository
+from tritond.repository.layout import repository_problem
 
 
 def check(repositories: list[str], autocomplete: bool = True) -> int:
     """Print each model's status, errors and advice; 1 when any model is invalid."""
+    for repo in repositories:
+        problem = repository_problem(repo)
+        if problem:
+            print(f"tritond check: {problem}", file=sys.stderr)
+            return 1
     specs = check_repository(repositories, autocomplete)
     bad = 0
     for spec in specs:

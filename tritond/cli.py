@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from tritond.repository.layout import repository_problem
+
 from .options import UsageError, server_options, start_parser
 
 
@@ -19,7 +21,13 @@ def cmd_start(argv: list[str]) -> int:
         start_parser().print_usage(sys.stderr)
         print(f"tritond start: error: {e}", file=sys.stderr)
         return 1
+    problems = [p for p in map(repository_problem, opts["model_repositories"]) if p]
+    if problems:
+        print(f"tritond start: error: {problems[0]}", file=sys.stderr)
+        return 1
     setup_logging(opts["log_verbose"], "tritond", opts.get("log"))
+    for level, note in opts["startup_notes"]:
+        logging.getLogger("tritond").log(logging.getLevelName(level), "%s", note)
     sup = Supervisor(opts)
     try:
         code = sup.run()

@@ -7,7 +7,7 @@ from typing import Any
 
 from tritond.repository.remote import RemoteError, check_available
 
-from . import observe_options
+from . import connection_limits, observe_options, triton_flags
 
 
 class UsageError(Exception):
@@ -86,6 +86,8 @@ def start_parser() -> argparse.ArgumentParser:
     p.add_argument("--mps-active-thread-percentage", type=int, default=None, metavar="PCT",
                    help="share of a GPU's SMs each GPU worker may use under --mps (1-100)")
     observe_options.add_flags(p, _flag, parse_bool)
+    connection_limits.add_arguments(p, parse_bool)
+    triton_flags.add_to(p)
     return p
 
 
@@ -174,7 +176,13 @@ def _metrics_tls(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> d
 
 
 def server_options(args: argparse.Namespace) -> dict[str, Any]:
-    """A plain dict every process can read (it travels as JSON in argv)."""
+    """A plain dict every process can read (it travels as JSON in argv). Its
+    "startup_notes" are the lines the supervisor logs about flags it accepted but ignores."""
+    refused, notes = triton_flags.check(args)
+    if refused:
+        raise UsageError("; ".join(refused))
+    if args.http_max_input_size <= 0:
+        raise UsageError("--http-max-input-size must be greater than 0")
     for repo in args.model_repositories:
         if "://" in repo:
             try:
@@ -243,7 +251,16 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "mps": args.mps,
         "mps_active_thread_percentage": _percentage(args.mps_active_thread_percentage),
         **observe,
+        **_connection_limits(args),
+        "startup_notes": notes,
     }
+
+
+def _connection_limits(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return connection_limits.options(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _backend_config(entries: list[str]) -> dict[str, int]:

@@ -312,6 +312,7 @@ class ModelEntry(_S):
     unloaded: bool = False          # UNAVAILABLE because it was unloaded, not because it failed
     view: ModelView | None = None
     config: dict[str, Any] | None = None
+    restarting: bool = False        # UNAVAILABLE while its instances restart; requests still queue
 
 
 class Table(_S, tag="table"):

@@ -11,15 +11,19 @@ from .schema import ModelState
 
 class Versioned(Protocol):
     state: ModelState
+    restarting: bool
 
 
 V = TypeVar("V", bound=Versioned)
 
 
-def resolve(name: str, version: int, versions: Mapping[int, V] | None, known: bool) -> V:
+def resolve(name: str, version: int, versions: Mapping[int, V] | None, known: bool,
+            restarting_ok: bool = False) -> V:
     """The version serving (name, version): `version` < 0 means the latest READY one.
     `versions` is None when the model is not loaded; `known` says whether the repository
-    has a model of that name."""
+    has a model of that name. With `restarting_ok` (an inference request, which may wait in
+    the queue) a version whose instances are restarting serves when no READY one does:
+    restarting is not a missing model."""
     if versions is None:
         if known:
             raise TritonError(Code.NOT_FOUND, f"'{name}' is not found")
@@ -28,10 +32,12 @@ def resolve(name: str, version: int, versions: Mapping[int, V] | None, known: bo
         found = versions.get(version)
         if found is None:
             raise TritonError(Code.NOT_FOUND, f"'{name}' version {version} is not found")
-        if found.state is not ModelState.READY:
+        if found.state is not ModelState.READY and not (restarting_ok and found.restarting):
             raise TritonError(Code.UNAVAILABLE, f"'{name}' version {version} is not at ready state")
         return found
     ready = [v for v, found in versions.items() if found.state is ModelState.READY]
+    if not ready and restarting_ok:
+        ready = [v for v, found in versions.items() if found.restarting]
     if not ready:
         raise TritonError(Code.NOT_FOUND, f"'{name}' has no available versions")
     return versions[max(ready)]

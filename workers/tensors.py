@@ -204,7 +204,13 @@ def write_outputs(
     if large:
         sizes = [(len(p) if isinstance(p, bytes) else p.nbytes) for _, p, _ in large]
         total = sum((s + ALIGN - 1) & ~(ALIGN - 1) for s in sizes)
-        block = leases.arena.alloc(total)
+        try:
+            block = leases.arena.alloc(total)
+        except TritonError as e:        # /dev/shm is full: these requests fail, the worker lives
+            for _, _, i in large:
+                results[i] = ExecResult(error=e)
+            large = []
+    if large:
         holders = {i for _, _, i in large if results[i].error is None}
         lease = leases.add(block.seg, block.offset, max(len(holders), 1))
         off = 0

@@ -13,12 +13,13 @@ import sys
 import threading
 
 import grpc
-from tritonclient.grpc import service_pb2_grpc
 
 from ..client_subject import subject_rules
+from ..metadata import server_extensions
 from ..process import frontend_dataplane, start_process
 from ..tls import Reloader, TlsError, TlsFiles, TlsMaterial, load
 from .health import health_handler
+from .parsing import add_servicer
 from .servicer import GrpcOptions, InferenceServicer
 
 log = logging.getLogger("tritond.grpc")
@@ -79,11 +80,13 @@ async def run(opts: dict) -> None:
         servicer = InferenceServicer(dataplane, GrpcOptions(
             server_name=opts.get("server_name", "triton"),
             strict_readiness=opts.get("strict_readiness", True),
+            extensions=server_extensions(opts),
             restricted={k: tuple(v) for k, v in (opts.get("grpc_restricted") or {}).items()},
             subjects=subject_rules(opts.get("grpc_restricted_subjects")),
         ))
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        limits = [(str(k), v) for k, v in opts.get("grpc_channel_args", [])]   # keepalive, streams
+        server = grpc.aio.server(options=SERVER_OPTIONS + limits)
+        add_servicer(servicer, server)
         server.add_generic_rpc_handlers((health_handler(servicer),))
         address = bind_address(opts["grpc_address"], opts["grpc_port"])
         if credentials is not None:

@@ -19,14 +19,15 @@ from tritonclient.grpc import service_pb2_grpc
 from tritond import logs
 from tritond.repository.render import config_from_json
 from tritond.wire import schema as S
-from tritond.wire.errors import Code, TritonError, unavailable
+from tritond.wire.errors import Code, TritonError, invalid, unavailable
 
 from ..client_subject import SubjectRule
 from ..dataplane import Dataplane
 from ..errors import GRPC_CODE_NAME
-from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
+from ..metadata import SERVER_VERSION, model_metadata
 from ..tracing import Pending
 from . import converters as cv
+from .parsing import UNPARSABLE, UNPARSED
 
 log = logging.getLogger("tritond.grpc")
 
@@ -41,6 +42,7 @@ STATUS = {name: grpc.StatusCode[code] for name, code in GRPC_CODE_NAME.items()}
 class GrpcOptions:
     server_name: str = "triton"
     strict_readiness: bool = True
+    extensions: list[str] = field(default_factory=list)
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (key, value)
     subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
 
@@ -63,6 +65,8 @@ def rpc(category: str) -> Callable:
         @functools.wraps(fn)
         async def handler(self: "InferenceServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
             await self.admit(context, category)
+            if request is UNPARSED:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, UNPARSABLE)
             try:
                 return await fn(self, request, context)
             except TritonError as e:
@@ -117,7 +121,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc("health")
     async def ServerLive(self, request, context):
-        return pb.ServerLiveResponse(live=self.client.alive)
+        return pb.ServerLiveResponse(live=True)     # the process serves; readiness tracks the broker
 
     @rpc("health")
     async def ServerReady(self, request, context):
@@ -135,7 +139,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc("metadata")
     async def ServerMetadata(self, request, context):
-        return pb.ServerMetadataResponse(name=self.opts.server_name, version=SERVER_VERSION, extensions=EXTENSIONS)
+        return pb.ServerMetadataResponse(name=self.opts.server_name, version=SERVER_VERSION,
+                                         extensions=self.opts.extensions)
 
     @rpc("metadata")
     async def ModelMetadata(self, request, context):
@@ -222,6 +227,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 async for request in request_iterator:
                     if self.stopping:
                         failed(request, unavailable(SHUTTING_DOWN))
+                        continue
+                    if request is UNPARSED:
+                        failed(request, invalid(UNPARSABLE))
                         continue
                     task = asyncio.create_task(answer(request))
                     tasks.add(task)

@@ -24,7 +24,7 @@ from tritond.wire.errors import Code, TritonError, invalid
 from ..client_subject import SubjectRule
 from ..dataplane import Dataplane, split_parameters
 from ..errors import http_status
-from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
+from ..metadata import SERVER_VERSION, model_metadata
 from ..tracing import Pending
 from .codec import parse_infer, parse_json, render_response
 
@@ -36,6 +36,7 @@ log = logging.getLogger("tritond.http")
 class HttpOptions:
     server_name: str = "triton"
     strict_readiness: bool = True
+    extensions: list[str] = field(default_factory=list)
     max_input_size: int = 1 << 26
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (header, value)
     subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
@@ -127,7 +128,7 @@ class HttpApi:
                            f"{limit} bytes. {hint}")
         return invalid(f"request size of {size} bytes exceeds the maximum allowed input size of {limit} bytes. {hint}")
 
-    async def body(self, request: Request) -> bytes:
+    async def body(self, request: Request) -> bytes | bytearray:
         """The request body, decompressed, never more than --http-max-input-size bytes."""
         limit = self.opts.max_input_size
         encoding = request.headers.get("content-encoding", "").strip().lower()
@@ -136,14 +137,21 @@ class HttpApi:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise self._too_large(request, int(declared))
-        chunks = []
+        first: bytes = b""
+        grown: bytearray | None = None     # a body of several chunks grows in place (no 2x join)
         total = 0
         async for chunk in request.stream():
             total += len(chunk)
             if total > limit:
                 raise self._too_large(request, total)
-            chunks.append(chunk)
-        body = b"".join(chunks)
+            if grown is not None:
+                grown += chunk
+            elif first:
+                grown = bytearray(first)
+                grown += chunk
+            else:
+                first = chunk
+        body = first if grown is None else grown
         if encoding in ("", "identity"):
             return body
         if not body:
@@ -168,14 +176,17 @@ class HttpApi:
     # ------------------------------------------------------------- health and metadata
 
     async def live(self, request: Request) -> Response:
-        return Response(status_code=200 if self.client.alive else 400)
+        """Live means this process serves: a broker restarting makes the server not ready,
+        not dead (an orchestrator would otherwise restart a server that is recovering)."""
+        return Response(status_code=200)
 
     async def ready(self, request: Request) -> Response:
         ok = self.client.ready(self.opts.strict_readiness)
         return Response(status_code=200 if ok else 400)
 
     async def server_metadata(self, request: Request) -> Response:
-        return json_response({"name": self.opts.server_name, "version": SERVER_VERSION, "extensions": EXTENSIONS})
+        return json_response({"name": self.opts.server_name, "version": SERVER_VERSION,
+                              "extensions": self.opts.extensions})
 
     async def model_metadata(self, request: Request) -> Response:
         name = request.path_params["model"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 
@@ -49,6 +50,60 @@ def parse_json(buf: bytes | memoryview) -> dict:
     return doc
 
 
+class _JsonInput(msgspec.Struct):
+    """An input of a JSON request; its `data` stays unparsed text until the declared shape
+    and datatype say how large it may be (so an oversized tensor is refused before its
+    values become Python objects, about 30 bytes each)."""
+    name: Any = msgspec.UNSET
+    datatype: Any = msgspec.UNSET
+    shape: Any = msgspec.UNSET
+    parameters: Any = msgspec.UNSET
+    data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _JsonRequest(msgspec.Struct):
+    id: Any = msgspec.UNSET
+    parameters: Any = msgspec.UNSET
+    outputs: Any = msgspec.UNSET
+    inputs: list[_JsonInput] | msgspec.UnsetType = msgspec.UNSET
+
+
+_decode_request = msgspec.json.Decoder(_JsonRequest).decode
+
+
+def _parse_request(buf: bytes | memoryview) -> tuple[dict, list[_JsonInput]]:
+    """(the request's other members as a dict, its inputs) with parse_json's errors."""
+    try:
+        req = _decode_request(buf)
+    except RecursionError:
+        raise _nesting_error() from None
+    except msgspec.ValidationError as e:
+        if "$.inputs" in str(e):
+            raise invalid("Unable to parse 'inputs'") from None
+        raise invalid("failed to parse the request JSON buffer: the request must be a JSON object") from None
+    except msgspec.DecodeError as e:
+        raise invalid(f"failed to parse the request JSON buffer: {e}") from None
+    if req.inputs is msgspec.UNSET:
+        raise invalid("Unable to parse 'inputs'")
+    doc = {k: getattr(req, k) for k in ("id", "parameters", "outputs") if getattr(req, k) is not msgspec.UNSET}
+    return doc, req.inputs
+
+
+def _count(buf: memoryview, needle: bytes, step: int = 1 << 20) -> int:
+    """Occurrences of `needle` in `buf`, a slice at a time (no copy of the whole buffer)."""
+    overlap = len(needle) - 1
+    return sum(buf[max(0, i - overlap):i + step].tobytes().count(needle) for i in range(0, len(buf), step))
+
+
+def _estimated_elements(text: memoryview, datatype: str) -> int:
+    """How many values a JSON array's text holds at least: one more than its commas (a nested
+    array has as many separators as values less one), or for strings half their unescaped
+    quotes. Never more than it holds, so refusing above the declared count is always right."""
+    if datatype == "BYTES":
+        return (_count(text, b'"') - _count(text, b'\\"')) // 2
+    return _count(text, b",") + 1
+
+
 def _uint_list(value: Any, what: str) -> list[int]:
     if not isinstance(value, list) or not all(
             isinstance(x, int) and not isinstance(x, bool) and 0 <= x < (1 << 63) for x in value):
@@ -61,8 +116,9 @@ def _too_big(name: str, size: int, max_bytes: int) -> Exception:
                    f"{max_bytes} bytes. Use --http-max-input-size to increase the limit.")
 
 
-def _json_data(name: str, datatype: str, shape: list[int], data: Any, max_bytes: int) -> bytes | memoryview:
-    """The wire bytes of a JSON `data` field (Triton's checks and messages, but 400 rather than 500)."""
+def _json_data(name: str, datatype: str, shape: list[int], raw: msgspec.Raw, max_bytes: int) -> bytes | memoryview:
+    """The wire bytes of a JSON `data` field (Triton's checks and messages, but 400 rather than 500).
+    The declared size is checked before the values are parsed."""
     if datatype in ("FP16", "BF16"):
         raise invalid(f"receiving {datatype} data via JSON is not supported. Please use the binary data format "
                       f"for input {name}")
@@ -71,6 +127,18 @@ def _json_data(name: str, datatype: str, shape: list[int], data: Any, max_bytes:
         count *= d
     if count == 0:
         return b""
+    least = 4 * count if datatype == "BYTES" else count * ELEMENT_SIZE[datatype]
+    if least > max_bytes:
+        raise _too_big(name, least, max_bytes)
+    text = memoryview(raw)
+    if _estimated_elements(text, datatype) > count:
+        raise invalid("Unable to parse 'data': Shape does not match true shape of 'data' field")
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        if "recursion" in str(e).lower():
+            raise _nesting_error() from None
+        raise invalid(f"failed to parse the request JSON buffer: {e}") from None
     if not isinstance(data, list):
         raise invalid("Unable to parse 'data': attempt to access JSON non-array as array")
     types = set(map(type, data))
@@ -88,9 +156,6 @@ def _json_data(name: str, datatype: str, shape: list[int], data: Any, max_bytes:
         arr = np.empty(len(items), dtype=object)
         arr[:] = items
         return serialize_bytes(arr)
-    size = count * ELEMENT_SIZE[datatype]
-    if size > max_bytes:
-        raise _too_big(name, size, max_bytes)
     if len(flat) > count:
         raise invalid("Unable to parse 'data': Shape does not match true shape of 'data' field")
     if len(flat) < count:
@@ -112,17 +177,12 @@ def parse_infer(body: bytes, header_len: int | None, model: str, view: ModelView
         return _parse_raw(body, model, view or ModelView())
     json_part = body if header_len is None else memoryview(body)[:header_len]
     binary = memoryview(body)[header_len:] if header_len is not None else memoryview(b"")
-    doc = parse_json(json_part)
+    doc, raw_inputs = _parse_request(json_part)
     inputs: list[InputTensor] = []
     pos = 0
-    raw_inputs = doc.get("inputs")
-    if not isinstance(raw_inputs, list):
-        raise invalid("Unable to parse 'inputs'")
     for item in raw_inputs:
-        if not isinstance(item, dict):
-            raise invalid("Unable to parse 'inputs'")
-        params = _parameters(item)
-        has_data = "data" in item
+        params = _parameter_map(item.parameters)
+        has_data = item.data is not msgspec.UNSET
         has_bin = "binary_data_size" in params
         has_shm = "shared_memory_region" in params
         if has_data + has_bin + has_shm != 1:
@@ -131,18 +191,18 @@ def parse_infer(body: bytes, header_len: int | None, model: str, view: ModelView
             got = "no field is set" if not names else "set " + " ".join(names)
             raise invalid("Input must set only one of the following fields: 'data', 'binary_data_size' in "
                           "'parameters', 'shared_memory_region' in 'parameters'. But " + got)
-        name = item.get("name")
+        name = item.name
         if not isinstance(name, str):
             raise invalid("Unable to parse 'name'")
-        datatype = item.get("datatype")
+        datatype = item.datatype
         if not isinstance(datatype, str):
             raise invalid("Unable to parse 'datatype'")
         if datatype not in WIRE_TYPES:
             raise invalid(f"invalid datatype '{datatype}' for input '{name}'")
-        shape = _uint_list(item.get("shape"), "shape")
+        shape = _uint_list(item.shape, "shape")
         t = InputTensor(name, datatype, shape)
         if has_data:
-            t.data = _json_data(name, datatype, shape, item["data"], max_bytes)
+            t.data = _json_data(name, datatype, shape, item.data, max_bytes)
         elif has_bin:
             size = _uint(params["binary_data_size"], "binary_data_size")
             if header_len is None and size:
@@ -175,8 +235,11 @@ def _uint(value: Any, what: str) -> int:
 
 
 def _parameters(item: dict) -> dict:
-    params = item.get("parameters")
-    if params is None:
+    return _parameter_map(item.get("parameters"))
+
+
+def _parameter_map(params: Any) -> dict:
+    if params is None or params is msgspec.UNSET:
         return {}
     if not isinstance(params, dict):
         raise invalid("Unable to parse 'parameters'")
@@ -283,6 +346,16 @@ def _parse_raw(body: bytes, model: str, view: ModelView) -> tuple[dict, list[Inp
     return {}, [InputTensor(ci.name, datatype, shape, data)], [], True
 
 
+def _json_numbers(arr: np.ndarray) -> np.ndarray:
+    """A flat array orjson writes as JSON numbers without a Python object per value (a JSON
+    rendering of a large output would otherwise take ~30 bytes per value); floats go as float64,
+    so they print exactly as Python floats of the same values do."""
+    flat = arr.reshape(-1)
+    if flat.dtype.kind == "f":
+        return flat.astype(np.float64)
+    return np.ascontiguousarray(flat)
+
+
 def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, int | None]:
     """(body, json length or None when the response is JSON only)."""
     outputs = []
@@ -301,13 +374,11 @@ def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, i
             if t.datatype == "BYTES":
                 entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
                                  for x in arr.reshape(-1)]
-            elif t.datatype == "FP16":
-                entry["data"] = arr.astype(np.float32).reshape(-1).tolist()
             elif t.datatype == "BF16":
                 raise invalid("sending BF16 data via JSON is not supported. Please use the binary data format "
                               "for output")
             else:
-                entry["data"] = arr.reshape(-1).tolist()
+                entry["data"] = _json_numbers(arr)
         outputs.append(entry)
     doc: dict[str, Any] = {}
     if result.id:
@@ -317,7 +388,7 @@ def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, i
     if result.parameters:
         doc["parameters"] = result.parameters
     doc["outputs"] = outputs
-    head = orjson.dumps(doc)
+    head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)

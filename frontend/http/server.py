@@ -20,10 +20,12 @@ from starlette.routing import Route
 from tritond.wire.errors import TritonError
 
 from ..client_subject import subject_rules
+from ..metadata import server_extensions
 from ..metrics import CONTENT_TYPE, MetricsEndpoint
 from ..process import frontend_dataplane, start_process
 from ..tls import Reloader, SwappableContext, TlsError, TlsFiles, load
 from .app import HttpApi, HttpOptions
+from .limits import ConnectionCap, HttpLimits, RequestLimits, cap_hypercorn, uvicorn_protocol
 from .peers import PeerCertificates
 
 log = logging.getLogger("tritond.http")
@@ -80,13 +82,15 @@ class Tls:
         return Reloader(self.files, lambda material: [p.build(material) for p in ports], switch)
 
 
-async def serve_uvicorn(app, sock: socket.socket, stop: asyncio.Event, tls: SwappableContext | None = None,
-                        peers: PeerCertificates | None = None) -> None:
+async def serve_uvicorn(app, sock: socket.socket, stop: asyncio.Event, limits: HttpLimits,
+                        tls: SwappableContext | None = None, peers: PeerCertificates | None = None) -> None:
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    config = uvicorn.Config(app, http=peers.protocol(HttpToolsProtocol) if peers else HttpToolsProtocol,
-                            loop="none", lifespan="off", access_log=False, log_level="warning",
+    base = peers.protocol(HttpToolsProtocol) if peers else HttpToolsProtocol
+    protocol = uvicorn_protocol(base, limits, ConnectionCap(limits, f"uvicorn on port {sock.getsockname()[1]}"))
+    config = uvicorn.Config(app, http=protocol, loop="none", lifespan="off", access_log=False, log_level="warning",
                             timeout_graceful_shutdown=None, proxy_headers=False,
+                            timeout_keep_alive=limits.keepalive_timeout_secs,
                             ssl_context_factory=(lambda _config, _default: tls.context) if tls else None)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None
@@ -96,8 +100,8 @@ async def serve_uvicorn(app, sock: socket.socket, stop: asyncio.Event, tls: Swap
     await task
 
 
-async def serve_hypercorn(app, sock: socket.socket, stop: asyncio.Event, tls: SwappableContext | None = None
-                          ) -> None:
+async def serve_hypercorn(app, sock: socket.socket, stop: asyncio.Event, limits: HttpLimits,
+                          tls: SwappableContext | None = None) -> None:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
@@ -114,7 +118,11 @@ async def serve_hypercorn(app, sock: socket.socket, stop: asyncio.Event, tls: Sw
     config.bind = [f"fd://{sock.fileno()}"]
     config.accesslog = None
     config.errorlog = None
-    await serve(app, config, shutdown_trigger=stop.wait)
+    config.keep_alive_timeout = limits.keepalive_timeout_secs   # also bounds the wait for a request head
+    config.h11_max_incomplete_size = limits.max_header_size
+    config.h2_max_header_list_size = limits.max_header_size
+    cap_hypercorn(limits, ConnectionCap(limits, f"hypercorn on port {sock.getsockname()[1]}"))
+    await serve(RequestLimits(app, limits), config, shutdown_trigger=stop.wait)
 
 
 async def run(opts: dict) -> None:
@@ -127,21 +135,23 @@ async def run(opts: dict) -> None:
         api = HttpApi(dataplane, HttpOptions(
             server_name=opts.get("server_name", "triton"),
             strict_readiness=opts.get("strict_readiness", True),
+            extensions=server_extensions(opts),
             max_input_size=opts.get("http_max_input_size", 1 << 26),
             restricted={k: tuple(v) for k, v in (opts.get("http_restricted") or {}).items()},
             subjects=subjects,
             client_certificate=peers.certificate if peers else None,
         ))
         sock = listen_socket(opts["http_address"], opts["http_port"])
+        limits = HttpLimits.from_options(opts)
         if opts.get("http_server") == "hypercorn":
-            servers = [serve_hypercorn(api.app(), sock, stop, tls.api)]
+            servers = [serve_hypercorn(api.app(), sock, stop, limits, tls.api)]
         else:
-            servers = [serve_uvicorn(api.app(), sock, stop, tls.api, peers)]
+            servers = [serve_uvicorn(api.app(), sock, stop, limits, tls.api, peers)]
         if opts.get("metrics_port"):
             endpoint = MetricsEndpoint(dataplane.client, opts)
             endpoint.start()
             servers.append(serve_uvicorn(metrics_app(endpoint), listen_socket(
-                opts.get("metrics_address") or opts["http_address"], opts["metrics_port"]), stop, tls.metrics))
+                opts.get("metrics_address") or opts["http_address"], opts["metrics_port"]), stop, limits, tls.metrics))
         listening()    # the sockets listen: connections queue until the servers accept them
         await asyncio.gather(*servers)
 

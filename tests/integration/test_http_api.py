@@ -21,9 +21,11 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import http_get
 
+# Triton's list less what this server does not do: the sequence batcher, trace and log settings
+# that take effect, CUDA shared memory on a host without a GPU.
 EXTENSIONS = [
-    "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
-    "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
+    "classification", "model_repository", "model_repository(unload_dependents)",
+    "schedule_policy", "model_configuration", "system_shared_memory",
     "binary_tensor_data", "parameters", "statistics", "trace", "logging",
 ]
 STATS_MODEL = "mlp_onnx_nobatch"   # only test_statistics_exact_counts infers on it

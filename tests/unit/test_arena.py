@@ -151,3 +151,28 @@ def test_close_with_a_live_view_still_unlinks():
     a.close()
     assert on_disk(a) == set()
     del held
+
+
+def test_a_full_dev_shm_is_a_503_not_a_sigbus_later(arena, monkeypatch):
+    """Segments are reserved when created, so running out of /dev/shm fails the allocation
+    (and the request that needed it) rather than killing the first writer of a sparse page."""
+    import errno
+
+    import numpy as np
+
+    from tritond.shm import arena as arena_module
+    from tritond.wire.errors import Code, TritonError
+    from tritond.wire.schema import OutputSpec
+    from tritond.workers.tensors import Leases, write_outputs
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(arena_module.os, "posix_fallocate", full)
+    with pytest.raises(TritonError) as e:
+        arena.alloc(10)
+    assert e.value.code is Code.UNAVAILABLE and "not enough shared memory" in e.value.message
+    assert on_disk(arena) == set()
+    big = np.ones(1 << 16, np.float32)            # over the inline limit: goes to the arena
+    (result,) = write_outputs([({"Y": big}, [OutputSpec("Y")], None)], SegmentMaps(), Leases(arena))
+    assert result.error.code is Code.UNAVAILABLE and result.outputs == []

@@ -43,6 +43,15 @@ def test_register_and_status(key):
     assert error_of(t.status, "nope") == ("NOT_FOUND", "Unable to find system shared memory region: 'nope'")
 
 
+@pytest.mark.parametrize("offset", [0, 4096])
+def test_a_zero_byte_region_is_refused_as_triton_does(key, offset):
+    t = RegionTable()
+    message = "failed to register shared memory region 'z': invalid args (byte_size must be greater than 0)"
+    assert error_of(t.register, "z", key, offset, 0) == ("INVALID_ARG", message)
+    assert error_of(t.register_cuda, "z", HANDLE, 0, 0) == ("INVALID_ARG", message)
+    assert t.regions == {}
+
+
 def test_duplicate_name_already_exists(key):
     t = RegionTable()
     t.register("r", key, 0, 8)

@@ -1,0 +1,275 @@
+"""Limits that keep slow or hostile HTTP clients from holding a frontend's memory and
+connections: a bounded request head (size 431, field count 431), a deadline for the head and
+one for the body (408, then the connection closes), an idle keep-alive timeout, and a cap on
+open connections per process (503 and close, with a log line saying so).
+
+uvicorn's httptools protocol enforces none of the head limits, so its protocol class is
+extended here; all of them cost a counter or a timer handle per request. hypercorn bounds the
+head with h11's incomplete-event size and closes a connection that sends no complete head
+within its keep-alive timeout; the header count and the body deadline are ASGI middleware
+there, and its TCP server class is extended for the connection cap.
+"""
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import os
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("tritond.http")
+
+CAP_LOG_INTERVAL_S = 60.0
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    max_header_size: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout_secs: float = 10.0
+    body_timeout_secs: float = 60.0
+    keepalive_timeout_secs: float = 5.0
+    max_connections: int = 1024
+
+    @classmethod
+    def from_options(cls, opts: dict[str, Any]) -> "HttpLimits":
+        given = opts.get("http_limits") or {}
+        return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
+
+    def head_too_large(self) -> str:
+        return (f"request head is larger than {self.max_header_size} bytes "
+                f"(--http-max-header-size)")
+
+    def too_many_headers(self, count: int) -> str:
+        return f"request has {count} header fields, more than {self.max_headers} (--http-max-headers)"
+
+    def head_timeout(self) -> str:
+        return (f"request head not received within {self.header_timeout_secs:g} s "
+                f"(--http-header-timeout-secs)")
+
+    def body_timeout(self) -> str:
+        return f"request body not received within {self.body_timeout_secs:g} s (--http-body-timeout-secs)"
+
+
+def raw_response(status: int, message: str) -> bytes:
+    """A complete HTTP/1.1 error response that closes the connection, for the protocol layer."""
+    body = orjson.dumps({"error": message})
+    phrase = http.HTTPStatus(status).phrase
+    return (f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"connection: close\r\n\r\n").encode() + body
+
+
+class ConnectionCap:
+    """Counts refusals at the cap; the log says so at once, then at most once a minute."""
+
+    def __init__(self, limits: HttpLimits, server: str) -> None:
+        self.limit = limits.max_connections
+        self.server = server
+        self.refused = 0
+        self.next_log = 0.0
+        self.message = (f"server has {self.limit} open connections (--http-max-connections); "
+                        f"retry later")
+
+    def refuse(self) -> bytes:
+        self.refused += 1
+        now = time.monotonic()
+        if now >= self.next_log:
+            log.warning("HTTP frontend (pid %d, %s) is at its cap of %d open connections "
+                        "(--http-max-connections): refused %d new connection(s) with 503",
+                        os.getpid(), self.server, self.limit, self.refused)
+            self.refused = 0
+            self.next_log = now + CAP_LOG_INTERVAL_S
+        return raw_response(503, self.message)
+
+
+class _LimitExceeded(Exception):
+    pass
+
+
+def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type:
+    """`base` (uvicorn's HttpToolsProtocol, or a subclass) enforcing `limits`."""
+
+    class Limited(base):   # type: ignore[misc, valid-type]
+        _timer: asyncio.TimerHandle | None = None
+        _refusal: tuple[int, str] | None = None
+
+        _in_head = False
+        _unparsed = 0
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            if len(self.connections) >= limits.max_connections:
+                self.transport = transport        # what uvicorn's connection_lost closes
+                self._refusal = (503, cap.message)
+                transport.write(cap.refuse())
+                transport.close()
+                return
+            super().connection_made(transport)
+            self._in_head = True
+            self._head_bytes = 0
+            self._fields = 0
+            self._arm(limits.header_timeout_secs, limits.head_timeout())
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self, seconds: float, message: str) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, self._expired, message)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _expired(self, message: str) -> None:
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            if self.cycle is None or not self.cycle.response_started:
+                self.transport.write(raw_response(408, message))
+            self.transport.close()
+
+        def _refuse(self, status: int, message: str) -> None:
+            """Stop parsing (httptools turns this into a parse error, answered below)."""
+            self._refusal = (status, message)
+            raise _LimitExceeded(message)
+
+        def _reply(self, status: int, message: str) -> None:
+            self._refusal = (status, message)
+            self._disarm()
+            self.transport.write(raw_response(status, message))
+            self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to a parse error; one of the limits caused it when set."""
+            self._reply(*(self._refusal or (400, msg)))
+
+        def data_received(self, data: bytes) -> None:
+            if self._refusal is not None:
+                return
+            if self._in_head:
+                self._unparsed += len(data)
+            super().data_received(data)
+            # A head that grows without completing a field is cut here; completed fields
+            # are counted in on_url/on_header.
+            if self._in_head and self._refusal is None and self._unparsed > limits.max_header_size:
+                self._reply(431, limits.head_too_large())
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head = True
+            self._head_bytes = 0
+            self._fields = 0
+            if self._timer is None:
+                self._arm(limits.header_timeout_secs, limits.head_timeout())
+
+        def _count(self, n: int) -> None:
+            self._unparsed = 0
+            self._head_bytes += n
+            if self._head_bytes > limits.max_header_size:
+                self._refuse(431, limits.head_too_large())
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._fields += 1
+            if self._fields > limits.max_headers:
+                self._refuse(431, limits.too_many_headers(self._fields))
+            self._count(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._unparsed = 0
+            self._arm(limits.body_timeout_secs, limits.body_timeout())
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
+
+    return Limited
+
+
+class RequestLimits:
+    """ASGI middleware for servers that do not count header fields or time the body read
+    themselves (hypercorn): 431 beyond --http-max-headers, 408 when the body is late."""
+
+    def __init__(self, app: Any, limits: HttpLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        count = len(scope["headers"])
+        if count > self.limits.max_headers:
+            await _reply(send, 431, self.limits.too_many_headers(count))
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.body_timeout_secs
+        state = {"body": True, "answered": False}
+
+        async def timed_receive() -> dict:
+            if state["answered"]:
+                return {"type": "http.disconnect"}
+            if not state["body"]:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                state["answered"] = True
+                await _reply(send, 408, self.limits.body_timeout())
+                return {"type": "http.disconnect"}
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                state["body"] = False
+            return message
+
+        async def guarded_send(message: dict) -> None:
+            if not state["answered"]:
+                await send(message)
+
+        await self.app(scope, timed_receive, guarded_send)
+
+
+async def _reply(send: Any, status: int, message: str) -> None:
+    body = orjson.dumps({"error": message})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def cap_hypercorn(limits: HttpLimits, cap: ConnectionCap) -> None:
+    """Cap hypercorn's open connections. Its serve() builds a TCPServer per connection from
+    the name in hypercorn.asyncio.run, with no hook, so that name is replaced by a subclass
+    that refuses beyond the cap (this process runs one hypercorn server)."""
+    from hypercorn.asyncio import run as hypercorn_run
+    from hypercorn.asyncio.tcp_server import TCPServer
+
+    class CappedTCPServer(TCPServer):
+        open_connections = 0
+
+        async def run(self) -> None:
+            if CappedTCPServer.open_connections >= limits.max_connections:
+                try:
+                    self.writer.write(cap.refuse())
+                    self.writer.close()
+                except OSError:
+                    pass
+                return
+            CappedTCPServer.open_connections += 1
+            try:
+                await super().run()
+            finally:
+                CappedTCPServer.open_connections -= 1
+
+    hypercorn_run.TCPServer = CappedTCPServer

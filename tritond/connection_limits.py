@@ -1,0 +1,72 @@
+"""Flags bounding what one client connection may hold: HTTP head size, header count and
+read timeouts, idle keep-alive, open connections per frontend process; gRPC keepalive
+enforcement (tritonserver's flags, in milliseconds) and concurrent streams per connection.
+
+Defaults are tritonserver's for its flags, and for ours values no well-behaved client meets.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+# (flag, default, metavar, help); every one must be a positive number
+HTTP_LIMITS = (
+    ("--http-max-header-size", 64 * 1024, "BYTES",
+     "largest request head (request line and headers) an HTTP client may send; more is answered 431"),
+    ("--http-max-headers", 100, "N", "most header fields in one HTTP request; more is answered 431"),
+    ("--http-header-timeout-secs", 10.0, "SECS",
+     "a request head must arrive within this long of the connection opening or the request starting (408)"),
+    ("--http-body-timeout-secs", 60.0, "SECS", "a request body must arrive within this long of its head (408)"),
+    ("--http-keepalive-timeout-secs", 5.0, "SECS", "an idle keep-alive HTTP connection is closed after this long"),
+    ("--http-max-connections", 1024, "N",
+     "open HTTP connections per frontend process; a new one beyond this is answered 503 and closed"),
+)
+GRPC_KEEPALIVE = (
+    # tritonserver flag, gRPC channel argument, default
+    ("--grpc-keepalive-time", "grpc.keepalive_time_ms", 7200000),
+    ("--grpc-keepalive-timeout", "grpc.keepalive_timeout_ms", 20000),
+    ("--grpc-http2-max-pings-without-data", "grpc.http2.max_pings_without_data", 2),
+    ("--grpc-http2-min-recv-ping-interval-without-data", "grpc.http2.min_ping_interval_without_data_ms", 300000),
+    ("--grpc-http2-max-ping-strikes", "grpc.http2.max_ping_strikes", 2),
+    ("--grpc-max-connection-age", "grpc.max_connection_age_ms", 0),
+    ("--grpc-max-connection-age-grace", "grpc.max_connection_age_grace_ms", 0),
+)
+GRPC_MAX_STREAMS = 1024
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_arguments(p: argparse.ArgumentParser, boolean: Callable[[str], bool]) -> None:
+    for flag, default, metavar, text in HTTP_LIMITS:
+        p.add_argument(flag, type=type(default), default=default, metavar=metavar, help=f"{text} (default {default})")
+    for flag, _, default in GRPC_KEEPALIVE:
+        p.add_argument(flag, type=int, default=default, metavar="MS", help=f"as tritonserver (default {default})")
+    p.add_argument("--grpc-keepalive-permit-without-calls", type=boolean, nargs="?", const=True, default=False,
+                   metavar="BOOL", help="as tritonserver: allow keepalive pings on a connection without calls")
+    p.add_argument("--grpc-max-concurrent-streams", type=int, default=GRPC_MAX_STREAMS, metavar="N",
+                   help=f"concurrent RPCs on one gRPC connection (default {GRPC_MAX_STREAMS})")
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """The limits as server options; ValueError names a flag with a value out of range."""
+    http = {}
+    for flag, _, _, _ in HTTP_LIMITS:
+        value = getattr(args, _dest(flag))
+        if not value > 0:
+            raise ValueError(f"{flag} must be greater than 0, got {value}")
+        http[_dest(flag).removeprefix("http_")] = value
+    grpc = []
+    for flag, arg, _ in GRPC_KEEPALIVE:
+        value = getattr(args, _dest(flag))
+        if value < 0:
+            raise ValueError(f"{flag} must not be negative, got {value}")
+        if value or not arg.startswith("grpc.max_connection_age"):   # 0: no maximum age, as tritonserver
+            grpc.append((arg, value))
+    grpc.append(("grpc.keepalive_permit_without_calls", int(bool(args.grpc_keepalive_permit_without_calls))))
+    if args.grpc_max_concurrent_streams <= 0:
+        raise ValueError(f"--grpc-max-concurrent-streams must be greater than 0, got {args.grpc_max_concurrent_streams}")
+    grpc.append(("grpc.max_concurrent_streams", args.grpc_max_concurrent_streams))
+    return {"http_limits": http, "grpc_channel_args": grpc}

@@ -1,0 +1,106 @@
+"""tritonserver's flags that tritond does not implement, and what it does with each.
+
+A tritonserver command line must keep working with only the program name changed, so every
+flag of tritonserver is recognised. The ones below are not implemented: one that would change
+what the server does (its answers, what it loads, where its output goes) stops startup with
+exit 1; one that only tunes performance or what is observed, so that ignoring it changes no
+answer, is ignored with a warning. A value that asks for nothing beyond what tritond does
+(`--rate-limit=off`, `--model-namespacing=false`) is accepted silently either way.
+
+This is data: when a flag is implemented, its entry leaves the table (and the flag joins the
+parser in options.py).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+REFUSE = "refuse"
+WARN = "warn"
+NOTE = "note"         # accepted; the log says why it has no effect
+
+FALSE = ("false", "0", "off")
+TRUE = ("true", "1", "on")
+
+
+@dataclass(frozen=True)
+class Flag:
+    decision: str
+    why: str = ""
+    harmless: tuple[str, ...] = ()    # values (lower case) that ask for nothing tritond lacks
+
+
+FLAGS: dict[str, Flag] = {
+    # ---------------------------------------------------------------- features not implemented yet
+    "--rate-limit": Flag(REFUSE, "the rate limiter", ("off",)),
+    "--rate-limit-resource": Flag(REFUSE, "the rate limiter"),
+    "--trace-file": Flag(REFUSE, "tracing"),
+    "--trace-level": Flag(REFUSE, "tracing", ("off",)),
+    "--http-header-forward-pattern": Flag(REFUSE, "forwarding HTTP headers to models"),
+    "--grpc-header-forward-pattern": Flag(REFUSE, "forwarding gRPC headers to models"),
+    "--model-load-retry-count": Flag(REFUSE, "retrying failed loads", ("0",)),
+    "--model-namespacing": Flag(REFUSE, "model namespacing", FALSE),
+    "--model-load-gpu-limit": Flag(REFUSE, "GPU memory limits on loading"),
+    "--host-policy": Flag(REFUSE, "host policies"),
+    "--allow-sagemaker": Flag(REFUSE, "the SageMaker endpoint", FALSE),
+    "--sagemaker-port": Flag(REFUSE, "the SageMaker endpoint"),
+    "--sagemaker-safe-port-range": Flag(REFUSE, "the SageMaker endpoint"),
+    "--sagemaker-thread-count": Flag(REFUSE, "the SageMaker endpoint"),
+    "--allow-vertex-ai": Flag(REFUSE, "the Vertex AI endpoint", FALSE),
+    "--vertex-ai-port": Flag(REFUSE, "the Vertex AI endpoint"),
+    "--vertex-ai-thread-count": Flag(REFUSE, "the Vertex AI endpoint"),
+    "--vertex-ai-default-model": Flag(REFUSE, "the Vertex AI endpoint"),
+    # ---------------------------------------------------------------- tuning and observability: ignored
+    "--model-load-thread-count": Flag(WARN, "models load one after another"),
+    "--trace-rate": Flag(WARN, "tracing is off"),
+    "--trace-count": Flag(WARN, "tracing is off"),
+    "--trace-log-frequency": Flag(WARN, "tracing is off"),
+    "--http-thread-count": Flag(WARN, "HTTP concurrency is --http-workers processes"),
+    "--grpc-infer-thread-count": Flag(WARN, "gRPC concurrency is --grpc-workers processes"),
+    "--grpc-infer-allocation-pool-size": Flag(WARN, "tritond pools no request objects"),
+    "--grpc-max-response-pool-size": Flag(WARN, "tritond pools no response objects"),
+    "--grpc-infer-response-compression-level": Flag(WARN, "responses are not compressed", ("none",)),
+    "--reuse-http-port": Flag(WARN, "HTTP frontend processes always share the port", TRUE),
+    "--reuse-grpc-port": Flag(WARN, "gRPC frontend processes always share the port", TRUE),
+    "--pinned-memory-pool-byte-size": Flag(WARN, "tritond has no pinned-memory pool"),
+    "--cuda-memory-pool-byte-size": Flag(WARN, "tritond has no CUDA memory pool"),
+    "--cuda-virtual-address-size": Flag(WARN, "tritond has no CUDA memory pool"),
+    "--buffer-manager-thread-count": Flag(WARN, "tritond has no buffer-manager threads"),
+    "--min-supported-compute-capability": Flag(WARN, "GPUs are not filtered by compute capability"),
+    "--enable-peer-access": Flag(WARN, "peer access is left as CUDA sets it"),
+    "--cache-directory": Flag(WARN, "tritond loads no cache plugins"),
+    "--repoagent-directory": Flag(WARN, "tritond loads no repository agents"),
+    # ---------------------------------------------------------------- accepted, with a note
+    "--backend-directory": Flag(NOTE, "tritond's backends are built in; no backend directory is read"),
+}
+
+
+def add_to(parser: argparse.ArgumentParser) -> None:
+    """Recognise every flag of the table (hidden from --help)."""
+    for name in FLAGS:
+        parser.add_argument(name, dest=dest(name), action="append", nargs="?", const="true",
+                            default=None, help=argparse.SUPPRESS)
+
+
+def dest(name: str) -> str:
+    return "triton_" + name.lstrip("-").replace("-", "_")
+
+
+def check(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str]]]:
+    """(refusals, notes) for the table's flags given on the command line; a note is
+    (log level name, line)."""
+    refused: list[str] = []
+    notes: list[tuple[str, str]] = []
+    for name, flag in FLAGS.items():
+        values = getattr(args, dest(name), None)
+        if values is None:
+            continue
+        if flag.decision == NOTE:
+            notes.append(("INFO", f"'{name}' accepted: {flag.why}"))
+        elif all(v.strip().lower() in flag.harmless for v in values):
+            continue
+        elif flag.decision == REFUSE:
+            refused.append(f"'{name}' is a tritonserver flag that tritond does not support yet ({flag.why})")
+        else:
+            notes.append(("WARNING", f"'{name}' is a tritonserver flag that tritond ignores: {flag.why}"))
+    return refused, notes
