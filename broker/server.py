@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 from typing import Any, Protocol
 
 import zmq
@@ -31,10 +32,14 @@ from .drain import Drain
 from .ensembles import Ensembles
 from .inflight import InflightTable, ReplyTo
 from .instances import InstanceTable
+from .jobs import Jobs
 from .lifecycle import Lifecycle
+from .model_ops import ModelControl
 from .pool import Instance, InstanceState, WorkerProcesses
+from .rate_limiter import RateLimiter, parse_resources
 from .registry import ModelRegistry
 from .requests import RequestPath, untrusted
+from .retire import DEFAULT_TIMEOUT_S, Retirement
 from .settings import Settings
 from .sockets import BrokerSockets
 from .supervision import Supervision
@@ -56,11 +61,12 @@ class Sockets(Protocol):
 
 class Broker:
     def __init__(self, opts: dict[str, Any], sockets: Sockets, pool: WorkerProcesses | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, jobs: Jobs | None = None) -> None:
         self.opts = opts
         self.sockets = sockets
         self.clock = clock or Clock()
         self.pool = pool or WorkerProcesses()
+        self.jobs = jobs or Jobs(int(opts.get("model_load_thread_count", 4) or 4))
         self.server_id: str = opts["server_id"]
         self.own_prefix = f"/{PREFIX}{self.server_id}."
         self.boot = os.getpid()
@@ -76,15 +82,22 @@ class Broker:
         self.inflight = InflightTable()
         self.regions = ClientRegions(self.unmap)
         self.requests = RequestPath(self.inflight, self.regions, self.send_exec, self.clock)
+        if opts.get("rate_limit", "off") == "execution_count":
+            self.requests.limiter = RateLimiter(parse_resources(opts.get("rate_limit_resources") or []))
+        elif opts.get("rate_limit_resources"):
+            log.warning("--rate-limit-resource is ignored with --rate-limit=off (as tritonserver ignores it)")
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
                                    self.clock, opts.get("model_config_name", ""))
         self.bls = BlsCalls(self.registry, self.instances, self.reply_worker, self.route_release)
-        self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests,
-                                   self.ensembles, self.send_stop, self.clock)
+        self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests, self.clock)
+        self.retirement = Retirement(self.registry, self.requests, self.pool, self.send_stop, self.clock,
+                                     float(opts.get("model_unload_timeout_secs", DEFAULT_TIMEOUT_S)))
+        self.model_ops = ModelControl(opts, self.registry, self.lifecycle, self.ensembles, self.retirement,
+                                      self.jobs, self.clock, self.requests.limiter)
         self.supervision = Supervision(self.server_id, self.registry, self.instances, self.pool,
                                        self.lifecycle, self.requests, self.announce_gone)
         self.drain = Drain(float(opts.get("exit_timeout_secs", 30)))
-        self.control = ControlHandler(opts, self.registry, self.lifecycle, self.ensembles, self.regions,
+        self.control = ControlHandler(opts, self.registry, self.model_ops, self.ensembles, self.regions,
                                       self.drain, Settings(int(opts.get("log_verbose", 0))),
                                       self.begin_drain, self.stop)
 
@@ -227,7 +240,7 @@ class Broker:
         now = self.clock.now()
         now_ns = self.clock.now_ns()
         next_s = 1.0
-        for mv in self.registry.versions():
+        for mv in self.registry.all_versions():
             sched = mv.scheduler
             if sched is None or not len(sched):
                 continue
@@ -248,11 +261,11 @@ class Broker:
         if now >= self.next_ping:
             self.next_ping = now + PING_INTERVAL_S
             self.to_frontends(S.Ping(self.boot))
-        self.control.tick()
+        self.model_ops.tick(now)
         idle = not self.inflight and self.registry.idle()
         cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.get("supervisor_pid"))
         if cancel:
-            self.requests.cancel_all(list(self.registry.versions()),
+            self.requests.cancel_all(self.registry.all_versions(),
                                      unavailable("Server is shutting down: the exit timeout expired"))
         if stop:
             self.stop()
@@ -260,16 +273,25 @@ class Broker:
 
     # ------------------------------------------------------------------ loop
 
+    def on_signals(self, numbers: bytes) -> None:
+        """Signals the wakeup fd carried: SIGTERM drains, then stops; SIGHUP rescans the
+        repository (poll mode)."""
+        if signal.SIGHUP in numbers:
+            self.model_ops.hangup()
+        if signal.SIGTERM in numbers:
+            self.begin_drain(then_stop=True)
+
     def run(self, signal_fd: int) -> int:
-        """Serve until stopped; `signal_fd` turns readable on SIGTERM (a graceful drain, then
-        stop). Needs the real sockets (BrokerSockets)."""
+        """Serve until stopped; `signal_fd` carries the numbers of the signals received.
+        Needs the real sockets (BrokerSockets)."""
         sockets = self.sockets
         assert isinstance(sockets, BrokerSockets)
         poller = zmq.Poller()
         poller.register(sockets.fe, zmq.POLLIN)
         poller.register(sockets.wk, zmq.POLLIN)
         poller.register(signal_fd, zmq.POLLIN)
-        self.lifecycle.load_all()
+        poller.register(self.jobs.fd, zmq.POLLIN)
+        self.model_ops.startup()
         registered: set[int] = set()
         while self.running:
             timeout = self.timers()
@@ -283,20 +305,22 @@ class Broker:
                 self.publish_table()
             events = dict(poller.poll(max(0, int(timeout * 1000))))
             if signal_fd in events:
-                os.read(signal_fd, 64)
-                self.begin_drain(then_stop=True)
+                self.on_signals(os.read(signal_fd, 64))
+            if self.jobs.fd in events:
+                self.jobs.collect()
             if sockets.wk in events:
                 sockets.drain(sockets.wk, self.on_worker_frame)
             if sockets.fe in events:
                 sockets.drain(sockets.fe, self.on_frontend_frame)
             for fd in events:
-                inst = self.instances.by_pidfd(fd) if isinstance(fd, int) and fd != signal_fd else None
+                inst = self.instances.by_pidfd(fd) if isinstance(fd, int) and fd not in (signal_fd, self.jobs.fd) else None
                 if inst is not None:
                     poller.unregister(fd)
                     registered.discard(fd)
                     self.on_worker_exit(inst)
             if self.registry.dirty:
                 self.publish_table()
+        self.jobs.close()
         self.shutdown_workers()
         return 0
 

@@ -21,7 +21,7 @@ import msgspec
 
 from .errors import Code, TritonError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 # Inline tensors up to this size ride inside the message; larger ones go through shm.
 INLINE_MAX = 64 * 1024
 # At most this many inline bytes per message a frontend or worker builds; the rest go by shm.
@@ -142,7 +142,7 @@ class RepositoryIndex(_S, tag="index"):
 class LoadModel(_S, tag="load"):
     name: str
     config: str | None = None          # JSON of a ModelConfig replacing config.pbtxt for this load
-    files: dict[str, bytes] = {}       # `file:<path>` overrides
+    override_dir: str = ""             # `file:` overrides, written by the frontend (repository/overrides.py)
 
 
 class UnloadModel(_S, tag="unload"):

@@ -32,6 +32,7 @@ from .backends.base import InstanceInfo, WorkerRequest
 from .bls import BlsClient
 from .cuda_ipc import Exports, Imports
 from .tensors import Leases, desc_to_array, write_outputs
+from .warmup import warm_up
 
 log = logging.getLogger("tritond.worker")
 
@@ -110,6 +111,7 @@ class Worker:
             from . import pb_utils
             pb_utils.set_bls_handler(self.bls.infer)
         backend.load()
+        warm_up(backend, backend.config, s.model_dir, s.instance_name)
         return backend, completed
 
     def execute(self, backend, msg: P.Exec) -> P.BatchDone:
