@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from tritond.repository.catalog import NO_VERSION, load_spec
@@ -68,6 +68,7 @@ class ModelControl:
         self.polling = False
         self.hangup_pending = False
         self.fingerprints: dict[str, Fingerprint] = {}   # as the last load of each model saw it
+        self.publish: Callable[[], None] = lambda: None   # sends the table when it changed
         lifecycle.on_settle = self.runner.tick
         retirement.on_retired = self._retired
 
@@ -98,13 +99,21 @@ class ModelControl:
             self._drop_override(op.override_dir)
             answer(error=e)
             return
-        self.runner.start(self._explicit_load(op.name, override, op.override_dir), answer)
+        self.runner.start(self._explicit_load(op.name, override, op.override_dir), self._after_table(answer))
 
     def unload(self, op: UnloadModel, answer: Answer) -> None:
         if self.mode != "explicit":
             answer(error=TritonError(Code.UNAVAILABLE, NOT_EXPLICIT))
             return
-        self.runner.start(self._unload(op.name, op.unload_dependents), answer)
+        self.runner.start(self._unload(op.name, op.unload_dependents), self._after_table(answer))
+
+    def _after_table(self, answer: Answer) -> Answer:
+        """Answer once the frontends have the table the operation produced, so a client's next
+        request after a load sees the model."""
+        def then(*args: Any, **kwargs: Any) -> None:
+            self.publish()
+            answer(*args, **kwargs)
+        return then
 
     def hangup(self) -> None:
         """SIGHUP: rescan now (poll mode), and confirm what the rescan saw a second later."""

@@ -97,6 +97,7 @@ class Broker:
         self.supervision = Supervision(self.server_id, self.registry, self.instances, self.pool,
                                        self.lifecycle, self.requests, self.announce_gone)
         self.drain = Drain(float(opts.get("exit_timeout_secs", 30)))
+        self.model_ops.publish = self.publish_if_changed
         self.control = ControlHandler(opts, self.registry, self.model_ops, self.ensembles, self.regions,
                                       self.drain, Settings(int(opts.get("log_verbose", 0))),
                                       self.begin_drain, self.stop)
@@ -143,6 +144,10 @@ class Broker:
 
     def publish_table(self) -> None:
         self.to_frontends(self.registry.publish(self.drain.stopping, self.boot))
+
+    def publish_if_changed(self) -> None:
+        if self.registry.dirty:
+            self.publish_table()
 
     # ------------------------------------------------------------------ frontends
 

@@ -30,6 +30,7 @@ GAUGES = [
      lambda s: s.get("pending", 0)),
     ("tritond_model_ready_instances", "Number of instances of this model able to serve",
      lambda s: s.get("instances_ready", 0)),
+    ("nv_model_load_duration_secs", "Model load time in seconds", lambda s: s.get("load_duration_secs", 0)),
 ]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import tempfile
 
 from tritond.wire.errors import invalid
@@ -71,7 +72,7 @@ def _open_dir(parent: int, name: str, key: str) -> int:
     try:
         return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
     except OSError as e:
-        if e.errno == errno.ELOOP:
+        if e.errno == errno.ELOOP or stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode):
             raise _escapes(key) from None
         if e.errno == errno.ENOTDIR:
             raise invalid(f"Invalid file parameter '{_shown(key)}', directory has been created as a file") from None

@@ -29,7 +29,7 @@ class Sample:
     name: str
     batch_size: int
     count: int
-    inputs: dict[str, np.ndarray]
+    inputs: dict[str, tuple[str, np.ndarray]]     # name -> (wire datatype, data)
 
 
 def _data_file(model_dir: str, rel: str, sample: str) -> bytes:
@@ -102,6 +102,6 @@ def warmup_samples(config: dict[str, Any], model_dir: str, seed: int | None = No
                 raise WarmupError(f"warmup sample '{name}': warmup setting expects all variable-size "
                                   f"dimensions are specified for input '{input_name}'")
             shape = [1] + dims if batching and input_name in model_inputs else dims
-            inputs[input_name] = _array(spec, datatype, shape, model_dir, name, input_name, rng)
+            inputs[input_name] = (datatype, _array(spec, datatype, shape, model_dir, name, input_name, rng))
         samples.append(Sample(name, batch, max(1, int(w.get("count", 0) or 0)), inputs))
     return samples

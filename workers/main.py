@@ -111,7 +111,8 @@ class Worker:
             from . import pb_utils
             pb_utils.set_bls_handler(self.bls.infer)
         backend.load()
-        warm_up(backend, backend.config, s.model_dir, s.instance_name)
+        warm_up(lambda msg: self.execute(backend, msg), self.leases.release, backend.config, s.model_dir,
+                s.instance_name)
         return backend, completed
 
     def execute(self, backend, msg: P.Exec) -> P.BatchDone:
