@@ -137,9 +137,12 @@ class ModelControl:
         """Runs on the job pool."""
         return scan(self.opts["model_repositories"])
 
-    def _dependencies(self, sources: dict[str, ModelSource]) -> dict[str, list[str]]:
+    def _order(self, sources: dict[str, ModelSource], wanted: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+        """Runs on the job pool (it reads ensemble configs): the models to load, each after
+        what it composes, and what each composes."""
+        order = self.ensembles.load_order(sources, wanted)
         config_name = self.opts.get("model_config_name", "")
-        return {n: ensemble_dependencies(s.path, config_name) or [] for n, s in sources.items()}
+        return order, {n: ensemble_dependencies(sources[n].path, config_name) or [] for n in order}
 
     def _read(self, source: ModelSource, override: Any) -> ModelSpec:
         """Runs on the job pool: the spec of one model (mirroring a remote one first)."""
@@ -167,15 +170,14 @@ class ModelControl:
             wanted = set(sources) if "*" in asked else set(asked)
             for name in sorted(wanted - set(sources)):
                 log.error("failed to load '%s', failed to poll from model repository", name)
-        order = self.ensembles.load_order(sources, wanted)
+        order, deps = yield Job(lambda: self._order(sources, sorted(wanted)))
         yield Lock(frozenset(order))
-        deps = yield Job(lambda: self._dependencies({n: sources[n] for n in order}))
         yield from self._load_in_order(sources, order, deps)
         self.registry.startup_done = True
         self.registry.dirty = True
         if self.mode == "poll":
             self.poll_state.baseline(dict(self.fingerprints))
-            self._schedule_poll()
+            self._schedule_poll(0.0 if self.hangup_pending else None)
 
     def _explicit_load(self, name: str, override: Any, override_dir: str) -> Generator:
         try:
@@ -183,9 +185,8 @@ class ModelControl:
             self.registry.set_names(sorted(sources))
             if name not in sources:
                 raise TritonError(Code.INTERNAL, f"failed to load '{name}', failed to poll from model repository")
-            order = self.ensembles.load_order(sources, [name])
+            order, deps = yield Job(lambda: self._order(sources, [name]))
             yield Lock(frozenset(order))
-            deps = yield Job(lambda: self._dependencies({n: sources[n] for n in order}))
             if override_dir:
                 sources = dict(sources)
                 sources[name] = ModelSource(name, override_dir, os.path.dirname(override_dir))
@@ -229,7 +230,11 @@ class ModelControl:
         if (not force and before is not None and not before.overridden and old and fp is not None
                 and fp == before.fingerprint and all(mv.state == READY for mv in old.values())):
             return []
-        spec = yield Job(lambda: self._read(source, override))
+        try:
+            spec = yield Job(lambda: self._read(source, override))
+        except (OSError, ValueError, RemoteError) as e:     # what load_spec does not turn into an error itself
+            log.exception("reading model '%s' failed", name)
+            spec = ModelSpec(name, source.path, None, [], f"cannot read the model: {e}")
         for line in spec.advice:
             log.warning(line)
         if spec.error:
@@ -375,9 +380,8 @@ class ModelControl:
             self.registry.set_names(sorted(n for n in self.registry.names if n != name))
             self.registry.dirty = True
             return None
-        order = self.ensembles.load_order(sources, [name])
+        order, deps = yield Job(lambda: self._order(sources, [name]))
         yield Lock(frozenset(order))
-        deps = yield Job(lambda: self._dependencies({n: sources[n] for n in order}))
         errors = yield from self._load_in_order(sources, order, deps, name)
         return errors
 

@@ -265,7 +265,7 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--every", type=float, default=3.0, help="seconds between reloads")
     p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--trials", type=int, default=5, help="loads per model for the first-request figures")
+    p.add_argument("--trials", type=int, default=10, help="loads per model for the first-request figures")
     args = p.parse_args()
     kinds = ["tritond"] + (["triton"] if args.triton_dir else [])
     tmp = Path(tempfile.mkdtemp(prefix="bench-reload-"))

@@ -13,7 +13,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer
+from conftest import TritondServer, http_get
 from fault_models import add_fault_model
 from lifecycle_util import infer, model_ready, wait_for
 
@@ -77,6 +77,10 @@ def test_every_sample_runs_before_the_model_is_ready_and_is_not_counted(server, 
     infer(client, "warm")
     stats = client.get_inference_statistics("warm")["model_stats"][0]
     assert (stats["execution_count"], stats["inference_count"]) == (1, 1)
+    status, body = http_get(f"http://127.0.0.1:{server.metrics_port}/metrics")
+    (line,) = [ln for ln in body.decode().splitlines() if ln.startswith('nv_model_load_duration_secs{model="warm"')]
+    assert status == 200 and float(line.split()[-1]) > 0
+    assert "loaded model 'warm' version 1 in " in server.log
 
 
 def test_a_failing_sample_fails_the_load_with_its_name(client):
