@@ -13,7 +13,8 @@ backend, explicit model control) with the same repository, model and procedure.
      300 ms (a cold start: lazy init, JIT, allocator), loaded without and with a
      `model_warmup` sample; the latency of the first request after the load returned
      against the median of the next 30 (steady state), medians over --trials loads. Goal:
-     within 1.5x with warmup.
+     within 1.5x with warmup. For scale, the same model's request after 1 s without traffic
+     (the idle reference): a request that wakes an idle server costs more anyway.
 
   python perf/bench_reload.py                                  # tritond only
   python perf/bench_reload.py --triton-dir /tmp/anchors        # and Triton 2.51 (run_anchors.sh's ANCHORS_DIR)
@@ -206,31 +207,33 @@ def under_load(http: str, repo: Path, args: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------------- 2. first request after a load
 
-def first_request(http: str, trials: int) -> dict[str, tuple[float, float]]:
-    """Per model, over `trials` loads: the median first-request latency and the median of the
-    steady-state medians."""
+def first_request(http: str, trials: int) -> dict[str, tuple[float, float, float]]:
+    """Per model, medians over `trials` loads of: the first request after the load returned,
+    the steady state (median of the next 30), and an idle reference: the same, now warm,
+    model's request after 1 s without traffic (what waking an idle server costs anyway)."""
     import tritonclient.http as httpclient
 
     client = httpclient.InferenceServerClient(http, network_timeout=120)
     inp = httpclient.InferInput("INPUT0", [1, 16], "FP32")
     inp.set_data_from_numpy(np.ones((1, 16), np.float32))
+
+    def timed(model: str) -> float:
+        t0 = time.perf_counter()
+        client.infer(model, [inp])
+        return (time.perf_counter() - t0) * 1e3
+
     out = {}
     for model in ("cold", "warmed"):
-        firsts, steadies = [], []
+        firsts, steadies, idles = [], [], []
         for _ in range(trials):
             client.unload_model(model)
             time.sleep(1.0)
             client.load_model(model)
-            t0 = time.perf_counter()
-            client.infer(model, [inp])
-            firsts.append((time.perf_counter() - t0) * 1e3)
-            steady = []
-            for _ in range(30):
-                t0 = time.perf_counter()
-                client.infer(model, [inp])
-                steady.append((time.perf_counter() - t0) * 1e3)
-            steadies.append(statistics.median(steady))
-        out[model] = (statistics.median(firsts), statistics.median(steadies))
+            firsts.append(timed(model))
+            steadies.append(statistics.median(timed(model) for _ in range(30)))
+            time.sleep(1.0)
+            idles.append(timed(model))
+        out[model] = (statistics.median(firsts), statistics.median(steadies), statistics.median(idles))
     client.close()
     return out
 
@@ -282,12 +285,13 @@ def main() -> None:
         if load["errors"]:
             print(f"\n{kind} errors, first {len(load['errors'])}: {load['errors']}")
     print(f"\nFirst request after a load (a {COLD_MS} ms cold start in the model's first execution)\n")
-    print(f"| server | model | first request ms (median of {args.trials}) | steady median ms | first / steady |")
-    print("|---|---|---:|---:|---:|")
+    print("| server | model | first request ms | steady ms | idle reference ms | first / steady | first / idle |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for kind, (_, first) in results.items():
-        for model, (f, s) in first.items():
+        for model, (f, st, idle) in first.items():
             label = "with model_warmup" if model == "warmed" else "without warmup"
-            print(f"| {kind} | {label} | {f:.2f} | {s:.2f} | {f / s:.2f} |")
+            print(f"| {kind} | {label} | {f:.2f} | {st:.2f} | {idle:.2f} | {f / st:.2f} | {f / idle:.2f} |")
+    print(f"\n(medians over {args.trials} loads; idle reference: the warm model's request after 1 s without traffic)")
     shutil.rmtree(tmp, ignore_errors=True)
 
 

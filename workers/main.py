@@ -9,6 +9,7 @@ and the broker restarts it.
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import os
@@ -174,6 +175,10 @@ class Worker:
             stop.set()
             self.close()
             return 1
+        # What loading allocated (framework modules, weights) is never garbage: keep it out of
+        # the collector's way, so no collection pass over it lands on a request.
+        gc.collect()
+        gc.freeze()
         self.send(P.WorkerUp(P.PROTOCOL_VERSION, os.getpid(), completed))
         try:
             self.serve(backend)

@@ -359,3 +359,13 @@ def test_too_few_resources_fail_the_load_with_tritons_text(tmp_path):
     h = Harness(tmp_path, rate_limit="execution_count", rate_limit_resources=["R:2"]).load("*")
     assert table(h, "a")[1].reason == ('Resource count for "R" is limited to 2 which will prevent scheduling of '
                                        'one or more model instances, the minimum required count is 4')
+
+
+def test_explicit_mode_loads_what_load_model_names_at_startup(tmp_path):
+    python_model(tmp_path, "a", ["X"], ["Y"])
+    python_model(tmp_path, "b", ["X"], ["Y"])
+    assert Harness(tmp_path, model_control_mode="explicit").load("*").broker.registry.models == {}
+    h = Harness(tmp_path, model_control_mode="explicit", load_models=["b"]).load("*")
+    assert list(h.broker.registry.models) == ["b"]
+    h = Harness(tmp_path, model_control_mode="explicit", load_models=["*"]).load("*")
+    assert sorted(h.broker.registry.models) == ["a", "b"] and h.broker.registry.startup_done
