@@ -69,13 +69,19 @@ class ModelControl:
         self.hangup_pending = False
         self.fingerprints: dict[str, Fingerprint] = {}   # as the last load of each model saw it
         self.publish: Callable[[], None] = lambda: None   # sends the table when it changed
+        self.fatal: Callable[[], None] = lambda: None     # the broker cannot go on
         lifecycle.on_settle = self.runner.tick
         retirement.on_retired = self._retired
 
     # ---------------------------------------------------------------- entry points
 
     def startup(self) -> None:
-        self.runner.start(self._startup())
+        self.runner.start(self._startup(), self._started)
+
+    def _started(self, result: Any = None, error: TritonError | None = None) -> None:
+        if error is not None:       # the repository itself could not be read
+            log.error("cannot load the model repository: %s", error.message)
+            self.fatal()
 
     def load(self, op: LoadModel, answer: Answer) -> None:
         """An explicit load; answered once the load settles."""
@@ -162,7 +168,10 @@ class ModelControl:
     # ---------------------------------------------------------------- operations
 
     def _startup(self) -> Generator:
-        sources = yield Job(self._scan)
+        try:
+            sources = yield Job(self._scan)
+        except (OSError, RemoteError) as e:
+            raise TritonError(Code.INTERNAL, str(e)) from None
         self.registry.set_names(sorted(sources))
         wanted = set(sources)
         if self.mode == "explicit":
@@ -181,10 +190,15 @@ class ModelControl:
 
     def _explicit_load(self, name: str, override: Any, override_dir: str) -> Generator:
         try:
-            sources = yield Job(self._scan)
+            unpolled = TritonError(Code.INTERNAL, f"failed to load '{name}', failed to poll from model repository")
+            try:
+                sources = yield Job(self._scan)
+            except (OSError, RemoteError) as e:
+                log.error("load '%s': cannot scan the model repository: %s", name, e)
+                raise unpolled from None
             self.registry.set_names(sorted(sources))
             if name not in sources:
-                raise TritonError(Code.INTERNAL, f"failed to load '{name}', failed to poll from model repository")
+                raise unpolled
             order, deps = yield Job(lambda: self._order(sources, [name]))
             yield Lock(frozenset(order))
             if override_dir:

@@ -71,6 +71,7 @@ class Broker:
         self.own_prefix = f"/{PREFIX}{self.server_id}."
         self.boot = os.getpid()
         self.running = True
+        self.exit_code = 0
         self.frontends: set[bytes] = set()
         self.next_ping = 0.0
         self.next_check = 0.0
@@ -98,6 +99,7 @@ class Broker:
                                        self.lifecycle, self.requests, self.announce_gone)
         self.drain = Drain(float(opts.get("exit_timeout_secs", 30)))
         self.model_ops.publish = self.publish_if_changed
+        self.model_ops.fatal = self.fail
         self.control = ControlHandler(opts, self.registry, self.model_ops, self.ensembles, self.regions,
                                       self.drain, Settings(int(opts.get("log_verbose", 0))),
                                       self.begin_drain, self.stop)
@@ -238,6 +240,11 @@ class Broker:
         self.running = False
         self.supervision.shutting_down = True
 
+    def fail(self) -> None:
+        """Stop with a non-zero exit: the broker cannot serve (its repository is unreadable)."""
+        self.exit_code = 1
+        self.stop()
+
     # ------------------------------------------------------------------ timers
 
     def timers(self) -> float:
@@ -327,7 +334,7 @@ class Broker:
                 self.publish_table()
         self.jobs.close()
         self.shutdown_workers()
-        return 0
+        return self.exit_code
 
     def shutdown_workers(self) -> None:
         """Stop every worker: a busy one is killed at once (its requests were answered when
