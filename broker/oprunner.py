@@ -244,7 +244,7 @@ class OpRunner:
 
     def tick(self) -> None:
         """Resume tasks whose wait is over, oldest first."""
-        progressed = True
+        progressed = bool(self.waiting)
         while progressed:
             progressed = False
             for task in sorted(self.waiting, key=lambda t: t.seq):

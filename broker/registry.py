@@ -32,12 +32,14 @@ class ModelRegistry:
         for versions in self.models.values():
             yield from versions.values()
 
-    def all_versions(self) -> list[ModelVersion]:
-        """Every version with workers to watch: in the table, staged by a reload, or retiring."""
-        seen: dict[int, ModelVersion] = {id(mv): mv for mv in self.versions()}
-        for mv in self.loading + self.retiring:
-            seen.setdefault(id(mv), mv)
-        return list(seen.values())
+    def all_versions(self) -> Iterator[ModelVersion]:
+        """Every version with workers to watch: in the table, staged by a reload, or retiring
+        (an unloaded version stays in the table while it retires: it is yielded once)."""
+        yield from self.versions()
+        yield from self.loading
+        for mv in self.retiring:
+            if self.models.get(mv.name, {}).get(mv.version) is not mv:
+                yield mv
 
     def set_names(self, names: list[str]) -> None:
         if names != self.names:

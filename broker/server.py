@@ -277,7 +277,7 @@ class Broker:
         idle = not self.inflight and self.registry.idle()
         cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.get("supervisor_pid"))
         if cancel:
-            self.requests.cancel_all(self.registry.all_versions(),
+            self.requests.cancel_all(list(self.registry.all_versions()),
                                      unavailable("Server is shutting down: the exit timeout expired"))
         if stop:
             self.stop()

@@ -107,7 +107,7 @@ class Supervision:
     def check(self, now: float, judge_silence: bool) -> None:
         """Restart instances whose backoff ended; kill hung, overrunning or stuck workers
         (the pidfd then reports the death and `on_exit` takes over)."""
-        for mv in self.registry.all_versions():
+        for mv in list(self.registry.all_versions()):
             for inst in mv.instances:
                 if inst.state is InstanceState.RESTARTING:
                     if now >= inst.restart_at and not self.shutting_down and not mv.unloaded:

@@ -60,7 +60,7 @@ def stopped(h: Harness) -> list[str]:
 
 def exit_stopped(h: Harness) -> None:
     """Workers that were told to stop exit."""
-    for mv in h.broker.registry.all_versions():
+    for mv in list(h.broker.registry.all_versions()):
         for inst in mv.instances:
             if inst.state is InstanceState.STOPPING and h.pool.alive(inst):
                 h.die(inst, 0)
