@@ -2,17 +2,15 @@
 statistics, client shared-memory regions, log/trace settings, drain and stop.
 
 One method per control operation struct; each returns the result or raises TritonError.
-A load and a drain are answered later (when the load settles, when the drain ends)."""
+A load, an unload and a drain are answered later (model_ops.py runs loads and unloads; a
+drain is answered when it ends)."""
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from tritond.repository.devices import gpu_count
-from tritond.repository.layout import validate_model_name
-from tritond.repository.render import config_from_json
 from tritond.shm.regions import CUDA, CUDA_HANDLE_BYTES, SYSTEM
 from tritond.wire.errors import Code, TritonError, invalid
 from tritond.wire import schema as S
@@ -20,14 +18,13 @@ from tritond.wire import schema as S
 from .client_regions import ClientRegions
 from .drain import Drain
 from .ensembles import Ensembles
-from .lifecycle import Lifecycle
-from .models import LOADING, READY
+from .model_ops import ModelControl
+from .models import READY
 from .registry import ModelRegistry
 from .settings import Settings
 
 log = logging.getLogger("tritond.broker")
 
-NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
 Answer = Callable[..., None]    # answer(result) or answer(error=TritonError)
 
 
@@ -39,14 +36,13 @@ DEFERRED = _Deferred()
 
 
 class ControlHandler:
-    def __init__(self, opts: dict[str, Any], registry: ModelRegistry, lifecycle: Lifecycle,
+    def __init__(self, opts: dict[str, Any], registry: ModelRegistry, model_ops: ModelControl,
                  ensembles: Ensembles, regions: ClientRegions, drain: Drain, settings: Settings,
                  begin_drain: Callable[[], None], stop: Callable[[], None],
                  snapshot: Callable[[], dict] = dict) -> None:
-        self.explicit = opts.get("model_control_mode", "none") == "explicit"
         self.allow_client_shm = bool(opts.get("allow_client_shm", False))
         self.registry = registry
-        self.lifecycle = lifecycle
+        self.model_ops = model_ops
         self.ensembles = ensembles
         self.regions = regions
         self.drain = drain
@@ -54,7 +50,6 @@ class ControlHandler:
         self._begin_drain = begin_drain
         self._stop = stop
         self._snapshot = snapshot
-        self.waiting_loads: list[tuple[Answer, str]] = []
         self._ops: dict[type, Callable[[S.ControlOp, Answer], Any]] = {
             S.RepositoryIndex: self.index, S.LoadModel: self.load, S.UnloadModel: self.unload,
             S.Statistics: self.stats, S.ModelMetrics: self.metrics,
@@ -78,25 +73,6 @@ class ControlHandler:
         if result is not DEFERRED:
             answer(result)
 
-    def tick(self) -> None:
-        """Answer loads that have settled."""
-        if not self.waiting_loads:
-            return
-        still = []
-        for answer, name in self.waiting_loads:
-            versions = self.registry.get(name)
-            if any(mv.state == LOADING for mv in versions.values()):
-                still.append((answer, name))
-                continue
-            failed = [mv for mv in versions.values() if mv.state != READY]
-            if failed:
-                answer(error=invalid("".join(
-                    f"load failed for model '{name}': version {mv.version} is at UNAVAILABLE state: {mv.reason};\n"
-                    for mv in failed)))
-            else:
-                answer({})
-        self.waiting_loads = still
-
     # ---------------------------------------------------------------- repository
 
     def index(self, op: S.RepositoryIndex, answer: Answer) -> list[dict]:
@@ -111,44 +87,19 @@ class ControlHandler:
                 if op.ready and mv.state != READY:
                     continue
                 entry = {"name": name, "version": str(v) if v > 0 else "", "state": mv.state.value}
-                if mv.reason:
-                    entry["reason"] = mv.reason
+                reason = mv.reason or (mv.reload_error if mv.state == READY else "")
+                if reason:
+                    entry["reason"] = reason
                 out.append(entry)
         return out
 
     def load(self, op: S.LoadModel, answer: Answer) -> Any:
-        if not self.explicit:
-            raise TritonError(Code.UNAVAILABLE, NOT_EXPLICIT)
-        bad_name = validate_model_name(op.name)
-        if bad_name:
-            raise invalid(bad_name)
-        if op.files:
-            if op.config is None:
-                raise invalid("Load parameter 'config' must be specified for model file override")
-            raise TritonError(Code.UNSUPPORTED, "model file overrides ('file:' load parameters) are not supported")
-        override = None
-        if op.config is not None:
-            try:
-                override = config_from_json(json.loads(op.config))
-            except (ValueError, TypeError) as e:
-                raise invalid(f"failed to parse the 'config' load parameter: {e}") from None
-        sources = self.lifecycle.scan()
-        if op.name not in sources:
-            raise TritonError(Code.INTERNAL, f"failed to load '{op.name}', failed to poll from model repository")
-        versions = self.registry.get(op.name)
-        if override is None and versions and all(mv.state == READY for mv in versions.values()):
-            return {}
-        self.lifecycle.load_with_dependencies(sources, op.name, override)
-        self.waiting_loads.append((answer, op.name))
+        self.model_ops.load(op, answer)
         return DEFERRED
 
-    def unload(self, op: S.UnloadModel, answer: Answer) -> dict:
-        if not self.explicit:
-            raise TritonError(Code.UNAVAILABLE, NOT_EXPLICIT)
-        dependents = self.ensembles.dependencies(op.name) if op.unload_dependents else []
-        for name in [op.name, *dependents]:
-            self.lifecycle.unload(name)
-        return {}
+    def unload(self, op: S.UnloadModel, answer: Answer) -> Any:
+        self.model_ops.unload(op, answer)
+        return DEFERRED
 
     # ---------------------------------------------------------------- statistics
 

@@ -1,6 +1,6 @@
-"""Loading and unloading models: read a model's spec from the repository, create its versions
-and instances, start their workers, and derive each version's state from its instances
-(LOADING until every instance is up, READY while one serves, UNAVAILABLE with the reason)."""
+"""A model version's instances and state: create them, start their workers, and derive the
+version's state from its instances (LOADING until every instance is up and warm, READY while
+one serves, UNAVAILABLE with the reason). Which versions load when is model_ops.py's."""
 from __future__ import annotations
 
 import logging
@@ -10,9 +10,7 @@ from typing import Any
 
 import msgspec
 
-from tritond.repository.catalog import load_spec
 from tritond.repository.errors import ConfigError
-from tritond.repository.layout import ModelSource, scan
 from tritond.repository.normalize import normalize_config
 from tritond.repository.parameters import config_parameter
 from tritond.repository.render import config_from_json, config_to_json
@@ -22,7 +20,6 @@ from tritond.wire.errors import unavailable
 from tritond.wire.schema import PROTOCOL_VERSION, LogConfig, WorkerSpec, WorkerUp
 
 from .clock import Clock
-from .ensembles import Ensembles
 from .instances import InstanceTable
 from .models import LOADING, READY, UNAVAILABLE, ModelVersion
 from .pool import Instance, InstanceState, WorkerProcesses
@@ -35,84 +32,21 @@ log = logging.getLogger("tritond.broker")
 
 class Lifecycle:
     def __init__(self, opts: dict[str, Any], registry: ModelRegistry, instances: InstanceTable,
-                 pool: WorkerProcesses, requests: RequestPath, ensembles: Ensembles,
-                 send_stop: Callable[[Instance], None], clock: Clock) -> None:
+                 pool: WorkerProcesses, requests: RequestPath, clock: Clock) -> None:
         self.opts = opts
         self.registry = registry
         self.instances = instances
         self.pool = pool
         self.requests = requests
-        self.ensembles = ensembles
-        self._send_stop = send_stop
         self.clock = clock
         self.workers_endpoint = Addresses(opts["run_dir"]).workers
+        self.on_settle: Callable[[], None] = lambda: None   # a version left LOADING
 
-    # ---------------------------------------------------------------- loading
-
-    def scan(self) -> dict[str, ModelSource]:
-        sources = scan(self.opts["model_repositories"])
-        self.registry.set_names(sorted(sources))
-        return sources
-
-    def startup_models(self, names: list[str]) -> set[str]:
-        if self.opts.get("model_control_mode", "none") != "explicit":
-            return set(names)
-        wanted = list(self.opts.get("load_models") or [])
-        return set(names) if "*" in wanted else set(wanted)
-
-    def load_all(self) -> None:
-        sources = self.scan()
-        wanted = self.startup_models(self.registry.names)
-        for name in self.ensembles.load_order(sources, wanted):
-            self.load_model(sources[name])
-        self.registry.check_startup()
-
-    def load_with_dependencies(self, sources: dict[str, ModelSource], name: str, override: Any = None) -> None:
-        """Explicit mode: loading an ensemble first loads what it composes that is not loaded."""
-        for dep in self.ensembles.load_order(sources, [name]):
-            versions = self.registry.get(dep)
-            if dep == name or any(mv.state in (READY, LOADING) for mv in versions.values()):
-                continue
-            if versions:
-                self.unload(dep)
-            self.load_model(sources[dep])
-        if self.registry.get(name):
-            self.unload(name)
-        self.load_model(sources[name], override)
-
-    def load_model(self, source: ModelSource, override: Any = None) -> None:
-        """Load every selected version of a model; `override` (a ModelConfig) replaces its
-        config.pbtxt for this load, as a repository load request's `config` parameter does."""
-        spec = load_spec(
-            source,
-            autocomplete=not self.opts.get("disable_auto_complete", False),
-            default_max_batch_size=self.opts.get("default_max_batch_size", 4),
-            config_name=self.opts.get("model_config_name", ""),
-            override=override,
-        )
-        self.registry.specs[spec.name] = spec
-        for line in spec.advice:
-            log.warning(line)
-        if spec.error:
-            log.error("failed to load '%s': %s", spec.name, spec.error)
-            self.registry.replace(spec.name, {
-                v: ModelVersion(spec.name, v, spec.path, "", None, UNAVAILABLE, spec.error)
-                for v in spec.versions or [0]})
-            return
-        config = config_to_json(spec.config)
-        versions: dict[int, ModelVersion] = {}
-        for v in spec.versions:
-            if config.get("platform") == "ensemble":
-                versions[v] = self.ensembles.setup(spec, v, config)
-            else:
-                versions[v] = self._version(spec.name, v, spec.path, config)
-        self.registry.replace(spec.name, versions)
-        for mv in versions.values():
-            for inst in mv.instances:
-                self.start_instance(mv, inst)
+    # ---------------------------------------------------------------- versions and instances
 
     @staticmethod
-    def _version(name: str, version: int, path: str, config: dict[str, Any]) -> ModelVersion:
+    def new_version(name: str, version: int, path: str, config: dict[str, Any]) -> ModelVersion:
+        """A version and its instances (Triton's instance groups), nothing started yet."""
         mv = ModelVersion(name, version, path, os.path.dirname(path), config)
         index = 0
         for g, group in enumerate(config.get("instance_group") or []):
@@ -121,7 +55,8 @@ class Lifecycle:
             devices = [int(d) for d in group.get("gpus") or [0]] if kind == "GPU" else [0]
             label = group.get("name") or f"{name}_{g}"
             for i, device in enumerate(d for d in devices for _ in range(int(group.get("count", 1)))):
-                mv.instances.append(Instance(name, version, index, f"{label}_{i}", kind=kind, device_id=device))
+                mv.instances.append(Instance(name, version, index, f"{label}_{i}", kind=kind, device_id=device,
+                                             group=g))
                 index += 1
         return mv
 
@@ -174,6 +109,8 @@ class Lifecycle:
             if err:
                 self.fail_load(mv, err)
                 return
+        if inst.state is InstanceState.STOPPING:
+            return          # its version retired while it loaded: it gets no work
         inst.state = InstanceState.READY
         inst.idle_since = self.clock.now()
         if inst.restarts:
@@ -207,8 +144,10 @@ class Lifecycle:
                 return
             if len(serving) == len(mv.instances):
                 mv.scheduler = Scheduler(BatchPolicy.from_view(mv.view))
+                mv.load_duration = self.clock.now() - mv.load_started if mv.load_started else 0.0
+                log.info("loaded model '%s' version %d in %.3f s", mv.name, mv.version, mv.load_duration)
                 self.registry.set_state(mv, READY)
-                self.registry.check_startup()
+                self.on_settle()
             return
         reasons = "; ".join(sorted({i.last_error for i in mv.instances if i.last_error}))
         restarting = not serving and not all(i.state is InstanceState.FAILED for i in mv.instances)
@@ -229,13 +168,4 @@ class Lifecycle:
             inst.state = InstanceState.FAILED
             self.pool.kill(inst)
         self.registry.set_state(mv, UNAVAILABLE, reason)
-        self.registry.check_startup()
-
-    def unload(self, name: str) -> None:
-        for mv in self.registry.get(name).values():
-            self.requests.fail_queued(mv, unavailable(f"model '{name}' is being unloaded"))
-            for inst in mv.instances:
-                if self.pool.alive(inst):
-                    inst.state = InstanceState.STOPPING
-                    self._send_stop(inst)
-            self.registry.mark_unloaded(mv)
+        self.on_settle()

@@ -22,8 +22,10 @@ def main(argv: list[str]) -> int:
     os.set_blocking(sig_w, False)
     signal.set_wakeup_fd(sig_w)
     signal.signal(signal.SIGTERM, lambda *_: None)     # the wakeup fd carries it to the loop
+    signal.signal(signal.SIGHUP, lambda *_: None)      # so does a SIGHUP (rescan in poll mode)
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor turns ^C into a drain
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)      # log reopening comes by message
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})   # started blocked (supervisor.py)
     sockets = BrokerSockets(opts["run_dir"])
     try:
         code = Broker(opts, sockets).run(sig_r)

@@ -142,7 +142,7 @@ def model_snapshot(mv: ModelVersion, quantiles: Iterable[float], cache_on: bool)
         "pending": len(mv.scheduler) if mv.scheduler else 0,
         "instances_ready": len(mv.serving()),
         "restarts": s.restarts,
-        "load_duration_s": getattr(mv, "load_duration_s", None),
+        "load_duration_s": round(mv.load_duration, 6) if mv.load_duration else None,
         "workers": [{"instance": i.name, "pid": i.pid} for i in mv.instances if i.pid and i.serving],
         "state": mv.state.value,
     }

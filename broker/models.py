@@ -18,6 +18,7 @@ from .stats import ModelStats
 LOADING = ModelState.LOADING
 READY = ModelState.READY
 UNAVAILABLE = ModelState.UNAVAILABLE
+UNLOADING = ModelState.UNLOADING
 
 
 @dataclass(eq=False)
@@ -40,6 +41,11 @@ class ModelVersion:
     dispatch_seq: int = 0            # preserve_ordering: next sequence number to hand out
     send_seq: int = 0                # preserve_ordering: next sequence number to answer
     held: dict[int, list] = field(default_factory=dict)
+    load_started: float = 0.0        # clock time its load began
+    load_duration: float = 0.0       # seconds from then until it was READY
+    reload_error: str = ""           # why a reload of this version failed while it kept serving
+    retiring: bool = False           # left service: drains, then its workers stop (retire.py)
+    retire_started: float = 0.0
 
     def __post_init__(self) -> None:
         self.stats = ModelStats(self.name, self.version)

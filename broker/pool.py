@@ -67,6 +67,7 @@ class Instance:
     name: str                      # e.g. "<model>_0_0" (Triton's instance naming)
     kind: str = "CPU"
     device_id: int = 0
+    group: int = 0                 # index of its instance group in the config
     generation: int = 0
     pid: int = 0
     pidfd: int = -1
@@ -125,7 +126,11 @@ class WorkerProcesses:
     def spawn(self, inst: Instance, spec: WorkerSpec, env: dict[str, str] | None) -> None:
         """Start the process of `inst`'s current generation (argv list, never a shell)."""
         argv = [sys.executable, "-m", "tritond.workers.main", msgspec.json.encode(spec).decode()]
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})   # workers ignore SIGHUP
+        try:
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self._procs[proc.pid] = proc
         inst.pid = proc.pid
         inst.pidfd = os.pidfd_open(proc.pid)

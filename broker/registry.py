@@ -9,7 +9,7 @@ from tritond.repository.spec import ModelSpec
 from tritond.wire.schema import ModelEntry, ModelState, Table
 from tritond.wire.versions import resolve
 
-from .models import LOADING, READY, UNAVAILABLE, ModelVersion
+from .models import READY, UNAVAILABLE, ModelVersion
 
 log = logging.getLogger("tritond.broker")
 
@@ -22,6 +22,8 @@ class ModelRegistry:
         self.epoch = 0
         self.dirty = True                          # the published table is out of date
         self.startup_done = False
+        self.loading: list[ModelVersion] = []      # staged by a reload, not in the table yet
+        self.retiring: list[ModelVersion] = []     # left service, draining (retire.py)
 
     def get(self, name: str) -> dict[int, ModelVersion]:
         return self.models.get(name) or {}
@@ -29,6 +31,15 @@ class ModelRegistry:
     def versions(self) -> Iterator[ModelVersion]:
         for versions in self.models.values():
             yield from versions.values()
+
+    def all_versions(self) -> Iterator[ModelVersion]:
+        """Every version with workers to watch: in the table, staged by a reload, or retiring
+        (an unloaded version stays in the table while it retires: it is yielded once)."""
+        yield from self.versions()
+        yield from self.loading
+        for mv in self.retiring:
+            if self.models.get(mv.name, {}).get(mv.version) is not mv:
+                yield mv
 
     def set_names(self, names: list[str]) -> None:
         if names != self.names:
@@ -50,24 +61,14 @@ class ModelRegistry:
         if mv.state != state or mv.reason != reason:
             mv.state, mv.reason = state, reason
             self.dirty = True
-            if state == UNAVAILABLE and reason:
+            if state == UNAVAILABLE and reason and not mv.unloaded:
                 log.error("model '%s' version %d is UNAVAILABLE: %s", mv.name, mv.version, reason)
             elif state == READY:
                 log.info("model '%s' version %d is READY", mv.name, mv.version)
 
-    def mark_unloaded(self, mv: ModelVersion) -> None:
-        mv.unloaded = True
-        mv.restarting = False
-        self.set_state(mv, UNAVAILABLE, "unloaded")
-
-    def check_startup(self) -> None:
-        if not self.startup_done and all(mv.state != LOADING for mv in self.versions()):
-            self.startup_done = True
-            self.dirty = True
-
     def idle(self) -> bool:
         """No request queued anywhere."""
-        return all(mv.scheduler is None or not len(mv.scheduler) for mv in self.versions())
+        return all(mv.scheduler is None or not len(mv.scheduler) for mv in self.all_versions())
 
     # ---------------------------------------------------------------- the published table
 

@@ -16,6 +16,7 @@ from .clock import Clock
 from .inflight import InflightTable, ReplyTo, Req
 from .models import ModelVersion
 from .pool import Instance, InstanceState
+from .rate_limiter import RateLimiter
 from .scheduler import Pending
 
 log = logging.getLogger("tritond.broker")
@@ -57,6 +58,7 @@ class RequestPath:
         self.regions = regions
         self._send_exec = send_exec
         self.clock = clock
+        self.limiter: RateLimiter | None = None     # --rate-limit=execution_count
 
     # ---------------------------------------------------------------- admission
 
@@ -99,6 +101,8 @@ class RequestPath:
             return
         while len(sched):
             free = mv.free_instances()
+            if self.limiter is not None and free:
+                free = self.limiter.grantable(mv, free)
             if not free:
                 return
             now = self.clock.now_ns()
@@ -118,6 +122,8 @@ class RequestPath:
                 r.order = mv.dispatch_seq
                 mv.dispatch_seq += 1
         bid = self.inflight.add(reqs)
+        if self.limiter is not None:
+            self.limiter.acquire(inst, bid)
         exec_msg = Exec(bid, [
             ExecRequest(r.msg.inputs, r.msg.outputs, r.msg.id, r.msg.params,
                         r.msg.correlation_id, r.msg.flags, r.msg.timeout_us)
@@ -134,6 +140,8 @@ class RequestPath:
         reqs = self.inflight.pop(msg.bid)
         inst.batch = None
         if not reqs:
+            if self.limiter is not None:
+                self.limiter.release(msg.bid)
             return
         inst.served = True
         if inst.state is InstanceState.BUSY:    # a worker being killed or stopped gets no more work
@@ -152,7 +160,15 @@ class RequestPath:
                 req.trace.compute(req.dispatch_ns, msg)
             self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, inst.identity),
                         res.error is None, times, "BACKEND")
-        self.dispatch(mv)
+        self.released(msg.bid, mv)
+
+    def released(self, bid: int, mv: ModelVersion) -> None:
+        """A batch ended: offer its instance (and the resources it held) to what waits."""
+        if self.limiter is None or not self.limiter.release(bid):
+            self.dispatch(mv)
+            return
+        for waiting in self.limiter.woken(mv):
+            self.dispatch(waiting)
 
     def finish(self, req: Req, reply: InferReply, ok: bool, times: tuple[int, int, int] = (0, 0, 0),
                reason: str = "OTHER") -> None:
@@ -206,6 +222,10 @@ class RequestPath:
         """Answer the requests of a batch whose worker died; an idempotent model's requests go
         back to the head of the queue once. Returns (failed, retried)."""
         reqs = self.inflight.pop(bid)
+        if self.limiter is not None and self.limiter.release(bid):
+            for waiting in self.limiter.woken(mv):
+                if waiting is not mv:
+                    self.dispatch(waiting)
         retried = 0
         for r in reqs:
             if may_retry and mv.view.idempotent and not r.retried and mv.scheduler is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 from typing import Any, Protocol
 
 import zmq
@@ -35,11 +36,15 @@ from .ensembles import Ensembles
 from .frontend_leases import FrontendLeases
 from .inflight import InflightTable, ReplyTo, Req
 from .instances import InstanceTable
+from .jobs import Jobs
 from .lifecycle import Lifecycle
 from .metrics import latency_factory, snapshot
+from .model_ops import ModelControl
 from .pool import Instance, InstanceState, WorkerProcesses
+from .rate_limiter import RateLimiter, parse_resources
 from .registry import ModelRegistry
 from .requests import RequestPath, untrusted
+from .retire import DEFAULT_TIMEOUT_S, Retirement
 from .settings import Settings
 from .sockets import BrokerSockets
 from .supervision import Supervision
@@ -62,15 +67,17 @@ class Sockets(Protocol):
 
 class Broker:
     def __init__(self, opts: dict[str, Any], sockets: Sockets, pool: WorkerProcesses | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, jobs: Jobs | None = None) -> None:
         self.opts = opts
         self.sockets = sockets
         self.clock = clock or Clock()
         self.pool = pool or WorkerProcesses()
+        self.jobs = jobs or Jobs(int(opts.get("model_load_thread_count", 4) or 4))
         self.server_id: str = opts["server_id"]
         self.own_prefix = f"/{PREFIX}{self.server_id}."
         self.boot = os.getpid()
         self.running = True
+        self.exit_code = 0
         self.frontends: set[bytes] = set()
         self.frontend_leases = FrontendLeases()
         self.next_ping = 0.0
@@ -88,15 +95,24 @@ class Broker:
         self.requests = RequestPath(self.inflight, self.regions, self.send_exec, self.clock)
         self.cache = ResponseCache(int(opts.get("cache_size") or 0), self.server_id, self.registry, self.clock)
         self.tracer = Tracer(self.settings, self.clock, self.observe_changed)
+        if opts.get("rate_limit", "off") == "execution_count":
+            self.requests.limiter = RateLimiter(parse_resources(opts.get("rate_limit_resources") or []))
+        elif opts.get("rate_limit_resources"):
+            log.warning("--rate-limit-resource is ignored with --rate-limit=off (as tritonserver ignores it)")
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
                                    self.clock, opts.get("model_config_name", ""))
         self.bls = BlsCalls(self.registry, self.instances, self.reply_worker, self.route_release)
-        self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests,
-                                   self.ensembles, self.send_stop, self.clock)
+        self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests, self.clock)
+        self.retirement = Retirement(self.registry, self.requests, self.pool, self.send_stop, self.clock,
+                                     float(opts.get("model_unload_timeout_secs", DEFAULT_TIMEOUT_S)))
+        self.model_ops = ModelControl(opts, self.registry, self.lifecycle, self.ensembles, self.retirement,
+                                      self.jobs, self.clock, self.requests.limiter)
         self.supervision = Supervision(self.server_id, self.registry, self.instances, self.pool,
-                                       self.lifecycle, self.requests, self.announce_gone, self.publish_changes)
+                                       self.lifecycle, self.requests, self.announce_gone, self.publish_if_changed)
         self.drain = Drain(float(opts.get("exit_timeout_secs", 30)))
-        self.control = ControlHandler(opts, self.registry, self.lifecycle, self.ensembles, self.regions,
+        self.model_ops.publish = self.publish_if_changed
+        self.model_ops.fatal = self.fail
+        self.control = ControlHandler(opts, self.registry, self.model_ops, self.ensembles, self.regions,
                                       self.drain, self.settings, self.begin_drain, self.stop,
                                       snapshot=lambda: snapshot(self))
 
@@ -164,7 +180,7 @@ class Broker:
         self.to_frontends(msg)
         self.to_workers(msg)
 
-    def publish_changes(self) -> None:
+    def publish_if_changed(self) -> None:
         if self.registry.dirty:
             self.publish_table()
 
@@ -284,6 +300,11 @@ class Broker:
         self.running = False
         self.supervision.shutting_down = True
 
+    def fail(self) -> None:
+        """Stop with a non-zero exit: the broker cannot serve (its repository is unreadable)."""
+        self.exit_code = 1
+        self.stop()
+
     # ------------------------------------------------------------------ timers
 
     def timers(self) -> float:
@@ -291,7 +312,7 @@ class Broker:
         now = self.clock.now()
         now_ns = self.clock.now_ns()
         next_s = 1.0
-        for mv in self.registry.versions():
+        for mv in self.registry.all_versions():
             sched = mv.scheduler
             if sched is None or not len(sched):
                 continue
@@ -313,12 +334,12 @@ class Broker:
         if now >= self.next_ping:
             self.next_ping = now + PING_INTERVAL_S
             self.to_frontends(S.Ping(self.boot))
-        self.control.tick()
+        self.model_ops.tick(now)
         self.tracer.tick(now_ns)
         idle = not self.inflight and self.registry.idle()
         cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.get("supervisor_pid"))
         if cancel:
-            self.requests.cancel_all(list(self.registry.versions()),
+            self.requests.cancel_all(list(self.registry.all_versions()),
                                      unavailable("Server is shutting down: the exit timeout expired"))
         if stop:
             self.stop()
@@ -326,16 +347,25 @@ class Broker:
 
     # ------------------------------------------------------------------ loop
 
+    def on_signals(self, numbers: bytes) -> None:
+        """Signals the wakeup fd carried: SIGTERM drains, then stops; SIGHUP rescans the
+        repository (poll mode)."""
+        if signal.SIGHUP in numbers:
+            self.model_ops.hangup()
+        if signal.SIGTERM in numbers:
+            self.begin_drain(then_stop=True)
+
     def run(self, signal_fd: int) -> int:
-        """Serve until stopped; `signal_fd` turns readable on SIGTERM (a graceful drain, then
-        stop). Needs the real sockets (BrokerSockets)."""
+        """Serve until stopped; `signal_fd` carries the numbers of the signals received.
+        Needs the real sockets (BrokerSockets)."""
         sockets = self.sockets
         assert isinstance(sockets, BrokerSockets)
         poller = zmq.Poller()
         poller.register(sockets.fe, zmq.POLLIN)
         poller.register(sockets.wk, zmq.POLLIN)
         poller.register(signal_fd, zmq.POLLIN)
-        self.lifecycle.load_all()
+        poller.register(self.jobs.fd, zmq.POLLIN)
+        self.model_ops.startup()
         registered: set[int] = set()
         while self.running:
             timeout = self.timers()
@@ -349,14 +379,15 @@ class Broker:
                 self.publish_table()
             events = dict(poller.poll(max(0, int(timeout * 1000))))
             if signal_fd in events:
-                os.read(signal_fd, 64)
-                self.begin_drain(then_stop=True)
+                self.on_signals(os.read(signal_fd, 64))
+            if self.jobs.fd in events:
+                self.jobs.collect()
             if sockets.wk in events:
                 sockets.drain(sockets.wk, self.on_worker_frame)
             if sockets.fe in events:
                 sockets.drain(sockets.fe, self.on_frontend_frame)
             for fd in events:
-                if not isinstance(fd, int) or fd == signal_fd:
+                if not isinstance(fd, int) or fd in (signal_fd, self.jobs.fd):
                     continue
                 inst = self.instances.by_pidfd(fd)
                 if inst is not None or fd in self.frontend_leases.pidfds():
@@ -368,11 +399,12 @@ class Broker:
                         self.on_frontend_exit(fd)
             if self.registry.dirty:
                 self.publish_table()
+        self.jobs.close()
         self.shutdown_workers()
         self.tracer.close()
         self.cache.close()
         self.frontend_leases.close()
-        return 0
+        return self.exit_code
 
     def shutdown_workers(self) -> None:
         """Stop every worker: a busy one is killed at once (its requests were answered when

@@ -106,16 +106,16 @@ class Supervision:
 
     def next_restart(self) -> float:
         """When the earliest instance waiting out its backoff may restart (inf: none waits)."""
-        return min((i.restart_at for mv in self.registry.versions() for i in mv.instances
+        return min((i.restart_at for mv in self.registry.all_versions() for i in mv.instances
                     if i.state is InstanceState.RESTARTING), default=float("inf"))
 
     def check(self, now: float, judge_silence: bool) -> None:
         """Restart instances whose backoff ended; kill hung, overrunning or stuck workers
         (the pidfd then reports the death and `on_exit` takes over)."""
-        for mv in list(self.registry.versions()):
+        for mv in list(self.registry.all_versions()):
             for inst in mv.instances:
                 if inst.state is InstanceState.RESTARTING:
-                    if now >= inst.restart_at and not self.shutting_down:
+                    if now >= inst.restart_at and not self.shutting_down and not mv.unloaded:
                         inst.restarts += 1
                         mv.stats.restarts += 1
                         self.lifecycle.start_instance(mv, inst)

@@ -15,6 +15,7 @@ import numpy as np
 
 from tritond.repository.datatypes import ELEMENT_SIZE, WIRE_TYPES, bytes_to_array, element_count, serialize_bytes
 from tritond.repository.layout import validate_model_name
+from tritond.repository.overrides import write_overrides
 from tritond.repository.remote import RemoteError, mirror_model
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
@@ -161,17 +162,30 @@ def count_bytes_elements(buf: bytes | memoryview, name: str, model: str, request
 
 class Dataplane:
     def __init__(self, client: BrokerClient, arena: Arena, maps: SegmentMaps,
-                 remote_repositories: list[str] | None = None, tracer: FrontendTracer | None = None) -> None:
+                 remote_repositories: list[str] | None = None, tracer: FrontendTracer | None = None,
+                 overrides: tuple[str, int] | None = None) -> None:
         self.client = client
         self.arena = arena
         self.maps = maps
         self.remote_repositories = remote_repositories or []
         self.tracer = tracer or FrontendTracer(client, None)
+        self.overrides = overrides      # (run directory, size limit) where file overrides may be written
 
-    async def load_model(self, op: S.LoadModel) -> None:
+    async def load_model(self, op: S.LoadModel, files: dict[str, bytes] | None = None) -> None:
         """Ask the broker to load a model. A model of a remote repository is mirrored here
         first, in a thread: the broker mirrors it again before loading and then finds every
-        file current, so its loop is not held up (and silent) for the download."""
+        file current, so its loop is not held up (and silent) for the download. `file:`
+        overrides are checked and written to a private directory here, off the broker's loop
+        and off the wire (the broker takes over the directory); outside explicit mode the
+        broker refuses the load without anything written."""
+        if files and self.overrides is not None:
+            if op.config is None:
+                raise invalid("Load parameter 'config' must be specified for model file override")
+            bad = validate_model_name(op.name)
+            if bad:
+                raise invalid(bad)
+            run_dir, limit = self.overrides
+            op.override_dir = await asyncio.to_thread(write_overrides, run_dir, op.name, files, limit)
         if validate_model_name(op.name) is None:
             for repo in self.remote_repositories:
                 try:

@@ -12,6 +12,7 @@ import signal
 from typing import AsyncIterator, Callable
 
 from tritond.process import die_with_parent, setup_logging
+from tritond.repository.overrides import DEFAULT_MAX_BYTES
 from tritond.repository.remote import is_remote
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
@@ -67,9 +68,11 @@ async def frontend_dataplane(opts: dict, kind: str, on_hangup: Callable[[], obje
     tracer = FrontendTracer(client, (opts.get("trace") or {}).get("otel"))
     try:
         # Only explicit mode loads after startup: elsewhere a load request must not fetch anything.
-        remote = [r for r in opts.get("model_repositories", []) if is_remote(r)] \
-            if opts.get("model_control_mode") == "explicit" else []
-        yield Dataplane(client, arena, maps, remote, tracer), stop, link.listening
+        explicit = opts.get("model_control_mode") == "explicit"
+        remote = [r for r in opts.get("model_repositories", []) if is_remote(r)] if explicit else []
+        overrides = (opts["run_dir"], int(opts.get("model_file_override_max_bytes", DEFAULT_MAX_BYTES))) \
+            if explicit else None
+        yield Dataplane(client, arena, maps, remote, tracer, overrides), stop, link.listening
     finally:
         tracer.close()
         link.close()

@@ -19,8 +19,6 @@ from .errors import ConfigError
 FIELDS: dict[str, str] = {
     "sequence_batching": "the sequence batcher",
     "model_transaction_policy.decoupled": "decoupled models",
-    "model_warmup": "model warmup",
-    "instance_group.rate_limiter": "the rate limiter",
     "instance_group.host_policy": "host policies",
     "instance_group.passive": "passive instances",
     "input.allow_ragged_batch": "ragged batching",

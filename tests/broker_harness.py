@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tritond.broker.clock import Clock
+from tritond.broker.jobs import InlineJobs
 from tritond.broker.pool import Instance, InstanceState, WorkerProcesses
 from tritond.broker.server import Broker
 from tritond.wire import schema as S
@@ -115,7 +116,7 @@ class Harness:
         self.clock = FakeClock()
         self.sockets = FakeSockets()
         self.pool = FakePool()
-        self.broker = Broker(self.opts, self.sockets, self.pool, self.clock)
+        self.broker = Broker(self.opts, self.sockets, self.pool, self.clock, InlineJobs())
         self.rids = itertools.count(1)
         self.cids = itertools.count(1)
 
@@ -123,12 +124,13 @@ class Harness:
 
     def load(self, *ready: str) -> "Harness":
         """Load the repository; the workers of `ready` models (all: '*') report up."""
-        self.broker.lifecycle.load_all()
+        self.broker.model_ops.startup()
+        self.broker.jobs.collect()
         self.up(*ready)
         return self
 
     def instances(self, model: str | None = None, state: InstanceState | None = None) -> list[Instance]:
-        return [i for mv in self.broker.registry.versions() for i in mv.instances
+        return [i for mv in self.broker.registry.all_versions() for i in mv.instances
                 if (model is None or mv.name == model) and (state is None or i.state is state)]
 
     def up(self, *models: str, config: dict | None = None) -> None:
@@ -150,6 +152,7 @@ class Harness:
 
     def tick(self, seconds: float = 0.0) -> float:
         self.clock.advance(seconds)
+        self.broker.jobs.collect()
         return self.broker.timers()
 
     # ---------------------------------------------------------------- requests
@@ -166,6 +169,7 @@ class Harness:
         """Send a control operation; its reply if it was answered at once, else None."""
         cid = next(self.cids)
         self.from_frontend(S.Control(cid, op), ident)
+        self.broker.jobs.collect()
         for _, msg in self.to_frontends(S.ControlReply):
             if msg.cid == cid:
                 return msg

@@ -5,6 +5,8 @@ import argparse
 import os
 from typing import Any
 
+from tritond.broker.rate_limiter import parse_resources
+from tritond.repository.overrides import DEFAULT_MAX_BYTES
 from tritond.repository.remote import RemoteError, check_available
 
 from . import connection_limits, observe_options, triton_flags
@@ -76,7 +78,19 @@ def start_parser() -> argparse.ArgumentParser:
     _flag(p, "--allow-client-shm", False, "allow client shared-memory registration")
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
     p.add_argument("--load-model", dest="load_models", action="append", default=[])
-    p.add_argument("--repository-poll-secs", type=int, default=15)
+    p.add_argument("--repository-poll-secs", type=int, default=15,
+                   help="poll mode: rescan the repository this often (0: only on SIGHUP)")
+    p.add_argument("--model-load-thread-count", type=int, default=4,
+                   help="models loading at once (their configs read on this many threads)")
+    p.add_argument("--model-unload-timeout-secs", type=float, default=30.0, metavar="SECS",
+                   help="how long an unloaded or replaced model version may finish its queued and executing "
+                        "requests before they fail")
+    p.add_argument("--model-file-override-max-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
+                   help="total size of the 'file:' overrides one load request may carry")
+    p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
+                   help="execution_count: instances run only while their rate_limiter resources are free")
+    p.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append", default=[],
+                   metavar="NAME:COUNT[:DEVICE]", help="how much of a rate limiter resource there is (repeatable)")
     p.add_argument("--model-config-name", default="")
     _flag(p, "--disable-auto-complete-config", False, "do not auto-complete model configs")
     p.add_argument("--strict-model-config", type=parse_bool, nargs="?", const=True, default=None,
@@ -194,6 +208,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
     if "*" in args.load_models and len(args.load_models) > 1:
         raise UsageError("--load-model=* must be the only --load-model")
     default_mbs = _backend_config(args.backend_config)
+    _model_loading(args)
     disable_ac = args.disable_auto_complete_config or bool(args.strict_model_config)
     try:
         observe = {"log": observe_options.log_settings(args),
@@ -245,6 +260,11 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "model_control_mode": args.model_control_mode,
         "load_models": args.load_models,
         "repository_poll_secs": args.repository_poll_secs,
+        "model_load_thread_count": args.model_load_thread_count,
+        "model_unload_timeout_secs": args.model_unload_timeout_secs,
+        "model_file_override_max_bytes": args.model_file_override_max_bytes,
+        "rate_limit": args.rate_limit,
+        "rate_limit_resources": args.rate_limit_resources,
         "model_config_name": args.model_config_name,
         "disable_auto_complete": disable_ac,
         "default_max_batch_size": default_mbs,
@@ -259,6 +279,20 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
 def _connection_limits(args: argparse.Namespace) -> dict[str, Any]:
     try:
         return connection_limits.options(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _model_loading(args: argparse.Namespace) -> None:
+    """The model lifecycle flags, checked before anything starts."""
+    if args.repository_poll_secs < 0:
+        raise UsageError(f"--repository-poll-secs must not be negative, got {args.repository_poll_secs}")
+    if args.model_load_thread_count < 1:
+        raise UsageError(f"--model-load-thread-count must be at least 1, got {args.model_load_thread_count}")
+    _positive(args.model_unload_timeout_secs, "--model-unload-timeout-secs")
+    _positive(args.model_file_override_max_bytes, "--model-file-override-max-bytes")
+    try:
+        parse_resources(args.rate_limit_resources)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

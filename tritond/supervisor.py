@@ -19,8 +19,8 @@ workers' (they die with it by parent-death signal; any that linger are killed fi
 
 SIGHUP is forwarded to every frontend and to the broker. Children start with SIGHUP blocked
 (the mask survives exec), so one that arrives before a child is ready to act on it waits
-instead of killing it: frontends unblock it once they can reload their certificates; the
-broker (and the workers it spawns) keep it blocked and so ignore it.
+instead of killing it: frontends unblock it once they can reload their certificates, the
+broker once its loop can rescan the repository (poll mode); workers keep it blocked.
 """
 from __future__ import annotations
 
@@ -176,9 +176,11 @@ class Supervisor:
         child.pidfd = os.pidfd_open(child.proc.pid)
 
     def forward_hangup(self) -> None:
-        """SIGHUP: frontends reload their TLS certificates; the broker ignores it for now."""
+        """SIGHUP: frontends reload their TLS certificates; the broker rescans the repository
+        in poll mode."""
         children = [c for c in [self.broker] + self.frontends if c.proc and c.proc.poll() is None]
-        log.info("SIGHUP: forwarding to %d processes (frontends reload their TLS certificates)", len(children))
+        log.info("SIGHUP: forwarding to %d processes (frontends reload their TLS certificates, the broker "
+                 "rescans the repository in poll mode)", len(children))
         for c in children:
             c.proc.send_signal(signal.SIGHUP)
 

@@ -32,8 +32,6 @@ class Flag:
 
 FLAGS: dict[str, Flag] = {
     # ---------------------------------------------------------------- features not implemented yet
-    "--rate-limit": Flag(REFUSE, "the rate limiter", ("off",)),
-    "--rate-limit-resource": Flag(REFUSE, "the rate limiter"),
     "--trace-file": Flag(REFUSE, "tracing"),
     "--trace-level": Flag(REFUSE, "tracing", ("off",)),
     "--http-header-forward-pattern": Flag(REFUSE, "forwarding HTTP headers to models"),
@@ -51,7 +49,6 @@ FLAGS: dict[str, Flag] = {
     "--vertex-ai-thread-count": Flag(REFUSE, "the Vertex AI endpoint"),
     "--vertex-ai-default-model": Flag(REFUSE, "the Vertex AI endpoint"),
     # ---------------------------------------------------------------- tuning and observability: ignored
-    "--model-load-thread-count": Flag(WARN, "models load one after another"),
     "--trace-rate": Flag(WARN, "tracing is off"),
     "--trace-count": Flag(WARN, "tracing is off"),
     "--trace-log-frequency": Flag(WARN, "tracing is off"),

@@ -170,7 +170,7 @@ class RepositoryIndex(_S, tag="index"):
 class LoadModel(_S, tag="load"):
     name: str
     config: str | None = None          # JSON of a ModelConfig replacing config.pbtxt for this load
-    files: dict[str, bytes] = {}       # `file:<path>` overrides
+    override_dir: str = ""             # `file:` overrides, written by the frontend (repository/overrides.py)
 
 
 class UnloadModel(_S, tag="unload"):

@@ -9,6 +9,7 @@ and the broker restarts it.
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import os
@@ -33,6 +34,7 @@ from .backends.base import InstanceInfo, WorkerRequest
 from .bls import BlsClient
 from .cuda_ipc import Exports, Imports
 from .tensors import Leases, desc_to_array, write_outputs
+from .warmup import warm_up
 
 log = logging.getLogger("tritond.worker")
 
@@ -114,6 +116,8 @@ class Worker:
             from . import pb_utils
             pb_utils.set_bls_handler(self.bls.infer)
         backend.load()
+        warm_up(lambda msg: self.execute(backend, msg), self.leases.release, backend.config, s.model_dir,
+                s.instance_name)
         return backend, completed
 
     def execute(self, backend, msg: P.Exec) -> P.BatchDone:
@@ -185,6 +189,10 @@ class Worker:
             stop.set()
             self.close()
             return 1
+        # What loading allocated (framework modules, weights) is never garbage: keep it out of
+        # the collector's way, so no collection pass over it lands on a request.
+        gc.collect()
+        gc.freeze()
         self.send(P.WorkerUp(P.PROTOCOL_VERSION, os.getpid(), completed))
         try:
             self.serve(backend)

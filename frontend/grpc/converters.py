@@ -281,8 +281,9 @@ def cuda_status(regions: list[dict[str, Any]]) -> pb.CudaSharedMemoryStatusRespo
     return out
 
 
-def load_model(request: Any) -> S.LoadModel:
-    """The broker's load operation: `config` must be a string_param, `file:` a bytes_param."""
+def load_model(request: Any) -> tuple[S.LoadModel, dict[str, bytes]]:
+    """The broker's load operation and the `file:` overrides: `config` must be a string_param,
+    `file:` a bytes_param."""
     op = S.LoadModel(request.model_name)
     files = {}
     for key, p in request.parameters.items():
@@ -297,8 +298,7 @@ def load_model(request: Any) -> S.LoadModel:
             files[key] = p.bytes_param
         else:
             raise invalid(f"unrecognized load parameter '{key}'.")
-    op.files = files
-    return op
+    return op, files
 
 
 def unload_dependents(request: Any) -> bool:

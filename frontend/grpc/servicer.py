@@ -266,7 +266,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(self, request, context):
         if request.repository_name:
             raise TritonError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
-        await self.dp.load_model(cv.load_model(request))
+        await self.dp.load_model(*cv.load_model(request))
         return pb.RepositoryModelLoadResponse()
 
     @rpc("model-repository")

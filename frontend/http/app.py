@@ -287,17 +287,18 @@ class HttpApi:
         body = await self.body(request)
         params = parse_json(body).get("parameters", {}) if body.strip() else {}
         op = S.LoadModel(request.path_params["model"])
+        files: dict[str, bytes] = {}
         if isinstance(params, dict):
             if "config" in params:
                 config = params["config"]
                 op.config = config if isinstance(config, str) else orjson.dumps(config).decode()
-            files = {k: v for k, v in params.items() if k.startswith("file:")}
-            if files:
-                try:
-                    op.files = {k: base64.b64decode(v, validate=True) for k, v in files.items()}
-                except (ValueError, TypeError):
-                    raise invalid("failed to decode the base64 content of a 'file:' parameter") from None
-        await self.dp.load_model(op)
+            for key, value in params.items():
+                if key.startswith("file:"):
+                    try:
+                        files[key] = base64.b64decode(value, validate=True)
+                    except (ValueError, TypeError):
+                        raise invalid(f"failed to decode the base64 content of load parameter '{key}'") from None
+        await self.dp.load_model(op, files)
         return Response(status_code=200)
 
     async def unload(self, request: Request) -> Response:

@@ -1,74 +1,284 @@
-"""Explicit model control through the repository API: a load carrying `config` reloads the
-model with that config; `file:` overrides are refused clearly rather than ignored."""
-import json
+"""Explicit model control through tritonclient: Triton's codes and texts for every load and
+unload case, reloads that happen only when something changed and never drop a request, a
+failed reload that keeps the old version serving, `file:` overrides (and every name that is
+refused), models loading side by side, and concurrent loads and unloads that leave no worker
+behind."""
+from __future__ import annotations
 
-import numpy as np
+import json
+import os
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import TritondServer
+from fault_models import MODEL_SOURCE, add_fault_model
+from lifecycle_util import index, infer, tag, wait_for
 
-MODEL_PY = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-                for r in requests]
-'''
-CONFIG = '''name: "echo"
-backend: "python"
-max_batch_size: 0
-input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]
-output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]
-instance_group [{ count: 1 kind: KIND_CPU }]
-'''
+OVERRIDE_LIMIT = 64 * 1024
 
 
 @pytest.fixture(scope="module")
-def explicit(tmp_path_factory):
+def markers(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("markers")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, markers) -> Path:
     repo = tmp_path_factory.mktemp("control") / "models"
-    (repo / "echo" / "1").mkdir(parents=True)
-    (repo / "echo" / "config.pbtxt").write_text(CONFIG)
-    (repo / "echo" / "1" / "model.py").write_text(MODEL_PY)
-    s = TritondServer(repo, ["--model-control-mode=explicit", "--load-model=echo"]).start()
-    yield httpclient.InferenceServerClient(s.http_url)
-    assert s.stop() == 0
+    add_fault_model(repo, "echo", tag_output=True, pid_outputs=True, params={"tag": 1})
+    add_fault_model(repo, "broken", params={"mode": "init_raises"})
+    add_fault_model(repo, "bad_config")
+    (repo / "bad_config" / "config.pbtxt").write_text("max_batch_size: many\n")
+    add_fault_model(repo, "empty")
+    (repo / "empty" / "1" / "model.py").unlink()
+    (repo / "empty" / "1").rmdir()
+    for name in ("slow_a", "slow_b", "slow_c"):
+        add_fault_model(repo, name, params={"init_ms": 1500, "marker_dir": markers})
+    for name in ("storm_a", "storm_b"):
+        add_fault_model(repo, name)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    s = TritondServer(repo, ["--model-control-mode=explicit", "--load-model=echo",
+                             f"--model-file-override-max-bytes={OVERRIDE_LIMIT}"]).start()
+    yield s
+    code = s.stop()
     s.assert_clean()
+    assert code == 0, s.log
 
 
-def error_of(call) -> str:
+@pytest.fixture
+def client(server):
+    c = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    yield c
+    c.close()
+
+
+def http_error(call) -> tuple[int, str]:
     with pytest.raises(InferenceServerException) as e:
         call()
-    return str(e.value)
+    return int(e.value.status()), e.value.message()
 
 
-def test_load_with_config_reloads_with_it(explicit):
-    assert explicit.get_model_config("echo")["max_batch_size"] == 0
-    config = {
-        "name": "echo", "backend": "python", "max_batch_size": 8, "dynamic_batching": {},
-        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-    }
-    explicit.load_model("echo", config=json.dumps(config))
-    assert explicit.get_model_config("echo")["max_batch_size"] == 8
-    x = np.ones((2, 3), np.float32)
-    inp = httpclient.InferInput("INPUT0", [2, 3], "FP32")
-    inp.set_data_from_numpy(x)
-    np.testing.assert_array_equal(explicit.infer("echo", [inp]).as_numpy("OUTPUT0"), x)
-    explicit.load_model("echo")             # without parameters: already loaded, nothing changes
-    assert explicit.get_model_config("echo")["max_batch_size"] == 8
+def grpc_error(call) -> tuple[str, str]:
+    with pytest.raises(InferenceServerException) as e:
+        call()
+    return e.value.status(), e.value.message()
 
 
-def test_file_overrides_and_bad_configs_are_refused(explicit):
-    assert "Load parameter 'config' must be specified for model file override" in error_of(
-        lambda: explicit.load_model("echo", files={"file:1/model.py": b"x"}))
-    assert "not supported" in error_of(
-        lambda: explicit.load_model("echo", config="{}", files={"file:1/model.py": b"x"}))
-    assert "failed to parse the 'config' load parameter" in error_of(
-        lambda: explicit.load_model("echo", config="{not json"))
-    assert "failed to load 'nope', failed to poll from model repository" in error_of(
-        lambda: explicit.load_model("nope"))
-    assert explicit.is_model_ready("echo")
+def set_tag(repo: Path, model: str, value: int) -> None:
+    path = repo / model / "config.pbtxt"
+    lines = [ln for ln in path.read_text().splitlines() if '"tag"' not in ln]
+    path.write_text("\n".join(lines + [f'parameters {{ key: "tag" value: {{ string_value: "{value}" }} }}']) + "\n")
+
+
+# ---------------------------------------------------------------------- Triton's answers
+
+def test_load_and_unload_answer_with_tritons_codes_and_texts(server, client):
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    assert http_error(lambda: client.load_model("nope")) == (
+        500, "failed to load 'nope', failed to poll from model repository")
+    assert grpc_error(lambda: g.load_model("nope")) == (
+        "StatusCode.INTERNAL", "failed to load 'nope', failed to poll from model repository")
+    assert grpc_error(lambda: g.load_model("../echo")) == (
+        "StatusCode.INVALID_ARGUMENT",
+        "invalid model name '../echo', model name must not contain path traversal characters")
+    status, text = http_error(lambda: client.load_model("broken"))
+    assert status == 400 and text.startswith("load failed for model 'broken': version 1 is at UNAVAILABLE state: ")
+    assert "initialize failed: the weights file is corrupt" in text
+    status, text = http_error(lambda: client.load_model("bad_config"))
+    assert status == 400 and text.startswith("load failed for model 'bad_config': ") and "max_batch_size" in text
+    assert http_error(lambda: client.load_model("empty")) == (
+        400, "load failed for model 'empty': at least one version must be available under the version policy "
+             "of model 'empty'\n")
+    assert http_error(lambda: client.load_model("echo", files={"file:1/model.py": b"x"})) == (
+        400, "Load parameter 'config' must be specified for model file override")
+    assert http_error(lambda: client.load_model("echo", config="{not json"))[0] == 400
+    client.unload_model("nope")                        # unloading what is not loaded succeeds
+    g.unload_model("broken")
+    assert client.is_model_ready("echo") and index(client)[("broken", "1")]["state"] == "UNAVAILABLE"
+    g.close()
+
+
+# ---------------------------------------------------------------------- reloads
+
+def test_a_load_reloads_only_when_something_changed(server, repo, client):
+    pid = int(infer(client, "echo").as_numpy("PID")[0][0])
+    client.load_model("echo")
+    assert int(infer(client, "echo").as_numpy("PID")[0][0]) == pid            # nothing changed
+    set_tag(repo, "echo", 2)
+    client.load_model("echo")
+    assert tag(client, "echo") == 2 and server.worker_pids("echo") != [pid]
+    config = client.get_model_config("echo")
+    config["parameters"]["tag"]["string_value"] = "3"
+    client.load_model("echo", config=json.dumps(config))                      # a config always reloads
+    assert tag(client, "echo") == 3
+    client.load_model("echo")                                                 # back to the repository
+    assert tag(client, "echo") == 2
+    wait_for(lambda: len(server.worker_pids("echo")) == 1, what="the replaced workers to stop")
+
+
+def test_reloads_under_traffic_fail_no_request(server, repo, client):
+    stop = threading.Event()
+    seen: list[int] = []
+    failures: list[str] = []
+
+    def traffic() -> None:
+        c = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        while not stop.is_set():
+            try:
+                seen.append(tag(c, "echo"))
+            except InferenceServerException as e:
+                failures.append(e.message())
+        c.close()
+
+    threads = [threading.Thread(target=traffic) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for value in (10, 11):
+            set_tag(repo, "echo", value)
+            client.load_model("echo")
+        good = (repo / "echo" / "config.pbtxt").read_text()
+        (repo / "echo" / "config.pbtxt").write_text(good + "\nmax_batch_size: many\n")
+        status, text = http_error(lambda: client.load_model("echo"))
+        assert status == 400 and "max_batch_size" in text
+        time.sleep(0.5)
+        entry = index(client)[("echo", "1")]
+        assert entry["state"] == "READY" and entry["reason"].startswith("a reload failed, this version still serves")
+        (repo / "echo" / "config.pbtxt").write_text(good)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert failures == [] and {10, 11} <= set(seen) and seen[-1] == 11
+
+
+def test_unload_lets_requests_in_flight_finish(server, client):
+    client.load_model("storm_a")
+    with futures.ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(infer, httpclient.InferenceServerClient(server.http_url), "storm_a", sleep_ms=1500)
+        wait_for(lambda: client.get_inference_statistics("storm_a")["model_stats"][0]["execution_count"] == 0
+                 and server.worker_pids("storm_a"), what="the request to start")
+        time.sleep(0.3)
+        client.unload_model("storm_a")
+        assert not client.is_model_ready("storm_a")
+        assert slow.result(timeout=30).as_numpy("OUTPUT0").shape == (1, 2)
+    wait_for(lambda: index(client)[("storm_a", "1")].get("reason") == "unloaded", what="the unload to finish")
+    wait_for(lambda: not server.worker_pids("storm_a"), what="the worker to stop")
+
+
+# ---------------------------------------------------------------------- file overrides
+
+def override_config(client) -> str:
+    config = client.get_model_config("echo")
+    config["parameters"]["tag"]["string_value"] = "7"
+    return json.dumps(config)
+
+
+def run_dir(server: TritondServer) -> Path:
+    (broker,) = server.role_pids("tritond.broker.main")
+    with open(f"/proc/{broker}/cmdline", "rb") as f:
+        return Path(json.loads(f.read().split(b"\0")[3])["run_dir"])
+
+
+def test_file_overrides_load_from_a_private_directory_until_the_next_plain_load(server, repo, client):
+    source = MODEL_SOURCE.read_bytes()
+    before = sorted(p.name for p in (repo / "echo").rglob("*"))
+    client.load_model("echo", config=override_config(client), files={"file:1/model.py": source})
+    assert tag(client, "echo") == 7
+    assert sorted(p.name for p in (repo / "echo").rglob("*")) == before           # the repository is untouched
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    g.load_model("echo", config=override_config(client), files={"file:1/model.py": source})
+    assert tag(client, "echo") == 7
+    g.close()
+    overrides = run_dir(server) / "overrides"
+    wait_for(lambda: len(list(overrides.iterdir())) == 1, what="the replaced override directory to be removed")
+    (held,) = overrides.iterdir()
+    assert (held / "echo" / "1" / "model.py").read_bytes() == source and oct(held.stat().st_mode)[-3:] == "700"
+    client.load_model("echo")
+    assert tag(client, "echo") != 7
+    wait_for(lambda: not any(overrides.iterdir()), what="the override directory to be removed")
+
+
+def test_override_names_that_could_leave_the_directory_are_refused(server, client, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = Path("/tmp") / f"tritond-test-escape-{os.getpid()}"
+    link.unlink(missing_ok=True)
+    link.symlink_to(outside)
+    config = override_config(client)
+    try:
+        for name in ["file:../../x", "file:1/../../x", f"file:{outside}/x", "file:../" + link.name + "/x",
+                     "file:1/a\\b", "file:1/nul\0x"]:
+            status, text = http_error(lambda: client.load_model("echo", config=config, files={name: b"pwned"}))
+            assert status == 400, (name, text)
+            assert "must stay within model directory" in text or "must not contain NUL" in text, (name, text)
+        status, text = http_error(lambda: client.load_model(
+            "echo", config=config, files={"file:1/model.py": b"x" * (OVERRIDE_LIMIT + 1)}))
+        assert status == 400 and "--model-file-override-max-bytes" in text
+        status, text = http_error(lambda: client.load_model(
+            "echo", config=config, files={"file:1/a": b"x", "file:1/a/b": b"y"}))
+        assert status == 400 and "directory has been created as a file" in text
+    finally:
+        link.unlink()
+    assert list(outside.iterdir()) == [] and tag(client, "echo") != 7
+
+
+# ---------------------------------------------------------------------- concurrency
+
+def test_models_load_side_by_side_while_the_broker_serves(server, client, markers):
+    def load(model: str) -> None:
+        c = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+        c.load_model(model)
+        c.close()
+
+    with futures.ThreadPoolExecutor(3) as pool:
+        loads = [pool.submit(load, n) for n in ("slow_a", "slow_b", "slow_c")]
+        served = 0
+        while not all(f.done() for f in loads):
+            infer(client, "echo")
+            served += 1
+        for f in loads:
+            f.result()
+    spans = sorted(tuple(map(int, ln.split()[:2])) for ln in (markers / "init-spans").read_text().splitlines())
+    assert len(spans) == 3 and spans[1][0] < spans[0][1] and spans[2][0] < spans[0][1]   # all three overlapped
+    assert served > 3
+
+
+@pytest.mark.slow
+def test_concurrent_loads_and_unloads_leave_no_worker_behind(server, client):
+    """Issue 14: 200 mixed load/unload calls for two models, 16 at a time."""
+    import random
+    rng = random.Random(14)
+    calls = [(rng.choice(("storm_a", "storm_b")), rng.random() < 0.5) for _ in range(200)]
+
+    def call(model: str, load: bool) -> str:
+        c = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
+        try:
+            (c.load_model if load else c.unload_model)(model)
+            return ""
+        except InferenceServerException as e:
+            return e.message()
+        finally:
+            c.close()
+
+    with futures.ThreadPoolExecutor(16) as pool:
+        errors = [e for e in pool.map(lambda a: call(*a), calls) if e]
+    assert errors == []
+    for model in ("storm_a", "storm_b"):
+        client.unload_model(model)
+    wait_for(lambda: not server.worker_pids("storm_a") and not server.worker_pids("storm_b"), timeout=30,
+             what="every storm worker to stop")
+    time.sleep(1.0)
+    assert not server.worker_pids("storm_a") and not server.worker_pids("storm_b")
+    assert client.is_model_ready("echo")

@@ -310,7 +310,7 @@ def wait_for_log(server: TritondServer, text: str, count: int, timeout: float = 
 
 
 def test_sighup_rotation_under_load_loses_no_request(mtls, pki):
-    """The broker gets the SIGHUPs too and ignores them: it must not restart."""
+    """The broker gets the SIGHUPs too (it rescans the repository in poll mode only): it must not restart."""
     ports = (mtls.grpc_port, mtls.http_port)
     processes = sorted(mtls.pids())
     with Load(mtls, pki) as load, restored(pki):
