@@ -24,7 +24,7 @@ log = logging.getLogger("tritond.broker")
 
 DEFAULT_TIMEOUT_S = 30.0
 _GONE = (InstanceState.STOPPED, InstanceState.FAILED, InstanceState.RESTARTING)
-_CAN_SERVE = (InstanceState.STARTING, InstanceState.READY, InstanceState.BUSY, InstanceState.RESTARTING)
+_CAN_SERVE = (InstanceState.STARTING, InstanceState.READY, InstanceState.BUSY)     # a retiring one never restarts
 
 
 class Retirement:

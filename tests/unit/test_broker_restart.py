@@ -52,7 +52,7 @@ def serve_again(h: Harness) -> None:
     while h.executing("m"):
         for inst, ex in h.executing("m"):
             h.answer(inst, ex, *({"Y": S.Inline(X.tobytes())} for _ in ex.requests))
-    h.broker.publish_changes()
+    h.broker.publish_if_changed()
 
 
 def test_the_frontends_learn_the_model_is_not_ready_before_its_batch_fails(h):
@@ -139,7 +139,8 @@ def test_unloading_during_a_restart_fails_what_waits(tmp_path):
     kill_only_instance(h)
     rid = h.infer("m", X=X)
     assert h.control(S.UnloadModel("m")).error is None
-    assert h.replies()[rid].error.message == "model 'm' is being unloaded"
+    assert h.replies()[rid].error.message == ("model 'm' version 1 was unloaded and has no instance left to "
+                                              "run the request")
     h.broker.publish_table()
     with pytest.raises(TritonError):
         frontend_table(h).resolve("m", -1, restarting_ok=True)

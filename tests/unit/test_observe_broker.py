@@ -114,7 +114,7 @@ def test_a_reload_invalidates_the_models_entries(harness, repo):
     ask(h, b"k")
     execute(h)
     assert h.broker.cache.entries
-    h.broker.lifecycle.unload("m")
+    assert h.control(S.UnloadModel("m")).error is None
     h.broker.publish_table()
     assert not h.broker.cache.entries
 
