@@ -117,13 +117,19 @@ def test_requests_wait_for_a_restarting_instance_instead_of_404(hserver):
             results.append(e)
 
     os.kill(pid, signal.SIGKILL)
+    # Once the broker has seen the death (readiness turns false at once), new requests queue for
+    # the replacement; one sent before that may still reach the dead worker and fail with it.
+    deadline = time.monotonic() + 30
+    while http_get(f"http://{hserver.http_url}/v2/models/solo/ready", 2.0)[0] == 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
     threads = [threading.Thread(target=call, args=(kind,)) for kind in ("http", "grpc") * 4]
     for t in threads:
         t.start()
     for t in threads:
         t.join(90)
     errors = [r for r in results if isinstance(r, InferenceServerException)]
-    assert len(results) == 8 and errors == []
+    assert len(results) == 8 and errors == [], [str(e) for e in errors]
     assert http_get(f"http://{hserver.http_url}/v2/models/solo/ready", 2.0)[0] == 200
 
 
