@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-import loadgen
+from tritond.perf import loadgen
 from bench_core import Server, ServerStartError
 
 MODEL_PY = '''

@@ -27,6 +27,9 @@ RULES = [
     ("tritond.broker", ("starlette", "uvicorn", "hypercorn", "grpc")),
     ("tritond.workers", ("starlette", "uvicorn", "hypercorn", "grpc")),
     ("tritond.frontend", ("onnxruntime", "torch", "tensorrt")),
+    # perf and analyze are clients: they reach the server through its HTTP/gRPC API only
+    ("tritond.perf", ("tritond.broker", "tritond.workers", "tritond.frontend", "tritond.shm", "tritond.analyze") + TOP),
+    ("tritond.analyze", ("tritond.broker", "tritond.workers", "tritond.frontend", "tritond.shm") + TOP),
 ]
 
 

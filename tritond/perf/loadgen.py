@@ -1,5 +1,5 @@
-#!/usr/bin/env python3
-"""Closed-loop KServe v2 load generator for HTTP and gRPC.
+"""KServe v2 request building and sending for HTTP and gRPC, and the closed-loop load
+generator the benchmarks in perf/ share (`tritond perf` measures with engine.py on top).
 
 N workers each send a request, wait for the whole response and send the next one, for
 warm-up seconds and then a measured window; only completions inside the window count.
@@ -10,17 +10,12 @@ HTTP uses a minimal asyncio-streams HTTP/1.1 client with one keep-alive connecti
 worker: aiohttp was measured at ~260 ms per 4 MiB POST where a plain socket needs ~10 ms.
 gRPC sends pre-serialized ModelInferRequest bytes through a generic grpc.aio unary call
 spread over a few channels, so one HTTP/2 connection does not become the bottleneck.
-
-  python perf/loadgen.py --url 127.0.0.1:8000 --protocol http --model identity_fp32 \\
-      --shape 16 --datatype FP32 --concurrency 1,8 --duration 5
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import struct
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -114,37 +109,74 @@ def _json_data(inp: Input) -> list:
     return inp.data.ravel().tolist()
 
 
-def http_request(host: str, port: int, model: str, inputs: Sequence[Input], binary: bool) -> bytes:
-    """A complete HTTP/1.1 infer request (head and body), JSON or binary tensor extension."""
+@dataclass(frozen=True)
+class ShmRef:
+    """Where a tensor lies in a registered system shared-memory region."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+    def params(self) -> dict:
+        return {"shared_memory_region": self.region, "shared_memory_byte_size": self.byte_size,
+                "shared_memory_offset": self.offset}
+
+
+def http_request(host: str, port: int, model: str, inputs: Sequence[Input], binary: bool, *,
+                 version: str = "", input_shm: dict[str, ShmRef] | None = None,
+                 output_shm: dict[str, ShmRef] | None = None) -> bytes:
+    """A complete HTTP/1.1 infer request (head and body): JSON or binary tensor extension, or
+    tensors named by shared-memory region (`input_shm`, `output_shm`) with no data in the body."""
     headers = {"Host": f"{host}:{port}"}
     tensors = [{"name": i.name, "shape": list(i.data.shape), "datatype": i.datatype} for i in inputs]
-    if binary:
-        raws = [raw_bytes(i) for i in inputs]
-        for tensor, raw in zip(tensors, raws):
-            tensor["parameters"] = {"binary_data_size": len(raw)}
-        head = json.dumps({"inputs": tensors, "parameters": {"binary_data_output": True}}).encode()
-        body = head + b"".join(raws)
+    doc: dict = {"inputs": tensors}
+    if output_shm:
+        doc["outputs"] = [{"name": name, "parameters": ref.params()} for name, ref in output_shm.items()]
+    elif binary:
+        doc["parameters"] = {"binary_data_output": True}
+    raws: list[bytes] = []
+    for tensor, inp in zip(tensors, inputs):
+        if input_shm and inp.name in input_shm:
+            tensor["parameters"] = input_shm[inp.name].params()
+        elif binary:
+            raws.append(raw_bytes(inp))
+            tensor["parameters"] = {"binary_data_size": len(raws[-1])}
+        else:
+            tensor["data"] = _json_data(inp)
+    head = json.dumps(doc).encode()
+    body = head + b"".join(raws)
+    if raws:
         headers["Content-Type"] = "application/octet-stream"
         headers["Inference-Header-Content-Length"] = str(len(head))
     else:
-        for tensor, inp in zip(tensors, inputs):
-            tensor["data"] = _json_data(inp)
-        body = json.dumps({"inputs": tensors}).encode()
         headers["Content-Type"] = "application/json"
     headers["Content-Length"] = str(len(body))
-    lines = [f"POST /v2/models/{model}/infer HTTP/1.1"] + [f"{k}: {v}" for k, v in headers.items()]
+    path = f"/v2/models/{model}/versions/{version}/infer" if version else f"/v2/models/{model}/infer"
+    lines = [f"POST {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-def grpc_request(model: str, inputs: Sequence[Input]) -> bytes:
-    """A serialized ModelInferRequest carrying the tensors in raw_input_contents."""
+def grpc_request(model: str, inputs: Sequence[Input], *, version: str = "",
+                 input_shm: dict[str, ShmRef] | None = None, output_shm: dict[str, ShmRef] | None = None) -> bytes:
+    """A serialized ModelInferRequest carrying the tensors in raw_input_contents, or naming
+    their shared-memory regions."""
     from tritonclient.grpc import service_pb2
 
-    req = service_pb2.ModelInferRequest(model_name=model)
+    def set_shm(params, ref: ShmRef) -> None:
+        params["shared_memory_region"].string_param = ref.region
+        params["shared_memory_byte_size"].int64_param = ref.byte_size
+        params["shared_memory_offset"].int64_param = ref.offset
+
+    req = service_pb2.ModelInferRequest(model_name=model, model_version=version)
     for inp in inputs:
         tensor = req.inputs.add(name=inp.name, datatype=inp.datatype)
         tensor.shape.extend(inp.data.shape)
-        req.raw_input_contents.append(raw_bytes(inp))
+        if input_shm and inp.name in input_shm:
+            set_shm(tensor.parameters, input_shm[inp.name])
+        else:
+            req.raw_input_contents.append(raw_bytes(inp))
+    for name, ref in (output_shm or {}).items():
+        set_shm(req.outputs.add(name=name).parameters, ref)
     return req.SerializeToString()
 
 
@@ -154,6 +186,8 @@ class HttpConnection:
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.send_ns = 0   # of the last request: writing it out
+        self.recv_ns = 0   # of the last request: reading the response after its head arrived
 
     async def send(self, request: bytes) -> tuple[int, bytes]:
         """Return (status, body); reconnects lazily after the server closed the connection."""
@@ -161,9 +195,12 @@ class HttpConnection:
             self._streams = await asyncio.open_connection(self.host, self.port, limit=1 << 24)
         reader, writer = self._streams
         try:
+            t0 = time.perf_counter_ns()
             writer.write(request)
             await writer.drain()
+            self.send_ns = time.perf_counter_ns() - t0
             head = await reader.readuntil(b"\r\n\r\n")
+            t1 = time.perf_counter_ns()
             status_line, *header_lines = head.decode("latin-1").split("\r\n")
             headers = {}
             for line in header_lines:
@@ -174,6 +211,7 @@ class HttpConnection:
                 body = await self._read_chunked(reader)
             else:
                 body = await reader.readexactly(int(headers.get("content-length", 0)))
+            self.recv_ns = time.perf_counter_ns() - t1
             if headers.get("connection", "").lower() == "close":
                 self.close()
         except BaseException:
@@ -335,43 +373,3 @@ def run(
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
-
-
-def format_table(rows: Sequence[tuple[int, Result]]) -> str:
-    lines = ["| conc | infer/s | p50 ms | p90 ms | p99 ms | count | errors |", "|---:|---:|---:|---:|---:|---:|---:|"]
-    for conc, r in rows:
-        lines.append(
-            f"| {conc} | {r.infer_per_s:,.1f} | {r.p50_ms:.3f} | {r.p90_ms:.3f} | {r.p99_ms:.3f} | {r.count} | {r.errors} |"
-        )
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", required=True, help="host:port of the server's HTTP or gRPC endpoint")
-    p.add_argument("--protocol", choices=["http", "grpc"], default="http")
-    p.add_argument("--format", choices=["json", "binary"], default="json", help="HTTP body encoding")
-    p.add_argument("--model", required=True)
-    p.add_argument("--input-name", default="INPUT0", help="comma-separated; each input gets the same shape and datatype")
-    p.add_argument("--shape", required=True, help="full request shape, comma-separated, e.g. 16 or 1,256")
-    p.add_argument("--datatype", default="FP32", choices=sorted(NUMPY_DTYPES))
-    p.add_argument("--concurrency", default="1,8", help="comma-separated levels")
-    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per level")
-    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per level")
-    args = p.parse_args(argv)
-    shape = [int(s) for s in args.shape.split(",")]
-    inputs = [make_input(n, shape, args.datatype, seed) for seed, n in enumerate(args.input_name.split(","))]
-    rows = []
-    for conc in (int(c) for c in args.concurrency.split(",")):
-        try:
-            result = run(args.url, args.protocol, args.model, inputs, conc, args.duration, args.warmup, args.format == "binary")
-        except LoadgenError as exc:
-            sys.exit(str(exc))
-        rows.append((conc, result))
-    fmt = args.format if args.protocol == "http" else "raw"
-    print(f"{args.model} over {args.protocol} ({fmt}), {args.datatype} {shape}, {args.duration:g} s per level\n")
-    print(format_table(rows))
-
-
-if __name__ == "__main__":
-    main()
