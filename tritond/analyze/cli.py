@@ -69,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
     space.add_argument("--dynamic-batching", choices=["both", "on", "off"], default="both")
     space.add_argument("--queue-delays-us")
     space.add_argument("--preferred-batch-sizes", help="0 stands for none (the batcher's default)")
-    space.add_argument("--thread-counts", help="ONNX Runtime intra_op_thread_count values")
+    space.add_argument("--thread-counts", help="ONNX Runtime intra_op_thread_count values (0: not set)")
     space.add_argument("--concurrency", help="concurrency levels, ascending (default 1,2,4,8,16,32)")
     perf = p.add_argument_group("measurement (as tritond perf)")
     perf.add_argument("-b", dest="batch_size", type=int, default=1)
@@ -120,7 +120,7 @@ def space_of(args: argparse.Namespace, base: Candidate, backend: str) -> Space:
     if args.thread_counts:
         if backend != "onnxruntime":
             raise UsageError(f"--thread-counts applies to ONNX Runtime models; this one runs on {backend or 'an unknown backend'}")
-        space.threads = _ints(args.thread_counts, "--thread-counts", 1)
+        space.threads = _ints(args.thread_counts, "--thread-counts", 0)
     if args.concurrency:
         space.concurrency = sorted(set(_ints(args.concurrency, "--concurrency", 1)))
     return space
