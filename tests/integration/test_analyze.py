@@ -237,3 +237,22 @@ def test_ctrl_c_still_writes_the_report_and_stops_its_server(mlp_repo, tmp_path)
     assert rows and rows[0]["trial"] == "0" and rows[0]["memory_mb"] and float(rows[0]["memory_mb"]) > 0
     assert server_sid is not None and session_pids(server_sid) == [], "its tritond is still running"
     assert {n for n in os.listdir("/dev/shm") if n.startswith("tritond.")} <= shm_before
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-m", "mlp_onnx"], "give --repository DIR"),
+    (["-m", "mlp_onnx", "-u", "127.0.0.1:1", "--memory-budget-mb", "100"], "needs the server that tritond analyze"),
+    (["-m", "mlp_onnx", "-u", "127.0.0.1:1", "--max-latency-ms", "-1"], "--max-latency-ms must be positive"),
+    (["-m", "mlp_onnx", "-u", "127.0.0.1:1", "-r", "2"], "--max-trials must be at least 3"),
+    (["-m", "nope", "--repository", "/nonexistent"], "is not a model directory"),
+])
+def test_usage_errors_are_refused_before_any_work(args, message, capsys):
+    from tritond.analyze.cli import main
+    assert main(args) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_model_on_a_running_server(explicit_server, tmp_path):
+    proc = analyze("-m", "nope", "-u", explicit_server.http_url, "--output-dir", str(tmp_path))
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "tritond analyze: error:" in stderr and "nope" in stderr, stderr

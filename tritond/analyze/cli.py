@@ -190,6 +190,13 @@ def main(argv: Sequence[str]) -> int:
         if not control.is_model_ready(args.model):
             control.load_model(args.model)
         base_config = control.model_config(args.model)
+        if base_config.get("platform") == "ensemble":
+            raise UsageError("an ensemble has no instances or batcher of its own: analyze its composing models")
+        try:
+            control.load_model(args.model, base_config)   # the server reloads models with a config
+        except ControlError as e:
+            raise UsageError(f"reloading {args.model} with a config failed: {e} "
+                             "(tritond analyze needs --model-control-mode=explicit)") from None
         base = from_config(base_config)
         space = space_of(args, base, base_config.get("backend", ""))
         measure = MeasureOptions(interval_s=args.measurement_interval / 1000, stability=args.stability_percentage / 100,

@@ -137,6 +137,8 @@ class Sweep:
             p = Point(trial.id, trial.candidate, int(result.level), result,
                       self.objective.percentile, self.memory(), phase)
             points.append(p)
+            if phase == "search":
+                trial.points.append(p)       # kept as measured, so Ctrl-C loses nothing
             flags = "" if result.stable else " (unstable)"
             bad = self.objective.violations(p)
             self.display.log(f"  c={p.concurrency}: {p.infer_per_sec:,.1f} infer/s, "
@@ -152,8 +154,6 @@ class Sweep:
         except MeasureError as e:
             trial.problems.append(f"measurement failed: {e}")
             self.display.log(f"  measurement failed: {e}")
-        if phase == "search":
-            trial.points.extend(points)
         return points
 
     def _enough(self, points: list[Point]) -> bool:

@@ -20,6 +20,10 @@ class UsageError(ValueError):
     pass
 
 
+class Unstable(Exception):
+    """A level did not stabilize: perf_analyzer ends the run there, and so does the engine."""
+
+
 def parse_range(text: str, integer: bool) -> list[float]:
     """perf_analyzer's `start[:end[:step]]`, end inclusive."""
     conv = int if integer else float
@@ -137,9 +141,6 @@ def run_engine(opts: PerfOptions, mode: str, levels: Sequence[float], csv_path: 
 
     def on_window(done: int, total: int, ips: float, lat_ns: float, stable: bool) -> None:
         display.window(label, done, total, ips, lat_ns / 1e6, stable)
-
-    class Unstable(Exception):
-        pass
 
     def on_level(result: LevelResult) -> None:
         display.level_done()
