@@ -253,7 +253,9 @@ def _write(sweep: Sweep, outcome: Outcome, args: argparse.Namespace, output_dir:
     report = output_dir / "report.html"
     report.write_text(render(sweep, outcome, args.model))
     print(f"\n{len(sweep.trials)} configurations, {len(sweep.points())} points in {outcome.runtime_s:.0f} s")
-    if outcome.winner is None:
+    if not sweep.points():
+        print(f"nothing could be measured (the reasons are in {output_dir / 'trials.csv'})")
+    elif outcome.winner is None:
         print(f"no configuration met the limits ({o.describe()}); nothing written as config")
     else:
         trial, point = outcome.winner
@@ -276,4 +278,6 @@ def _write(sweep: Sweep, outcome: Outcome, args: argparse.Namespace, output_dir:
     print(f"trials: {output_dir / 'trials.csv'}\nreport: {report}")
     if sweep.interrupted:
         return 130
+    if not sweep.points():
+        return 1
     return 0 if outcome.winner is not None else 2

@@ -242,6 +242,8 @@ class Driver:
     def _open_grpc(self) -> None:
         import grpc
 
+        if self._calls or self.protocol != "grpc":
+            return
         host, port = split_target(self.url)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._channels = [grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) for _ in range(MAX_GRPC_CHANNELS)]
@@ -272,6 +274,7 @@ class Driver:
 
     async def send_one(self) -> tuple[int, int]:
         """One request, outside any measurement: the probe that fails fast on a wrong model."""
+        self._open_grpc()
         return await (self._send_http if self.protocol == "http" else self._send_grpc)(self._request())
 
     async def _one(self, delayed: bool = False) -> bool:
@@ -324,8 +327,7 @@ class Driver:
 
     async def start(self, concurrency: int = 0, rate: float = 0.0, poisson: bool = False) -> None:
         """Start a closed loop of `concurrency` requests, or an open loop at `rate` per second."""
-        if self.protocol == "grpc" and not self._calls:
-            self._open_grpc()
+        self._open_grpc()
         self._running = True
         if concurrency > 0:
             coros = [self._closed_worker() for _ in range(concurrency)]
