@@ -128,9 +128,9 @@ class Space:
             out = [replace(current, dynamic=False)] if False in self.dynamic else []
             if True in self.dynamic:
                 out += [replace(current, dynamic=True, queue_delay_us=d) for d in self.queue_delays_us]
-        elif dim == "max_batch_size":
-            out = [replace(current, max_batch_size=v,
-                           preferred=tuple(p for p in current.preferred if p <= v)) for v in self.max_batch_sizes]
+        elif dim == "max_batch_size":   # without the batcher, a request's own batch is all there is
+            out = [replace(current, max_batch_size=v, preferred=tuple(p for p in current.preferred if p <= v))
+                   for v in self.max_batch_sizes] if current.dynamic else []
         elif dim == "preferred":
             out = [replace(current, preferred=p) for p in self.preferred
                    if all(x <= current.max_batch_size for x in p)] if current.dynamic else []
@@ -146,19 +146,23 @@ class Space:
         return unique
 
     def dimensions(self, base: Candidate) -> list[str]:
-        """The dimensions whose values are not just the base's own (those the search walks)."""
-        base = base.normalized()
+        """The dimensions whose values are not just the base's own (those the search walks);
+        batcher dimensions count when the batcher is on in the base or can be turned on."""
+        starts = [base.normalized()]
+        if True in self.dynamic and not base.dynamic and base.max_batch_size > 0:
+            starts.append(replace(base, dynamic=True, queue_delay_us=self.queue_delays_us[0]).normalized())
         return [dim for dim in ("instances", "dynamic", "max_batch_size", "preferred", "threads")
-                if any(c != base for c in self.candidates_for(dim, base))]
+                if any(c != s for s in starts for c in self.candidates_for(dim, s))]
 
     def all_candidates(self) -> list[Candidate]:
-        """The full grid (brute force), without meaningless or repeated combinations."""
+        """The full grid (brute force), without meaningless or repeated combinations (batcher
+        fields without the batcher; without it, only the largest max_batch_size)."""
         out, seen = [], set()
         for inst in self.instances:
             for mbs in self.max_batch_sizes:
                 for thr in self.threads:
                     variants = []
-                    if False in self.dynamic:
+                    if False in self.dynamic and mbs == max(self.max_batch_sizes):
                         variants.append(Candidate(inst, mbs, False, threads=thr))
                     if True in self.dynamic and mbs > 0:
                         variants += [Candidate(inst, mbs, True, d, p, thr)

@@ -230,6 +230,7 @@ class Driver:
         self._all_http: list[HttpConnection] = []
         self._channels: list = []
         self._calls: list = []
+        self._rpc_error: type[Exception] = Exception
         self._slots: asyncio.Semaphore | None = None
 
     # ---------------------------------------------------------------- sending
@@ -244,6 +245,7 @@ class Driver:
 
         if self._calls or self.protocol != "grpc":
             return
+        self._rpc_error = grpc.RpcError
         host, port = split_target(self.url)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._channels = [grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) for _ in range(MAX_GRPC_CHANNELS)]
@@ -263,12 +265,10 @@ class Driver:
         return conn.send_ns, conn.recv_ns
 
     async def _send_grpc(self, request: bytes) -> tuple[int, int]:
-        import grpc
-
         call = self._calls[self._next % len(self._calls)]
         try:
             await call(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
+        except self._rpc_error as exc:
             raise RuntimeError(f"gRPC {exc.code().name}: {exc.details()}") from None
         return 0, 0
 
