@@ -142,9 +142,10 @@ def test_report_is_self_contained_with_every_plot():
     for t, pts in ((base, [(1, 300, 2), (4, 800, 6), (8, 900, 14)]), (better, [(1, 280, 2.5), (4, 1200, 7)])):
         t.points = [_point(t, *x) for x in pts]
         sweep.trials.append(t)
-    outcome = Outcome(winner=(better, better.points[1]), confirmed=True, rerun=None, base=(base, base.points[1]),
-                      base_rerun=None, config_path=None, runtime_s=42, command="tritond analyze -m mlp",
-                      server="test")
+    pair = (_point(better, 4, 1100, 8), _point(base, 4, 1000, 6))
+    outcome = Outcome(winner=(better, better.points[1]), confirmed=True, confirmation=[pair, pair],
+                      base=(base, base.points[1]), config_path=None, runtime_s=42,
+                      command="tritond analyze -m mlp", server="test")
     page = render(sweep, outcome, "mlp")
     assert "<script" not in page and not re.search(r"(src|href)=[\"'](https?:|//)", page), "no external resources"
     dom = _Dom()
@@ -154,6 +155,7 @@ def test_report_is_self_contained_with_every_plot():
         assert any(fig in ids for ids in paths), f"figure {fig} has no inline SVG"
     assert any("pareto-front" in ids for ids in paths) and any("winner-marker" in ids for ids in paths)
     assert "1.50x on the objective" in page, "gain over the bundled config at its best feasible point"
+    assert "1.10x on average, the gain this report stands by" in page
     assert page.count("<tr") >= 1 + 2
 
 

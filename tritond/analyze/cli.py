@@ -141,14 +141,10 @@ def _outcome(sweep: Sweep, confirmed, config_path: Path | None, runtime: float, 
     if winner is None:
         ranked = [tp for tp in sweep.ranking() if o.feasible(tp[1])]
         winner = ranked[0] if ranked else None
-    rerun = None
-    if winner is not None:
-        reruns = [p for p in sweep.reruns if p.config_id == winner[0].id]
-        rerun = reruns[-1] if reruns else None
     base_trial = sweep.trials[0] if sweep.trials and sweep.trials[0].points else None
     base = (base_trial, sweep.best_of(base_trial)) if base_trial else None
-    return Outcome(winner, confirmed is not None, rerun, base, sweep.base_rerun, config_path if winner else None,
-                   runtime, command, server)
+    return Outcome(winner, confirmed is not None, sweep.confirmation if confirmed else [], base,
+                   config_path if winner else None, runtime, command, server)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -266,11 +262,13 @@ def _write(sweep: Sweep, outcome: Outcome, args: argparse.Namespace, output_dir:
             b = outcome.base[1]
             print(f"bundled config: {b.infer_per_sec:,.1f} infer/s, p{o.percentile} {b.latency_ms:.2f} ms "
                   f"at concurrency {b.concurrency}; gain {o.gain(point, b):.2f}x")
-        if outcome.rerun is not None and outcome.base_rerun is not None:
-            r, b = outcome.rerun, outcome.base_rerun
-            print(f"rerun back to back: winner {r.infer_per_sec:,.1f} infer/s (p{o.percentile} {r.latency_ms:.2f} ms), "
-                  f"bundled {b.infer_per_sec:,.1f} infer/s (p{o.percentile} {b.latency_ms:.2f} ms); "
-                  f"gain {o.gain(r, b):.2f}x")
+        pairs = [(w, b) for w, b in outcome.confirmation if b is not None]
+        if pairs:
+            gains = [o.gain(w, b) for w, b in pairs]
+            print("measured again alternately: " + "; ".join(
+                f"winner {w.infer_per_sec:,.1f} infer/s (p{o.percentile} {w.latency_ms:.2f} ms) vs bundled "
+                f"{b.infer_per_sec:,.1f} infer/s (p{o.percentile} {b.latency_ms:.2f} ms)" for w, b in pairs)
+                  + f"; gain {sum(gains) / len(gains):.2f}x")
         print(f"config: {outcome.config_path}")
         if args.repository and not args.config_out:
             print(f"  serve it with: tritond start --model-repository {args.repository} "

@@ -68,9 +68,11 @@ class Display:
             return
         state = "stable" if stable else "stabilizing"
         self._progress.update(self._level, completed=done, total=total,
-                              description=f"{label}: {infer_per_sec:,.1f} infer/s, {latency_ms:.2f} ms ({state})")
+                              description=f"{label}: {infer_per_sec:,.1f} infer/s, {latency_ms:.2f} ms ({state})",
+                              refresh=True)
 
     def level_done(self) -> None:
         if self._progress is not None and self._level is not None:
             self._progress.remove_task(self._level)
             self._level = None
+            self._progress.refresh()
