@@ -76,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
     perf.add_argument("--shape", action="append", default=[], metavar="NAME:D1,D2")
     perf.add_argument("--input-data", default="random")
     perf.add_argument("--shared-memory", choices=["none", "system"], default="none")
-    perf.add_argument("-p", "--measurement-interval", type=int, default=1000, help="window length in ms")
+    perf.add_argument("-p", "--measurement-interval", type=int, default=2000, help="window length in ms")
     perf.add_argument("-s", "--stability-percentage", type=float, default=10.0)
     perf.add_argument("-r", "--max-trials", type=int, default=5, help="most windows per level (at least 3)")
     out = p.add_argument_group("output")

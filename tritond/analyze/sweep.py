@@ -17,7 +17,7 @@ from .objective import Objective
 from .space import Candidate, Space, apply, from_config, mismatches
 
 PLATEAU_GAIN = 0.05      # more concurrency must add 5% throughput to go on
-SWITCH_MARGIN = 0.03     # quick search moves to a new value only for a 3% better objective
+SWITCH_MARGIN = 0.05     # quick search moves to a new value only for a 5% better objective
 MAX_PASSES = 2
 CONFIRM_TRIES = 3        # best configs measured again before one is declared the winner
 CONFIRM_ROUNDS = 2       # winner / own-config pairs per try
@@ -246,10 +246,11 @@ class Sweep:
             pairs = []
             for _ in range(CONFIRM_ROUNDS if trial is not base_trial else 1):
                 w = self.rerun(trial, point.concurrency)
+                if w is None or not o.feasible(w):
+                    pairs.append((w, None))
+                    break
                 b = self.rerun(base_trial, base_point.concurrency) if base_ok and trial is not base_trial else None
                 pairs.append((w, b))
-                if w is None or not o.feasible(w):
-                    break
             if any(w is None or not o.feasible(w) for w, _ in pairs):
                 self.passed_over.append(f"#{trial.id} broke the limits when measured again")
                 continue
