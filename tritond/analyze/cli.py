@@ -10,6 +10,7 @@ the sweep and still writes what it has.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shlex
 import sys
 import time
@@ -150,9 +151,7 @@ def _outcome(sweep: Sweep, confirmed, config_path: Path | None, runtime: float, 
 def main(argv: Sequence[str]) -> int:
     p = parser()
     args = p.parse_args(argv)
-    try:
-        import matplotlib  # noqa: F401  (the report's plots; checked before any work is done)
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:   # the report's plots, checked before any work
         print("tritond analyze: error: the report needs matplotlib: pip install 'tritond[analyze]'", file=sys.stderr)
         return 1
     try:

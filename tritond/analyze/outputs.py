@@ -28,8 +28,8 @@ def batch_histogram(point: Point) -> dict[int, int]:
     return dict(sorted(s.batches.items())) if s is not None else {}
 
 
-def _row(sweep: Sweep, trial_id: int, candidate: Candidate, server_config: dict, problems: list[str],
-         point: Point | None, objective: Objective) -> dict:
+def _row(trial_id: int, candidate: Candidate, server_config: dict, problems: list[str], point: Point | None,
+         objective: Objective) -> dict:
     row = {"trial": trial_id, "phase": point.phase if point else "search", **candidate.fields()}
     if server_config:
         row.update({f"server_{k}": v for k, v in from_config(server_config).fields().items()})
@@ -62,11 +62,11 @@ def write_trials_csv(path: Path, sweep: Sweep) -> None:
         writer.writeheader()
         for t in sweep.trials:
             for p in t.points or [None]:
-                writer.writerow(_row(sweep, t.id, t.candidate, t.server_config, t.problems, p, sweep.objective))
+                writer.writerow(_row(t.id, t.candidate, t.server_config, t.problems, p, sweep.objective))
         by_id = {t.id: t for t in sweep.trials}
         for p in sweep.reruns:
             t = by_id[p.config_id]
-            writer.writerow(_row(sweep, t.id, t.candidate, t.server_config, [], p, sweep.objective))
+            writer.writerow(_row(t.id, t.candidate, t.server_config, [], p, sweep.objective))
 
 
 def config_text(candidate: Candidate, server_config: dict, original: Path | None, comment: str) -> str:

@@ -238,7 +238,8 @@ def render(sweep: Sweep, outcome: Outcome, model: str) -> str:
         parts.append(f"<div class='winner' id='winner'><b>Winner: #{trial.id} {e(trial.candidate.label())}</b>"
                      f" at concurrency {p.concurrency}: {p.infer_per_sec:,.1f} infer/s, p{o.percentile} "
                      f"{p.latency_ms:.2f} ms{confirm}. Config {where}.</div>")
-    parts.append("<h2>Why the winner won</h2><ul id='why'>" +
+    heading = "Why the winner won" if outcome.winner is not None else "Why there is no winner"
+    parts.append(f"<h2>{heading}</h2><ul id='why'>" +
                  "".join(f"<li>{e(line)}</li>" for line in explanation(sweep, outcome)) + "</ul>")
     if sweep.points():
         parts.append(f"<figure id='pareto'>{pareto_plot(sweep, winner_point)}<figcaption>Throughput against "
