@@ -15,20 +15,15 @@ still reports the last 3 windows, marked unstable, so a sweep on a noisy host go
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .control import Control, ControlError
-from .loadgen import GRPC_OPTIONS, MAX_GRPC_CHANNELS, MODEL_INFER, HttpConnection, split_target
+from .loadgen import Driver
 
-ERROR_BACKOFF_S = 0.01
 STABILITY_WINDOW = 3
-DELAY_TOLERANCE_NS = 1_000_000       # a rate-mode request sent over 1 ms late counts as delayed
-MAX_IN_FLIGHT = 4096                 # rate mode: beyond this, sends wait for a slot (and are delayed)
-STOP_GRACE_S = 30.0
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -208,164 +203,6 @@ def is_stable(points: Sequence[tuple[float, float]], threshold: float) -> bool:
         return False
     ths, lats = [t for t, _ in last], [lat for _, lat in last]
     return max(ths) / min(ths) <= 1 + threshold and max(lats) / min(lats) <= 1 + threshold
-
-
-class Driver:
-    """Keeps load on the server (a closed loop of N requests, or an open-loop schedule) and
-    records every completed request; `take()` hands over what completed since the last call."""
-
-    def __init__(self, url: str, protocol: str, requests: Sequence[bytes], timeout: float = STOP_GRACE_S) -> None:
-        if not requests:
-            raise ValueError("no requests to send")
-        self.url, self.protocol, self.requests = url, protocol, list(requests)
-        self.timeout = timeout
-        self.samples: list[tuple[int, int, int, int]] = []
-        self.errors = 0
-        self.delayed = 0
-        self.last_error = ""
-        self._next = 0
-        self._running = False
-        self._tasks: set[asyncio.Task] = set()
-        self._idle_http: list[HttpConnection] = []
-        self._all_http: list[HttpConnection] = []
-        self._channels: list = []
-        self._calls: list = []
-        self._rpc_error: type[Exception] = Exception
-        self._slots: asyncio.Semaphore | None = None
-
-    # ---------------------------------------------------------------- sending
-
-    def _request(self) -> bytes:
-        req = self.requests[self._next % len(self.requests)]
-        self._next += 1
-        return req
-
-    def _open_grpc(self) -> None:
-        import grpc
-
-        if self._calls or self.protocol != "grpc":
-            return
-        self._rpc_error = grpc.RpcError
-        host, port = split_target(self.url)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self._channels = [grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) for _ in range(MAX_GRPC_CHANNELS)]
-        self._calls = [ch.unary_unary(MODEL_INFER) for ch in self._channels]
-
-    async def _send_http(self, request: bytes) -> tuple[int, int]:
-        conn = self._idle_http.pop() if self._idle_http else None
-        if conn is None:
-            conn = HttpConnection(*split_target(self.url))
-            self._all_http.append(conn)
-        try:
-            status, body = await conn.send(request)
-        finally:
-            self._idle_http.append(conn)
-        if status != 200:
-            raise RuntimeError(f"HTTP {status}: {body[:300].decode(errors='replace')}")
-        return conn.send_ns, conn.recv_ns
-
-    async def _send_grpc(self, request: bytes) -> tuple[int, int]:
-        call = self._calls[self._next % len(self._calls)]
-        try:
-            await call(request, timeout=self.timeout)
-        except self._rpc_error as exc:
-            raise RuntimeError(f"gRPC {exc.code().name}: {exc.details()}") from None
-        return 0, 0
-
-    async def send_one(self) -> tuple[int, int]:
-        """One request, outside any measurement: the probe that fails fast on a wrong model."""
-        self._open_grpc()
-        return await (self._send_http if self.protocol == "http" else self._send_grpc)(self._request())
-
-    async def _one(self, delayed: bool = False) -> bool:
-        send = self._send_http if self.protocol == "http" else self._send_grpc
-        request = self._request()
-        start = time.perf_counter_ns()
-        try:
-            send_ns, recv_ns = await send(request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a failed request is counted; the load goes on
-            self.errors += 1
-            self.last_error = str(exc)
-            return False
-        end = time.perf_counter_ns()
-        self.samples.append((end, end - start, send_ns, recv_ns))
-        if delayed:
-            self.delayed += 1
-        return True
-
-    async def _closed_worker(self) -> None:
-        while self._running:
-            if not await self._one():
-                await asyncio.sleep(ERROR_BACKOFF_S)
-
-    async def _open_loop(self, rate: float, poisson: bool) -> None:
-        rng = random.Random(0)
-        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
-        next_ns = time.perf_counter_ns()
-
-        async def fire(delayed: bool) -> None:
-            try:
-                await self._one(delayed)
-            finally:
-                self._slots.release()
-
-        while self._running:
-            now = time.perf_counter_ns()
-            while next_ns <= now and self._running:
-                await self._slots.acquire()
-                late = time.perf_counter_ns() - next_ns > DELAY_TOLERANCE_NS
-                task = asyncio.ensure_future(fire(late))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                gap = rng.expovariate(rate) if poisson else 1.0 / rate
-                next_ns += int(gap * 1e9)
-            await asyncio.sleep(max(next_ns - time.perf_counter_ns(), 0) / 1e9)
-
-    # ---------------------------------------------------------------- control
-
-    async def start(self, concurrency: int = 0, rate: float = 0.0, poisson: bool = False) -> None:
-        """Start a closed loop of `concurrency` requests, or an open loop at `rate` per second."""
-        self._open_grpc()
-        self._running = True
-        if concurrency > 0:
-            coros = [self._closed_worker() for _ in range(concurrency)]
-        elif rate > 0:
-            coros = [self._open_loop(rate, poisson)]
-        else:
-            raise ValueError("need a concurrency >= 1 or a request rate > 0")
-        for coro in coros:
-            task = asyncio.ensure_future(coro)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    def take(self) -> tuple[list[tuple[int, int, int, int]], int, int]:
-        """(samples, errors, delayed) since the last call."""
-        out = (self.samples, self.errors, self.delayed)
-        self.samples, self.errors, self.delayed = [], 0, 0
-        return out
-
-    async def stop(self) -> None:
-        """Stop sending; requests in flight get `timeout` seconds to finish, then are cancelled."""
-        self._running = False
-        tasks = list(self._tasks)
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.timeout)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        self._tasks.clear()
-
-    async def close(self) -> None:
-        await self.stop()
-        for conn in self._all_http:
-            conn.close()
-        self._all_http.clear()
-        self._idle_http.clear()
-        for ch in self._channels:
-            await ch.close()
-        self._channels, self._calls = [], []
 
 
 @dataclass(frozen=True)

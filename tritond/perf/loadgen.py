@@ -1,8 +1,8 @@
-"""KServe v2 request building and sending for HTTP and gRPC, and the closed-loop load
-generator the benchmarks in perf/ share (`tritond perf` measures with engine.py on top).
+"""KServe v2 load for HTTP and gRPC: request building, connections, and the Driver that keeps
+a closed loop of N requests (or an open-loop request rate) on a server. `tritond perf`
+measures with engine.py on top of it; the benchmarks in perf/ use `run`, one warm-up and one
+measured window where only completions inside the window count.
 
-N workers each send a request, wait for the whole response and send the next one, for
-warm-up seconds and then a measured window; only completions inside the window count.
 Requests are serialized once up front so the client spends little CPU per request, which
 matters when client and server share a few cores.
 
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import struct
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,9 +31,9 @@ GRPC_OPTIONS = [
 ]
 MAX_GRPC_CHANNELS = 4
 ERROR_BACKOFF_S = 0.01
-
-Sender = Callable[[], Awaitable[None]]
-Closer = Callable[[], Awaitable[None]]
+DELAY_TOLERANCE_NS = 1_000_000       # a rate-mode request sent over 1 ms late counts as delayed
+MAX_IN_FLIGHT = 4096                 # rate mode: beyond this, sends wait for a slot (and are delayed)
+STOP_GRACE_S = 30.0
 
 NUMPY_DTYPES = {
     "BOOL": np.bool_,
@@ -243,84 +244,163 @@ def split_target(target: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-async def _measure(senders: Sequence[Sender], warmup: float, duration: float, grace: float) -> Result:
-    start = time.perf_counter()
-    window_start, window_end = start + warmup, start + warmup + duration
-    latencies: list[float] = []
-    errors = 0
+class Driver:
+    """Keeps load on the server (a closed loop of N requests, or an open-loop schedule) and
+    records every completed request; `take()` hands over what completed since the last call."""
 
-    async def worker(send: Sender) -> None:
-        nonlocal errors
-        while (begin := time.perf_counter()) < window_end:
-            try:
-                await send()
-            except Exception:  # any failed request is an error; keep loading until time is up
-                errors += 1
-                await asyncio.sleep(ERROR_BACKOFF_S)
-                continue
-            end = time.perf_counter()
-            if window_start <= end <= window_end:
-                latencies.append(end - begin)
+    def __init__(self, url: str, protocol: str, requests: Sequence[bytes], timeout: float = STOP_GRACE_S) -> None:
+        if not requests:
+            raise ValueError("no requests to send")
+        self.url, self.protocol, self.requests = url, protocol, list(requests)
+        self.timeout = timeout
+        self.samples: list[tuple[int, int, int, int]] = []
+        self.errors = 0
+        self.delayed = 0
+        self.last_error = ""
+        self._next = 0
+        self._running = False
+        self._tasks: set[asyncio.Task] = set()
+        self._idle_http: list[HttpConnection] = []
+        self._all_http: list[HttpConnection] = []
+        self._channels: list = []
+        self._calls: list = []
+        self._rpc_error: type[Exception] = Exception
+        self._slots: asyncio.Semaphore | None = None
 
-    tasks = [asyncio.ensure_future(worker(s)) for s in senders]
-    _, pending = await asyncio.wait(tasks, timeout=warmup + duration + grace)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    errors += len(pending)
-    ms = np.array(latencies) * 1e3 if latencies else np.array([np.nan])
-    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
-    return Result(len(latencies) / duration, p50, p90, p99, len(latencies), errors)
+    # ---------------------------------------------------------------- sending
 
+    def _request(self) -> bytes:
+        req = self.requests[self._next % len(self.requests)]
+        self._next += 1
+        return req
 
-def _http_senders(
-    target: str, model: str, inputs: Sequence[Input], concurrency: int, binary: bool
-) -> tuple[list[Sender], Closer]:
-    host, port = split_target(target)
-    request = http_request(host, port, model, inputs, binary)
-    conns = [HttpConnection(host, port) for _ in range(concurrency)]
+    def _open_grpc(self) -> None:
+        import grpc
 
-    def sender(conn: HttpConnection) -> Sender:
-        async def send() -> None:
+        if self._calls or self.protocol != "grpc":
+            return
+        self._rpc_error = grpc.RpcError
+        host, port = split_target(self.url)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._channels = [grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) for _ in range(MAX_GRPC_CHANNELS)]
+        self._calls = [ch.unary_unary(MODEL_INFER) for ch in self._channels]
+
+    async def _send_http(self, request: bytes) -> tuple[int, int]:
+        conn = self._idle_http.pop() if self._idle_http else None
+        if conn is None:
+            conn = HttpConnection(*split_target(self.url))
+            self._all_http.append(conn)
+        try:
             status, body = await conn.send(request)
-            if status != 200:
-                raise RequestFailed(f"HTTP {status}: {body[:300].decode(errors='replace')}")
+        finally:
+            self._idle_http.append(conn)
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {body[:300].decode(errors='replace')}")
+        return conn.send_ns, conn.recv_ns
 
-        return send
+    async def _send_grpc(self, request: bytes) -> tuple[int, int]:
+        call = self._calls[self._next % len(self._calls)]
+        try:
+            await call(request, timeout=self.timeout)
+        except self._rpc_error as exc:
+            raise RuntimeError(f"gRPC {exc.code().name}: {exc.details()}") from None
+        return 0, 0
 
-    async def close() -> None:
-        for conn in conns:
-            conn.close()
+    async def send_one(self) -> tuple[int, int]:
+        """One request, outside any measurement: the probe that fails fast on a wrong model."""
+        self._open_grpc()
+        return await (self._send_http if self.protocol == "http" else self._send_grpc)(self._request())
 
-    return [sender(c) for c in conns], close
+    async def _one(self, delayed: bool = False) -> bool:
+        send = self._send_http if self.protocol == "http" else self._send_grpc
+        request = self._request()
+        start = time.perf_counter_ns()
+        try:
+            send_ns, recv_ns = await send(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed request is counted; the load goes on
+            self.errors += 1
+            self.last_error = str(exc)
+            return False
+        end = time.perf_counter_ns()
+        self.samples.append((end, end - start, send_ns, recv_ns))
+        if delayed:
+            self.delayed += 1
+        return True
 
+    async def _closed_worker(self) -> None:
+        while self._running:
+            if not await self._one():
+                await asyncio.sleep(ERROR_BACKOFF_S)
 
-def _grpc_senders(
-    target: str, model: str, inputs: Sequence[Input], concurrency: int, timeout: float
-) -> tuple[list[Sender], Closer]:
-    import grpc
+    async def _open_loop(self, rate: float, poisson: bool) -> None:
+        rng = random.Random(0)
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        next_ns = time.perf_counter_ns()
 
-    request = grpc_request(model, inputs)
-    host, port = split_target(target)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    n_channels = min(MAX_GRPC_CHANNELS, concurrency)
-    channels = [grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) for _ in range(n_channels)]
-    calls = [ch.unary_unary(MODEL_INFER) for ch in channels]
-
-    def sender(call: grpc.aio.UnaryUnaryMultiCallable) -> Sender:
-        async def send() -> None:
+        async def fire(delayed: bool) -> None:
             try:
-                await call(request, timeout=timeout)
-            except grpc.RpcError as exc:
-                raise RequestFailed(f"gRPC {exc.code().name}: {exc.details()}") from exc
+                await self._one(delayed)
+            finally:
+                self._slots.release()
 
-        return send
+        while self._running:
+            now = time.perf_counter_ns()
+            while next_ns <= now and self._running:
+                await self._slots.acquire()
+                late = time.perf_counter_ns() - next_ns > DELAY_TOLERANCE_NS
+                task = asyncio.ensure_future(fire(late))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                gap = rng.expovariate(rate) if poisson else 1.0 / rate
+                next_ns += int(gap * 1e9)
+            await asyncio.sleep(max(next_ns - time.perf_counter_ns(), 0) / 1e9)
 
-    async def close() -> None:
-        for ch in channels:
+    # ---------------------------------------------------------------- control
+
+    async def start(self, concurrency: int = 0, rate: float = 0.0, poisson: bool = False) -> None:
+        """Start a closed loop of `concurrency` requests, or an open loop at `rate` per second."""
+        self._open_grpc()
+        self._running = True
+        if concurrency > 0:
+            coros = [self._closed_worker() for _ in range(concurrency)]
+        elif rate > 0:
+            coros = [self._open_loop(rate, poisson)]
+        else:
+            raise ValueError("need a concurrency >= 1 or a request rate > 0")
+        for coro in coros:
+            task = asyncio.ensure_future(coro)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def take(self) -> tuple[list[tuple[int, int, int, int]], int, int]:
+        """(samples, errors, delayed) since the last call."""
+        out = (self.samples, self.errors, self.delayed)
+        self.samples, self.errors, self.delayed = [], 0, 0
+        return out
+
+    async def stop(self) -> None:
+        """Stop sending; requests in flight get `timeout` seconds to finish, then are cancelled."""
+        self._running = False
+        tasks = list(self._tasks)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        self._tasks.clear()
+
+    async def close(self) -> None:
+        await self.stop()
+        for conn in self._all_http:
+            conn.close()
+        self._all_http.clear()
+        self._idle_http.clear()
+        for ch in self._channels:
             await ch.close()
+        self._channels, self._calls = [], []
 
-    return [sender(calls[i % n_channels]) for i in range(concurrency)], close
 
 
 async def run_async(
@@ -337,23 +417,34 @@ async def run_async(
     """Measure one concurrency level. One probe request goes first so a wrong model name or
     a dead server raises LoadgenError instead of producing a table of errors. `binary`
     selects the HTTP binary tensor extension; `grace` bounds how long a request may
-    outlive the window before it is abandoned and counted as an error."""
+    outlive the window before it is abandoned."""
     if concurrency < 1 or duration <= 0 or warmup < 0:
         raise ValueError("need concurrency >= 1, duration > 0 and warmup >= 0")
     if protocol == "http":
-        senders, close = _http_senders(target, model, inputs, concurrency, binary)
+        request = http_request(*split_target(target), model, inputs, binary)
     elif protocol == "grpc":
-        senders, close = _grpc_senders(target, model, inputs, concurrency, grace)
+        request = grpc_request(model, inputs)
     else:
         raise ValueError(f"unknown protocol {protocol!r}")
+    driver = Driver(target, protocol, [request], timeout=grace)
     try:
         try:
-            await senders[0]()
+            await driver.send_one()
         except Exception as exc:
             raise LoadgenError(f"probe request to {target} failed: {exc}") from exc
-        return await _measure(senders, warmup, duration, grace)
+        await driver.start(concurrency=concurrency)
+        await asyncio.sleep(warmup)
+        driver.take()
+        start = time.perf_counter_ns()
+        await asyncio.sleep(duration)
+        samples, errors, _ = driver.take()
+        end = time.perf_counter_ns()
     finally:
-        await close()
+        await driver.close()
+    latencies = [s[1] / 1e6 for s in samples if start <= s[0] <= end]
+    ms = np.array(latencies) if latencies else np.array([np.nan])
+    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
+    return Result(len(latencies) / duration, p50, p90, p99, len(latencies), errors)
 
 
 def run(
