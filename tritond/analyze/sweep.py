@@ -180,13 +180,13 @@ class Sweep:
         the best value (values in ascending order stop at the first that does not improve),
         and repeat while a pass changes something."""
         dims = self.space.dimensions(self.base)
-        self.display.trials_total(1 + sum(len(self.space.candidates_for(d, self.base)) - 1 for d in dims))
+        self.display.trials_total(1 + sum(max(len(self.space.candidates_for(d, self.base)) - 1, 0) for d in dims))
         current = self.evaluate(self.base)
         for _ in range(MAX_PASSES):
             moved = False
             for i, dim in enumerate(dims):
                 options = self.space.candidates_for(dim, current.candidate)
-                later = sum(len(self.space.candidates_for(d, current.candidate)) - 1 for d in dims[i + 1:])
+                later = sum(max(len(self.space.candidates_for(d, current.candidate)) - 1, 0) for d in dims[i + 1:])
                 self.display.trials_total(len(self._cache) + sum(o not in self._cache for o in options) + later)
                 best, previous = current, None
                 for option in options:
