@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 import bench_core
-import loadgen
+from tritond.perf import loadgen
 
 WIDTH = 256
 MODELS = {  # model -> (framework label, input name)

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import loadgen
+from tritond.perf import loadgen
 from bench_core import Server, ServerStartError, build_repository
 
 READY_TIMEOUT_S = 180.0

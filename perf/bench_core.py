@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-import loadgen
+from tritond.perf import loadgen
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 120.0

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import bench_core
-import loadgen
+from tritond.perf import loadgen
 
 SIDE = 578                       # 3 * 578 * 578 = 1,002,252 bytes
 ENSEMBLE = "search_pipeline_ensemble"

@@ -29,7 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-import loadgen
+from tritond.perf import loadgen
 from bench_core import READY_TIMEOUT_S, Server, build_repository
 
 MODELS = {"identity": ("identity_fp32", (16,)), "mlp": ("mlp_onnx", (1, 256))}
@@ -58,7 +58,7 @@ async def _run(target: str, model: str, shape: tuple, conc: int, duration: float
     senders = [sender(c) for c in conns]
     try:
         await senders[0]()
-        return await loadgen._measure(senders, warmup, duration, 30.0)
+        return await loadgen.closed_loop(senders, warmup, duration, 30.0)
     finally:
         for c in conns:
             c.close()

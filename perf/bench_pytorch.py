@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import bench_core
-import loadgen
+from tritond.perf import loadgen
 
 WIDTH = 256
 GPU_WIDTH = 4096

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-import loadgen
+from tritond.perf import loadgen
 from bench_core import ROOT, Server, free_port, is_ready
 
 MODEL_SOURCE = ROOT / "tests" / "fixtures" / "fault_model.py"

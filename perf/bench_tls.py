@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import loadgen
+from tritond.perf import loadgen
 from bench_core import (READY_TIMEOUT_S, ROOT, STOP_TIMEOUT_S, Server, ServerStartError, build_repository,
                         free_port, is_ready)
 

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-import loadgen
 from bench_core import ROOT, Server, ServerStartError
+
+from tritond.perf import loadgen
 
 sys.path.insert(0, str(ROOT / "tests"))
 from fault_models import add_fault_model  # noqa: E402  (the tests' fault model, shared)

@@ -37,7 +37,7 @@ import grpc
 import numpy as np
 from tritonclient.utils import shared_memory as shm
 
-import loadgen
+from tritond.perf import loadgen
 from bench_core import ROOT, free_port, is_ready, tritond_argv
 from soak_chaos import Chaos, ChaosLog, ProcessTable, orphans, session_processes, shm_usage
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from loadgen import HttpConnection
+from tritond.perf.loadgen import HttpConnection
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 

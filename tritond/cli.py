@@ -1,4 +1,4 @@
-"""`tritond start|check`: the command line. `tritond --model-repository ...` means start,
+"""`tritond start|check|perf|analyze`: the command line. `tritond --model-repository ...` means start,
 so a tritonserver command line works with only the program name changed."""
 from __future__ import annotations
 
@@ -48,16 +48,29 @@ def cmd_check(argv: list[str]) -> int:
     return check(args.repositories, not args.disable_auto_complete_config)
 
 
+def cmd_perf(argv: list[str]) -> int:
+    from .perf.cli import main as perf_main
+    return perf_main(argv)
+
+
+def cmd_analyze(argv: list[str]) -> int:
+    from .analyze.cli import main as analyze_main
+    return analyze_main(argv)
+
+
+COMMANDS = {"start": cmd_start, "check": cmd_check, "perf": cmd_perf, "analyze": cmd_analyze}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "start":
-        return cmd_start(argv[1:])
-    if argv and argv[0] == "check":
-        return cmd_check(argv[1:])
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]](argv[1:])
     if argv and argv[0].startswith("--") and argv[0] not in ("--help", "-h"):
         return cmd_start(argv)
     print("usage: tritond start --model-repository DIR [options]\n"
           "       tritond check DIR [DIR ...]\n"
+          "       tritond perf -m MODEL [-u URL] [perf_analyzer's options]\n"
+          "       tritond analyze -m MODEL [--repository DIR | -u URL] [objectives]\n"
           "Run 'tritond start --help' for the server options.", file=sys.stderr)
     return 0 if argv and argv[0] in ("--help", "-h") else 1
 

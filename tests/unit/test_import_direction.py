@@ -34,6 +34,9 @@ RULES = [
     # Frameworks load only in their workers (the repository reads their model files without them).
     ("tritond.broker", ("openvino", "tensorflow")),
     ("tritond.repository", ("openvino", "tensorflow")),
+    # perf and analyze are clients: they reach the server through its HTTP/gRPC API only
+    ("tritond.perf", ("tritond.broker", "tritond.workers", "tritond.frontend", "tritond.shm", "tritond.analyze") + TOP),
+    ("tritond.analyze", ("tritond.broker", "tritond.workers", "tritond.frontend", "tritond.shm") + TOP),
 ]
 
 

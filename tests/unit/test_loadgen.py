@@ -1,26 +1,12 @@
-"""perf/loadgen.py against tiny in-process servers: requests are well formed and counted."""
+"""tritond.perf.loadgen against tiny in-process servers: requests are well formed and counted."""
 import asyncio
-import importlib.util
 import json
 import struct
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load_loadgen():
-    spec = importlib.util.spec_from_file_location("loadgen", ROOT / "perf" / "loadgen.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["loadgen"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-loadgen = _load_loadgen()
+from tritond.perf import loadgen
 
 
 class TinyHttpServer:
