@@ -30,6 +30,7 @@ from .scheduler import BatchPolicy, Scheduler
 log = logging.getLogger("tritond.broker")
 
 
+
 class Lifecycle:
     def __init__(self, opts: dict[str, Any], registry: ModelRegistry, instances: InstanceTable,
                  pool: WorkerProcesses, requests: RequestPath, clock: Clock) -> None:
@@ -41,6 +42,12 @@ class Lifecycle:
         self.clock = clock
         self.workers_endpoint = Addresses(opts["run_dir"]).workers
         self.on_settle: Callable[[], None] = lambda: None   # a version left LOADING
+
+    def wait_for_templates(self, seconds: float) -> None:
+        """How long starting a worker may wait for its kind's template to finish importing:
+        during startup (nothing is served yet) rather than spawn it with its own import; after
+        it, never, so the loop does not stop for an import."""
+        self.pool.templates.wait_s = seconds
 
     # ---------------------------------------------------------------- versions and instances
 

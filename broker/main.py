@@ -7,11 +7,13 @@ import shutil
 import signal
 import sys
 
-from tritond.process import die_with_parent, setup_logging
+from tritond.process import become_subreaper, die_with_parent, setup_logging
 from tritond.shm.naming import PREFIX, sweep
 
+from .pool import WorkerProcesses
 from .server import Broker
 from .sockets import BrokerSockets
+from .templates import Templates
 
 
 def main(argv: list[str]) -> int:
@@ -26,10 +28,13 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor turns ^C into a drain
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)      # log reopening comes by message
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})   # started blocked (supervisor.py)
+    become_subreaper()
     sockets = BrokerSockets(opts["run_dir"])
+    pool = WorkerProcesses(Templates(enabled=bool(opts.get("worker_templates", True))))
     try:
-        code = Broker(opts, sockets).run(sig_r)
+        code = Broker(opts, sockets, pool).run(sig_r)
     finally:
+        pool.close()
         sockets.close()
     if os.getppid() != opts["supervisor_pid"]:
         # The supervisor was killed and cannot clean up: the last process of the server does.

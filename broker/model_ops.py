@@ -45,6 +45,9 @@ NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enable
 SIGHUP_CONFIRM_S = 1.0      # a SIGHUP rescan looks again this soon to confirm what it saw
 
 
+STARTUP_TEMPLATE_WAIT_S = 60.0
+
+
 def _no_version(name: str) -> str:
     return f"at least one version must be available under the version policy of model '{name}'"
 
@@ -181,7 +184,11 @@ class ModelControl:
                 log.error("failed to load '%s', failed to poll from model repository", name)
         order, deps = yield Job(lambda: self._order(sources, sorted(wanted)))
         yield Lock(frozenset(order))
-        yield from self._load_in_order(sources, order, deps)
+        self.lifecycle.wait_for_templates(STARTUP_TEMPLATE_WAIT_S)
+        try:
+            yield from self._load_in_order(sources, order, deps)
+        finally:
+            self.lifecycle.wait_for_templates(0.0)
         self.registry.startup_done = True
         self.registry.dirty = True
         if self.mode == "poll":

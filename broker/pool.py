@@ -18,11 +18,15 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
+
 import msgspec
 
 from tritond.process import EXIT_NO_MEMORY
 from tritond.wire.schema import WorkerSpec
+
+from .templates import Templates
 
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 5.0
@@ -111,46 +115,69 @@ def record_crash(inst: Instance, now: float) -> bool:
 
 
 class WorkerProcesses:
-    """Starts, signals and reaps worker processes.
+    """Starts, signals and reaps worker processes: forked from a warm template when one
+    serves the model (broker/templates.py), else spawned with an argv list (never a shell).
+    A forked worker is re-parented to the broker (a child subreaper), so both kinds are the
+    broker's children, watched through pidfds and reaped alike. Every process started here
+    stays listed until it is reaped: none can be forgotten alive.
 
     Generations are unique across the broker, not per slot, so a model unloaded and loaded
     again never reuses the identity of a worker that may still be exiting."""
 
-    def __init__(self) -> None:
+    def __init__(self, templates: Templates | None = None) -> None:
         self._generations = itertools.count(1)
-        self._procs: dict[int, subprocess.Popen] = {}   # pid -> process
+        self._procs: dict[int, subprocess.Popen | None] = {}   # pid -> spawned process (None: forked)
+        self.templates = templates or Templates(enabled=False)
 
     def next_generation(self) -> int:
         return next(self._generations)
 
     def spawn(self, inst: Instance, spec: WorkerSpec, env: dict[str, str] | None) -> None:
-        """Start the process of `inst`'s current generation (argv list, never a shell)."""
-        argv = [sys.executable, "-m", "tritond.workers.main", msgspec.json.encode(spec).decode()]
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})   # workers ignore SIGHUP
-        try:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        self._procs[proc.pid] = proc
-        inst.pid = proc.pid
-        inst.pidfd = os.pidfd_open(proc.pid)
+        """Start the process of `inst`'s current generation."""
+        pid = self.templates.fork(spec) if env is None else None
+        if pid is not None:
+            self._procs[pid] = None
+        else:
+            argv = [sys.executable, "-m", "tritond.workers.main", msgspec.json.encode(spec).decode()]
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})   # workers ignore SIGHUP
+            try:
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            pid = proc.pid
+            self._procs[pid] = proc
+        inst.pid = pid
+        inst.pidfd = os.pidfd_open(pid)
+
+    def forked(self, inst: Instance) -> bool:
+        return inst.pid in self._procs and self._procs[inst.pid] is None
 
     def alive(self, inst: Instance) -> bool:
-        proc = self._procs.get(inst.pid)
-        return proc is not None and proc.poll() is None
+        if inst.pid not in self._procs:
+            return False
+        proc = self._procs[inst.pid]
+        if proc is not None:
+            return proc.poll() is None
+        try:        # look without reaping: the pidfd's owner reaps it
+            return os.waitid(os.P_PID, inst.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:
+            return False
 
     def kill(self, inst: Instance, sig: int = signal.SIGKILL) -> None:
-        proc = self._procs.get(inst.pid)
-        if proc is not None and proc.poll() is None:
+        if self.alive(inst):
             try:
-                proc.send_signal(sig)
+                os.kill(inst.pid, sig)
             except ProcessLookupError:
                 pass
 
     def reap(self, inst: Instance) -> int:
         """Collect the exit status of a dead worker and close its pidfd."""
         proc = self._procs.pop(inst.pid)
-        rc = proc.wait()
+        if proc is not None:
+            rc = proc.wait()
+        else:
+            _, status = os.waitpid(inst.pid, 0)
+            rc = os.waitstatus_to_exitcode(status)
         if inst.pidfd >= 0:
             os.close(inst.pidfd)
             inst.pidfd = -1
@@ -158,14 +185,41 @@ class WorkerProcesses:
 
     def wait(self, inst: Instance, timeout: float) -> bool:
         """Wait up to `timeout` for the process to end; True when it has."""
-        proc = self._procs.get(inst.pid)
-        if proc is None:
-            return True
-        try:
-            proc.wait(max(0.0, timeout))
-        except subprocess.TimeoutExpired:
-            return False
+        deadline = time.monotonic() + max(0.0, timeout)
+        while self.alive(inst):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
         return True
 
-    def live(self) -> list[int]:
-        return [pid for pid, p in self._procs.items() if p.poll() is None]
+    def reap_strays(self) -> list[int]:
+        """Reap exited children the broker never started: descendants of workers that were
+        orphaned and re-parented to the broker (it is a subreaper). Returns their pids."""
+        known = set(self._procs) | self.templates.pids()
+        reaped = []
+        for pid in _children(os.getpid()) - known:
+            try:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    os.waitpid(pid, 0)
+                    reaped.append(pid)
+            except ChildProcessError:
+                pass
+        return reaped
+
+    def close(self) -> None:
+        self.templates.close()
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.update(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return out

@@ -24,6 +24,7 @@ log = logging.getLogger("tritond.broker")
 
 HEARTBEAT_TIMEOUT_S = 3.0
 LOAD_TIMEOUT_S = 300.0
+STRAY_CHECK_S = 5.0
 _WATCHED = (InstanceState.READY, InstanceState.BUSY, InstanceState.STOPPING)
 _EXECUTING = (InstanceState.BUSY, InstanceState.STOPPING)
 
@@ -54,6 +55,7 @@ class Supervision:
         self._announce_gone = announce_gone
         self._publish = publish          # sends the model table now if it changed
         self.shutting_down = False      # no restarts, no retries
+        self.next_stray_check = 0.0
 
     def on_exit(self, inst: Instance, now: float) -> None:
         """A worker process ended: reclaim its shared memory, drop its identity (so late frames
@@ -111,7 +113,12 @@ class Supervision:
 
     def check(self, now: float, judge_silence: bool) -> None:
         """Restart instances whose backoff ended; kill hung, overrunning or stuck workers
-        (the pidfd then reports the death and `on_exit` takes over)."""
+        (the pidfd then reports the death and `on_exit` takes over); reap orphans of workers
+        that were re-parented to the broker."""
+        if now >= self.next_stray_check:
+            self.next_stray_check = now + STRAY_CHECK_S
+            for pid in self.pool.reap_strays():
+                log.info("reaped process %d, an orphan of a worker", pid)
         for mv in list(self.registry.all_versions()):
             for inst in mv.instances:
                 if inst.state is InstanceState.RESTARTING:

@@ -100,6 +100,8 @@ def start_parser() -> argparse.ArgumentParser:
     p.add_argument("--mps-active-thread-percentage", type=int, default=None, metavar="PCT",
                    help="share of a GPU's SMs each GPU worker may use under --mps (1-100)")
     observe_options.add_flags(p, _flag, parse_bool)
+    _flag(p, "--worker-templates", True,
+          "fork CPU workers from one warm process per backend that imported the framework once")
     connection_limits.add_arguments(p, parse_bool)
     triton_flags.add_to(p)
     return p
@@ -273,6 +275,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         **observe,
         **_connection_limits(args),
         "startup_notes": notes,
+        "worker_templates": args.worker_templates,
     }
 
 

@@ -13,6 +13,7 @@ from tritond import logs
 from tritond.wire.schema import LogConfig
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 # A worker that hits MemoryError exits with this code (ENOMEM), so the broker can say why.
 EXIT_NO_MEMORY = 12
 # A frontend the broker refused (another protocol version) exits with this code; the
@@ -29,6 +30,14 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL) -> None:
         pass
     if os.getppid() != expected_parent:
         os._exit(1)
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants are re-parented to us, not to init: workers forked from a
+    template are the broker's children to watch and reap."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
 def limit_memory(nbytes: int) -> None:

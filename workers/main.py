@@ -20,6 +20,7 @@ import time
 
 import msgspec
 import zmq
+from setproctitle import setproctitle
 
 from tritond import logs
 from tritond.process import EXIT_NO_MEMORY, die_with_parent, limit_memory, setup_logging
@@ -241,14 +242,25 @@ def out_of_memory(model: str) -> None:
         os._exit(EXIT_NO_MEMORY)
 
 
-def main(argv: list[str]) -> int:
-    spec = msgspec.json.decode(argv[1], type=P.WorkerSpec)
+def run_worker(spec: P.WorkerSpec) -> int:
+    """Run one worker to its end, in a process spawned for it or forked from a template."""
     die_with_parent(spec.broker_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the broker stops workers by message
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # log reopening comes by message
+    setproctitle(process_title(spec))
     setup_logging(spec.log_verbose, f"worker:{spec.instance_name}", spec.log)
     return Worker(spec).run()
+
+
+def process_title(spec: P.WorkerSpec) -> str:
+    """What `ps` and /proc/<pid>/cmdline show: which server, model and instance this is."""
+    return (f"tritond-worker server={spec.server_id} model={spec.model} version={spec.version} "
+            f"instance={spec.instance_name}")
+
+
+def main(argv: list[str]) -> int:
+    return run_worker(msgspec.json.decode(argv[1], type=P.WorkerSpec))
 
 
 if __name__ == "__main__":
