@@ -37,7 +37,8 @@ from bench_core import ROOT, Server, ServerStartError
 from tritond.perf import loadgen
 
 sys.path.insert(0, str(ROOT / "tests"))
-from fault_models import add_fault_model  # noqa: E402  (the tests' fault model, shared)
+from conftest import worker_title  # noqa: E402  (the tests' helpers, shared)
+from fault_models import add_fault_model  # noqa: E402
 
 KILL_LOG = re.compile(r"model 'chaos' instance '[^']+' \(pid (\d+)\) died \(killed by signal 9 \(SIGKILL\)\); "
                       r"its batch held (\d+) request")
@@ -65,20 +66,9 @@ def build(repo: Path, sleep_ms: float) -> None:
 
 
 def worker_pids(server_id: str, model: str) -> list[int]:
-    """Workers of `model` of this server, read from their argv (the broker's spawn spec)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"tritond.workers.main" in argv and any(server_id.encode() in a for a in argv):
-            if json.loads(argv[argv.index(b"tritond.workers.main") + 1])["model"] == model:
-                out.append(int(entry))
-    return out
+    """Workers of `model` of this server, by their process title."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()
+            and (t := worker_title(int(e))) is not None and t.get("server") == server_id and t.get("model") == model]
 
 
 def stale_segments(server_id: str) -> list[str]:

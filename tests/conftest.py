@@ -6,7 +6,6 @@ can find every process it left behind; its shared-memory segments carry its serv
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -73,6 +72,20 @@ def session_pids(sid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[3]) == sid:
             out.append(int(entry))
     return out
+
+
+def worker_title(pid: int) -> dict[str, str] | None:
+    """The fields of a worker's process title (`tritond-worker server=... model=... ...`), or
+    None when `pid` is not a worker."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().replace(b"\0", b" ").decode(errors="replace").split()
+    except OSError:
+        return None
+    if not words or words[0] != "tritond-worker":
+        return None
+    head, _, model_dir = " ".join(words).partition(" dir=")
+    return dict(w.split("=", 1) for w in head.split()[1:] if "=" in w) | {"dir": model_dir}
 
 
 class TritondServer:
@@ -161,18 +174,12 @@ class TritondServer:
         return session_pids(self.proc.pid) if self.proc else []
 
     def worker_pids(self, model: str | None = None) -> list[int]:
-        """Worker processes, optionally of one model (read from their argv spec)."""
+        """Worker processes, optionally of one model (from their process title)."""
         out = []
         for pid in self.pids():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if b"tritond.workers.main" in argv:
-                spec = json.loads(argv[argv.index(b"tritond.workers.main") + 1])
-                if model is None or spec["model"] == model:
-                    out.append(pid)
+            title = worker_title(pid)
+            if title is not None and (model is None or title.get("model") == model):
+                out.append(pid)
         return out
 
     def role_pids(self, module: str) -> list[int]:

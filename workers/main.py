@@ -256,7 +256,7 @@ def run_worker(spec: P.WorkerSpec) -> int:
 def process_title(spec: P.WorkerSpec) -> str:
     """What `ps` and /proc/<pid>/cmdline show: which server, model and instance this is."""
     return (f"tritond-worker server={spec.server_id} model={spec.model} version={spec.version} "
-            f"instance={spec.instance_name}")
+            f"instance={spec.instance_name} dir={spec.model_dir}")
 
 
 def main(argv: list[str]) -> int:

@@ -62,13 +62,7 @@ def infer_identity(server: TritondServer, model: str, values: list[float]) -> np
 
 def model_dirs(server: TritondServer) -> list[str]:
     """The local directories the workers loaded their models from."""
-    import json
-    out = []
-    for pid in server.worker_pids():
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-        out.append(json.loads(argv[argv.index(b"tritond.workers.main") + 1])["model_dir"])
-    return out
+    return [worker_title(pid)["dir"] for pid in server.worker_pids()]
 
 
 def test_serve_from_s3_with_credentials_file(s3, example_repo):
