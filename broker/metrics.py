@@ -163,6 +163,7 @@ def snapshot(broker: Any) -> dict[str, Any]:
         if reported(mv):
             models.append(model_snapshot(mv, quantiles, bool(mv.view.response_cache)))
     peers = [{"role": kind, "pid": pid} for ident, (kind, pid) in broker.peers.items() if ident in broker.frontends]
+    peers += [{"role": "template", "pid": pid} for pid in broker.pool.templates.pids()]
     return {
         "models": models,
         "server": {

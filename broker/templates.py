@@ -2,12 +2,12 @@
 
 A template imports its framework once; every worker forked from it shares that code and
 heap copy-on-write, so an extra worker costs what it writes, not a framework import. Which
-workers are forked: CPU instances of the python, onnxruntime, pytorch and openvino backends.
-Spawned fresh instead: GPU instances (a CUDA context must not be inherited), models with
-their own Python environment (EXECUTION_ENV_PATH), models with `memory_limit_bytes` (the
-limit would count the template's heap), kinds whose import starts threads (the template
-refuses to fork those), and any worker whose template is not ready when it is needed after
-startup, so the broker's loop never waits for an import.
+workers are forked: CPU instances of the python, onnxruntime and pytorch backends. Spawned
+fresh instead: GPU instances (a CUDA context must not be inherited), models with their own
+Python environment (EXECUTION_ENV_PATH), models with `memory_limit_bytes` (the limit would
+count the template's heap), kinds whose import starts Python threads (openvino, tensorflow;
+a template also refuses to fork if that happens), and any worker whose template is not ready
+when it is needed after startup, so the broker's loop never waits for an import.
 
 A template that dies is started again the next time its kind is needed.
 """
@@ -29,7 +29,8 @@ from tritond.wire.schema import WorkerSpec
 
 log = logging.getLogger("tritond.broker")
 
-FORKABLE = {"python": "python", "onnxruntime": "onnxruntime", "pytorch": "pytorch", "openvino": "openvino"}
+# OpenVINO starts a Python thread when imported, so its workers are spawned.
+FORKABLE = {"python": "python", "onnxruntime": "onnxruntime", "pytorch": "pytorch"}
 PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch"}
 FORK_TIMEOUT_S = 10.0
 READY = b"R"

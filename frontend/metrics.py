@@ -221,6 +221,22 @@ def process_usage(pid: int) -> tuple[float, int]:
     return (int(fields[11]) + int(fields[12])) / TICKS, rss
 
 
+def process_memory(pid: int) -> tuple[int, int]:
+    """(PSS, USS) bytes of one process: its share of every page it maps (pages shared with
+    N processes count 1/N), and the pages only it maps (what one more such process costs)."""
+    pss = uss = 0
+    try:
+        for line in _read(f"/proc/{pid}/smaps_rollup").splitlines():
+            key, _, rest = line.partition(":")
+            if key == "Pss":
+                pss = int(rest.split()[0]) * 1024
+            elif key in ("Private_Clean", "Private_Dirty"):
+                uss += int(rest.split()[0]) * 1024
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+    return pss, uss
+
+
 class Gpus:
     """NVML, when a GPU and nvidia-ml-py are there; otherwise one log line saying why not."""
 
@@ -350,8 +366,14 @@ def server_families(f: Families, snap: dict[str, Any], sampler: HostSampler, ser
             acc[1] += rss
             if pid in workers:
                 m, instance = workers[pid]
+                labels = {"model": m["name"], "version": str(m["version"]), "instance": instance}
                 f.add("tritond_worker_resident_memory_bytes", g, "Resident memory of a worker process, in bytes",
-                      {"model": m["name"], "version": str(m["version"]), "instance": instance}, rss)
+                      labels, rss)
+                pss, uss = process_memory(pid)
+                help_text = ("Memory of a worker process, in bytes: pss = its share of every page it maps, "
+                             "uss = the pages only it maps (what one more instance costs)")
+                f.add("tritond_worker_memory_bytes", g, help_text, dict(labels, type="pss"), pss)
+                f.add("tritond_worker_memory_bytes", g, help_text, dict(labels, type="uss"), uss)
         for role, (seconds, rss) in sorted(per_role.items()):
             f.add("tritond_process_cpu_seconds", c, "CPU time used by the server's processes of one role "
                   "(supervisor, broker, http, grpc, worker), in seconds", {"role": role}, round(seconds, 2))

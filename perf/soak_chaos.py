@@ -48,11 +48,11 @@ def session_processes(sid: int) -> dict[int, str]:
 def role_of(pid: int, argv: list[bytes], sid: int) -> str:
     if pid == sid:
         return "supervisor"
-    if b"tritond.workers.main" in argv:
-        spec = json.loads(argv[argv.index(b"tritond.workers.main") + 1])
-        return f"worker {spec['model']}/{spec['instance_name']}"
+    if argv and argv[0].startswith(b"tritond-worker"):
+        title = dict(w.split("=", 1) for w in b" ".join(argv).decode(errors="replace").split()[1:] if "=" in w)
+        return f"worker {title.get('model')}/{title.get('instance')}"
     for module, role in ((b"tritond.broker.main", "broker"), (b"tritond.frontend.http", "http frontend"),
-                         (b"tritond.frontend.grpc", "grpc frontend")):
+                         (b"tritond.frontend.grpc", "grpc frontend"), (b"tritond.workers.template", "template")):
         if any(module in a for a in argv):
             return role
     return "other: " + b" ".join(argv[:3]).decode(errors="replace")

@@ -10,11 +10,11 @@ MODEL_SOURCE = Path(__file__).resolve().parent / "fixtures" / "fault_model.py"
 
 def add_fault_model(repo: Path, name: str, *, count: int = 1, max_batch: int = 4, dims: str = "-1",
                     batching: str | None = "", params: dict[str, object] | None = None,
-                    pid_outputs: bool = False, tag_output: bool = False, group: str = "", extra: str = "",
+                    pid_outputs: bool = False, tag_output: bool = False, random_output: bool = False, group: str = "", extra: str = "",
                     versions: tuple[int, ...] = (1,)) -> None:
     """One model directory: `batching` is the body of `dynamic_batching { }` (None: no dynamic
     batching), `params` its config parameters, `pid_outputs` adds the PID and BATCH_SIZE outputs,
-    `tag_output` the TAG output; `group` goes inside its instance group, `extra` at the end of
+    `tag_output` the TAG output, `random_output` a RANDOM one; `group` goes inside its instance group, `extra` at the end of
     its config (model_warmup, version_policy); `versions` are its version directories."""
     for v in versions:
         (repo / name / str(v)).mkdir(parents=True)
@@ -25,6 +25,8 @@ def add_fault_model(repo: Path, name: str, *, count: int = 1, max_batch: int = 4
                     '{ name: "BATCH_SIZE" data_type: TYPE_INT32 dims: [ 1 ] }']
     if tag_output:
         outputs.append('{ name: "TAG" data_type: TYPE_INT32 dims: [ 1 ] }')
+    if random_output:
+        outputs.append('{ name: "RANDOM" data_type: TYPE_FP64 dims: [ 1 ] }')
     lines = [
         f'name: "{name}"',
         'backend: "python"',

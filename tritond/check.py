@@ -7,8 +7,9 @@ from tritond.repository.catalog import check_repository
 from tritond.repository.layout import repository_problem
 
 
-def check(repositories: list[str], autocomplete: bool = True) -> int:
-    """Print each model's status, errors and advice; 1 when any model is invalid."""
+def check(repositories: list[str], autocomplete: bool = True, memory: bool = False) -> int:
+    """Print each model's status, errors and advice (and with `memory`, what serving the
+    repository will cost); 1 when any model is invalid."""
     for repo in repositories:
         problem = repository_problem(repo)
         if problem:
@@ -26,4 +27,7 @@ def check(repositories: list[str], autocomplete: bool = True) -> int:
         for line in spec.advice:
             print(f"  advice: {line}")
     print(f"{len(specs) - bad} of {len(specs)} models valid")
+    if memory:
+        from .memory import report
+        print(report(specs))
     return 1 if bad else 0

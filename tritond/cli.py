@@ -44,8 +44,9 @@ def cmd_check(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tritond check", description="Validate model repositories.")
     p.add_argument("repositories", nargs="+")
     p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--memory", action="store_true", help="also estimate what serving them costs in memory")
     args = p.parse_args(argv)
-    return check(args.repositories, not args.disable_auto_complete_config)
+    return check(args.repositories, not args.disable_auto_complete_config, args.memory)
 
 
 def cmd_perf(argv: list[str]) -> int:
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0].startswith("--") and argv[0] not in ("--help", "-h"):
         return cmd_start(argv)
     print("usage: tritond start --model-repository DIR [options]\n"
-          "       tritond check DIR [DIR ...]\n"
+          "       tritond check [--memory] DIR [DIR ...]\n"
           "       tritond perf -m MODEL [-u URL] [perf_analyzer's options]\n"
           "       tritond analyze -m MODEL [--repository DIR | -u URL] [objectives]\n"
           "Run 'tritond start --help' for the server options.", file=sys.stderr)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import ROOT, free_port, http_get
+from conftest import ROOT, free_port, http_get
 
 IMAGE = os.environ.get("TRITOND_IMAGE", "localhost/tritond:latest")
 

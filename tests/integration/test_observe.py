@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT, TritondServer, build_example_repository, http_get
+from conftest import ROOT, TritondServer, build_example_repository, http_get
 
 CACHED = "identity_cached"
 CACHE_BYTES = 4096          # room for a few 1 KiB entries: the eviction test fills it

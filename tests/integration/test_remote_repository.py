@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import TritondServer, free_port, http_get
+from conftest import TritondServer, free_port, http_get, worker_title
 
 boto3 = pytest.importorskip("boto3", reason="boto3 comes with moto[server] (scripts/setup.sh --test)")
 pytest.importorskip("s3fs", reason="s3fs is installed by scripts/setup.sh --test")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import TritondServer
+from conftest import TritondServer
 
 
 def can_mount_tmpfs() -> str:

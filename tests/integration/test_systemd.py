@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
-from tests.conftest import TritondServer
+from conftest import TritondServer
 
 HANG_S = 6.0
 
