@@ -10,12 +10,13 @@ MODEL_SOURCE = Path(__file__).resolve().parent / "fixtures" / "fault_model.py"
 
 def add_fault_model(repo: Path, name: str, *, count: int = 1, max_batch: int = 4, dims: str = "-1",
                     batching: str | None = "", params: dict[str, object] | None = None,
-                    pid_outputs: bool = False, tag_output: bool = False, random_output: bool = False, group: str = "", extra: str = "",
-                    versions: tuple[int, ...] = (1,)) -> None:
+                    pid_outputs: bool = False, tag_output: bool = False, random_output: bool = False,
+                    group: str = "", extra: str = "", versions: tuple[int, ...] = (1,)) -> None:
     """One model directory: `batching` is the body of `dynamic_batching { }` (None: no dynamic
     batching), `params` its config parameters, `pid_outputs` adds the PID and BATCH_SIZE outputs,
-    `tag_output` the TAG output, `random_output` a RANDOM one; `group` goes inside its instance group, `extra` at the end of
-    its config (model_warmup, version_policy); `versions` are its version directories."""
+    `tag_output` the TAG output, `random_output` a RANDOM one; `group` goes inside its instance
+    group, `extra` at the end of its config (model_warmup, version_policy); `versions` are its
+    version directories."""
     for v in versions:
         (repo / name / str(v)).mkdir(parents=True)
         shutil.copyfile(MODEL_SOURCE, repo / name / str(v) / "model.py")
