@@ -3,7 +3,6 @@ model control on free loopback ports, logs to a file, stopped (SIGTERM, then SIG
 end; and the memory its model's worker processes use."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -84,7 +83,8 @@ class LocalServer:
             self.proc.wait()
 
     def worker_pids(self) -> list[int]:
-        """This server's worker processes for the model (read from their argv spec)."""
+        """This server's worker processes for the model (read from their process title,
+        `tritond-worker server=... model=<name> ...`)."""
         if self.proc is None:
             return []
         out = []
@@ -97,13 +97,9 @@ class LocalServer:
                 argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             except (OSError, ProcessLookupError):
                 continue
-            if b"tritond.workers.main" in argv:
-                try:
-                    spec = json.loads(argv[argv.index(b"tritond.workers.main") + 1])
-                except (IndexError, ValueError):
-                    continue
-                if spec.get("model") == self.model:
-                    out.append(int(entry))
+            words = b" ".join(argv).decode(errors="replace").split()
+            if words[:1] == ["tritond-worker"] and f"model={self.model}" in words:
+                out.append(int(entry))
         return out
 
     def model_memory_mb(self) -> float | None:
