@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tritond.wire.schema import Infer, InferReply
 
@@ -30,6 +30,9 @@ class Req:
     order: int = -1                  # preserve_ordering sequence number (-1: not ordered)
     retried: bool = False
     regions: list = field(default_factory=list)
+    key: int = 0                     # the broker's name for it towards workers (ExecRequest.key)
+    worker: bytes = b""              # identity of the worker it was dispatched to
+    seq: Any = None                  # its sequence (sequence-batched models)
 
 
 class InflightTable:

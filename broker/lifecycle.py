@@ -26,7 +26,7 @@ from .models import LOADING, READY, UNAVAILABLE, ModelVersion
 from .pool import Instance, InstanceState, WorkerProcesses
 from .registry import ModelRegistry
 from .requests import RequestPath
-from .scheduler import BatchPolicy, Scheduler
+from .sequences import new_scheduler
 
 log = logging.getLogger("tritond.broker")
 
@@ -203,7 +203,7 @@ class Lifecycle:
             if any(i.state is InstanceState.FAILED for i in mv.instances):
                 return
             if len(serving) == len(mv.instances):
-                mv.scheduler = Scheduler(BatchPolicy.from_view(mv.view))
+                mv.scheduler = new_scheduler(mv)
                 self.registry.set_state(mv, READY)
                 self.registry.check_startup()
             return

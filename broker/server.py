@@ -21,7 +21,7 @@ import zmq
 
 from tritond.shm.naming import PREFIX, sweep
 from tritond.wire import schema as S
-from tritond.wire.errors import TritonError, unavailable
+from tritond.wire.errors import Code, TritonError, unavailable
 
 from .bls import BlsCalls
 from .client_regions import ClientRegions
@@ -29,14 +29,17 @@ from .clock import Clock
 from .control import ControlHandler
 from .drain import Drain
 from .ensembles import Ensembles
-from .inflight import InflightTable, ReplyTo
+from .inflight import InflightTable, ReplyTo, Req
 from .instances import InstanceTable
 from .lifecycle import Lifecycle
+from .live import LiveRequests
 from .pool import Instance, InstanceState, WorkerProcesses
 from .registry import ModelRegistry
-from .requests import RequestPath, untrusted
+from .requests import CANCELLED, RequestPath, untrusted
+from .sequence_path import SequencePath
 from .settings import Settings
 from .sockets import BrokerSockets
+from .streams import Streams
 from .supervision import Supervision
 
 log = logging.getLogger("tritond.broker")
@@ -75,9 +78,13 @@ class Broker:
         self.instances = InstanceTable()
         self.inflight = InflightTable()
         self.regions = ClientRegions(self.unmap)
-        self.requests = RequestPath(self.inflight, self.regions, self.send_exec, self.clock)
+        self.live = LiveRequests()
+        self.streams = Streams(self.to_worker, self.route_release)
+        self.requests = RequestPath(self.inflight, self.regions, self.send_exec, self.clock, self.to_worker,
+                                    self.streams)
+        self.sequences = SequencePath(self.requests, self.registry, self.to_worker, self.clock)
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
-                                   self.clock, opts.get("model_config_name", ""))
+                                   self.clock, opts.get("model_config_name", ""), self.requests.cancel)
         self.bls = BlsCalls(self.registry, self.instances, self.reply_worker, self.route_release)
         self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests,
                                    self.ensembles, self.send_stop, self.clock)
@@ -101,6 +108,9 @@ class Broker:
 
     def send_stop(self, inst: Instance) -> None:
         self.sockets.to_worker(inst.identity, S.encode(S.Stop()))
+
+    def to_worker(self, ident: bytes, msg: Any) -> None:
+        self.sockets.to_worker(ident, S.encode(msg))
 
     def to_frontends(self, msg: Any) -> None:
         frame = S.encode(msg)
@@ -146,11 +156,17 @@ class Broker:
             self.frontends.add(ident)
             self.sockets.to_frontend(ident, S.encode(self.registry.table(self.drain.stopping, self.boot)))
         if isinstance(msg, S.Infer):
-            self.on_infer(functools.partial(self.reply_frontend, ident), msg)
+            self.on_infer(functools.partial(self.reply_frontend, ident), msg, requester=ident)
         elif isinstance(msg, S.Release):
             self.route_release(msg)
         elif isinstance(msg, S.Control):
             self.control.handle(msg.op, functools.partial(self.answer_control, ident, msg.cid))
+        elif isinstance(msg, S.Cancel):
+            self.on_cancel(ident, msg.rid)
+        elif isinstance(msg, S.Credit):
+            handle = self.live.get(ident, msg.rid)
+            if isinstance(handle, Req):
+                self.streams.credit(handle, msg.n)
 
     def on_hello(self, ident: bytes, msg: S.Hello) -> None:
         if msg.proto != S.PROTOCOL_VERSION:
@@ -166,9 +182,10 @@ class Broker:
     def answer_control(self, ident: bytes, cid: int, result: Any = None, error: TritonError | None = None) -> None:
         self.sockets.to_frontend(ident, S.encode(S.ControlReply(cid, result, error)))
 
-    def on_infer(self, reply: ReplyTo, msg: S.Infer, caller: bytes | None = None) -> None:
-        """A request from a frontend, or (`caller`: a worker's identity) a model's BLS call,
-        which is served even while the server drains: its caller is a request in flight."""
+    def on_infer(self, reply: ReplyTo, msg: S.Infer, caller: bytes | None = None, requester: bytes = b"") -> None:
+        """A request from a frontend (`requester`), or (`caller`: a worker's identity) a model's
+        BLS call, which is served even while the server drains: its caller is a request in
+        flight. Either may cancel it while it is owed a reply."""
         try:
             if caller is None and self.drain.stopping:
                 raise unavailable(SHUTTING_DOWN)
@@ -181,7 +198,18 @@ class Broker:
             reply = self.bls.admit(caller, msg, mv)
             if reply is None:
                 return
-        self.ensembles.submit(reply, msg, mv)
+            requester = caller
+        route = self.live.route(requester, msg.rid, reply)
+        self.live.track(route, self.ensembles.submit(route, msg, mv))
+
+    def on_cancel(self, requester: bytes, rid: int) -> None:
+        handle = self.live.get(requester, rid)
+        if handle is None:
+            return                  # answered already
+        if isinstance(handle, Req):
+            self.requests.cancel(handle)
+        else:
+            handle.cancel(TritonError(Code.CANCELLED, CANCELLED))
 
     # ------------------------------------------------------------------ workers
 
@@ -202,10 +230,14 @@ class Broker:
             self.lifecycle.on_worker_up(mv, inst, msg)
         elif isinstance(msg, S.WorkerDown):
             self.supervision.on_load_failed(mv, inst, msg.reason)
+        elif isinstance(msg, S.Respond):
+            self.streams.on_respond(inst, msg, self.requests.finish)
         elif isinstance(msg, S.Infer):
             self.on_infer(functools.partial(self.reply_worker, ident), msg, caller=ident)
         elif isinstance(msg, S.Release):
             self.route_release(msg)
+        elif isinstance(msg, S.Cancel):
+            self.on_cancel(ident, msg.rid)
 
     def on_worker_exit(self, inst: Instance) -> None:
         self.supervision.on_exit(inst, self.clock.now())
@@ -239,6 +271,9 @@ class Broker:
             for t in (deadline, mv.wake_ns):
                 if t:
                     next_s = min(next_s, max(0.0, (t - now_ns) / 1e9))
+        idle_at = self.sequences.timers(now_ns)
+        if idle_at:
+            next_s = min(next_s, max(0.0, (idle_at - now_ns) / 1e9))
         if 0.0 < next_s < 0.001:
             self.sockets.wait_briefly(next_s)
             next_s = 0.0

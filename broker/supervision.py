@@ -69,6 +69,7 @@ class Supervision:
         failed, retried = self.requests.lost_batch(
             mv, bid, f"inference failed because model '{mv.name}' instance '{inst.name}' {how}",
             may_retry=not self.shutting_down)
+        self.requests.lost_instance(mv, inst, how)
         if inst.state in (InstanceState.STOPPING, InstanceState.STOPPED) or self.shutting_down or mv.unloaded:
             inst.state = InstanceState.STOPPED
             return

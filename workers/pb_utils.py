@@ -12,6 +12,7 @@ import copy
 import enum
 import json
 import logging
+import threading
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -284,10 +285,12 @@ class InferenceTrace:
 
 
 class ResponseIterator:
-    """What exec(decoupled=True) returns: the responses of one BLS call."""
+    """What exec(decoupled=True) returns: the responses of one BLS call as they arrive (the
+    last one may be empty: it only ends the call)."""
 
-    def __init__(self, responses: list[InferenceResponse]) -> None:
-        self._responses = iter(responses)
+    def __init__(self, responses: Iterator[InferenceResponse], cancel: Callable[[], None] | None = None) -> None:
+        self._responses = responses
+        self._cancel = cancel
 
     def __iter__(self) -> Iterator[InferenceResponse]:
         return self
@@ -296,22 +299,76 @@ class ResponseIterator:
         return next(self._responses)
 
     def cancel(self) -> None:
-        self._responses = iter(())
+        """Ask the callee to stop (its `is_cancelled()` turns true); responses already on their
+        way still arrive."""
+        if self._cancel is not None:
+            self._cancel()
+
+
+class ResponseSender:
+    """What `request.get_response_sender()` returns: sends a request's responses (a decoupled
+    model 0..N of them, then the final flag), from execute() or from any thread."""
+
+    def __init__(self, deliver: Callable[[InferenceResponse | None, bool], None], decoupled: bool,
+                 is_cancelled: Callable[[], bool]) -> None:
+        self._deliver = deliver
+        self._decoupled = decoupled
+        self._is_cancelled = is_cancelled
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent = 0
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero.")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"Expected an InferenceResponse, got {type(response).__name__}")
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:
+            if not self._decoupled:
+                if response is not None and self._sent > 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response.")
+                if response is None and final and self._sent == 0:
+                    raise TritonModelException("Unable to send response. Non-decoupled model cannot send "
+                                               "complete final before sending a response.")
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            self._closed = final
+            self._sent += 1
+        self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._is_cancelled()
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """No more responses may be sent (the backend answered the request otherwise)."""
+        with self._lock:
+            self._closed = True
 
 
 BlsHandler = Callable[..., tuple]
 _bls_handler: BlsHandler | None = None
+_bls_stream_handler: BlsHandler | None = None
 _model_dir = ""
 
 
-def set_bls_handler(handler: BlsHandler | None) -> None:
-    """Install the worker's BLS entry point.
+def set_bls_handler(handler: BlsHandler | None, stream_handler: BlsHandler | None = None) -> None:
+    """Install the worker's BLS entry points.
 
     handler(model_name, model_version, inputs, requested_output_names, request_id,
     parameters, correlation_id, flags, timeout_us) -> (outputs, tritond.wire.errors.TritonError | None)
+    stream_handler(same arguments) -> (iterator of (outputs, error), cancel callable)
     """
-    global _bls_handler
+    global _bls_handler, _bls_stream_handler
     _bls_handler = handler
+    _bls_stream_handler = stream_handler
 
 
 def set_model_dir(path: str) -> None:
@@ -347,7 +404,8 @@ class InferenceRequest:
         self._trace = trace or InferenceTrace()
         self._parameters = _parameters_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
-        self._response_sender: Any = None
+        self._response_sender: ResponseSender | None = None
+        self._cancelled: Callable[[], bool] | None = None
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -379,43 +437,56 @@ class InferenceRequest:
         return self._trace
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the requester gave up (client disconnect, gRPC cancel) while this executes."""
+        return self._cancelled is not None and self._cancelled()
 
     def set_release_flags(self, flags: int) -> None:
         self._release_flags = int(flags)
 
-    def get_response_sender(self) -> Any:
-        """The sender a backend attached for decoupled delivery."""
+    def get_response_sender(self) -> ResponseSender:
+        """The sender of this request's responses (requests a model received only)."""
         if self._response_sender is None:
-            raise NotImplementedError("response senders are not supported by this model's worker")
+            raise TritonModelException("only a request the model received has a response sender")
         return self._response_sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
-        """Run this request on another model through the worker (blocking)."""
-        response = self._run_bls()
-        return ResponseIterator([response]) if decoupled else response
+        """Run this request on another model through the worker (blocking); with `decoupled`,
+        an iterator over its responses as they arrive."""
+        if not decoupled:
+            return self._run_bls()
+        handler = _bls_stream_handler
+        if handler is None:
+            return ResponseIterator(iter([InferenceResponse(error=TritonError("BLS is not available"))]))
+        responses, cancel = handler(*self._bls_arguments())
+        return ResponseIterator((_bls_response(out, err) for out, err in responses), cancel)
 
     def async_exec(self, decoupled: bool = False) -> asyncio.Future:
         """Awaitable exec(): the blocking call runs in the running loop's executor."""
         return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
 
+    def _bls_arguments(self) -> tuple:
+        return (self.model_name, self._model_version, {t.name(): t.as_numpy() for t in self._inputs},
+                list(self._requested_output_names), self._request_id, json.loads(self._parameters),
+                self._correlation_id, self._flags, self._timeout)
+
     def _run_bls(self) -> InferenceResponse:
         handler = _bls_handler
         if handler is None:
             return InferenceResponse(error=TritonError("BLS is not available"))
-        inputs = {t.name(): t.as_numpy() for t in self._inputs}
         try:
-            outputs, error = handler(
-                self.model_name, self._model_version, inputs, list(self._requested_output_names),
-                self._request_id, json.loads(self._parameters), self._correlation_id,
-                self._flags, self._timeout)
+            outputs, error = handler(*self._bls_arguments())
         except TritonModelException:
             raise
         except Exception as exc:  # the caller gets an error response, as from Triton's Exec
             return InferenceResponse(error=TritonError(str(exc)))
-        if error is not None:
-            return InferenceResponse(error=TritonError(error.message, ErrorCode[error.code.name]))
-        return InferenceResponse([Tensor(name, array) for name, array in outputs.items()])
+        return _bls_response(outputs, error)
+
+
+def _bls_response(outputs: dict[str, np.ndarray] | None, error: Any) -> InferenceResponse:
+    """A BLS reply as the model sees it (`error`: a tritond.wire.errors.TritonError)."""
+    if error is not None:
+        return InferenceResponse(error=TritonError(error.message, ErrorCode[error.code.name]))
+    return InferenceResponse([Tensor(name, array) for name, array in (outputs or {}).items()])
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

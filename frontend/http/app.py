@@ -24,6 +24,8 @@ from ..dataplane import Dataplane, split_parameters
 from ..errors import http_status
 from ..metadata import EXTENSIONS, SERVER_VERSION, model_metadata
 from .codec import parse_infer, parse_json, render_response
+from .disconnect import until_disconnect
+from .generate import generate, generate_stream, parse_generate
 
 
 log = logging.getLogger("tritond.http")
@@ -225,7 +227,7 @@ class HttpApi:
         params = doc.get("parameters") or {}
         opts = split_parameters(params)
         opts.id = request_id
-        result = await self.dp.infer(entry, inputs, outputs, opts)
+        result = await until_disconnect(request, self.dp.infer(entry, inputs, outputs, opts))
         try:
             body_out, json_len = render_response(result, default_binary)
         finally:
@@ -243,6 +245,19 @@ class HttpApi:
             body_out = zlib.compress(body_out)
             headers["Content-Encoding"] = "deflate"
         return Response(body_out, headers=headers, media_type=media)
+
+    async def generate(self, request: Request) -> Response:
+        return await generate(self.dp, request, *await self._generate_request(request))
+
+    async def generate_stream(self, request: Request) -> Response:
+        return await generate_stream(self.dp, request, *await self._generate_request(request))
+
+    async def _generate_request(self, request: Request) -> tuple[S.ModelEntry, list, Any]:
+        entry = self.dp.entry(request.path_params["model"], self.version(request))
+        if request.headers.get("content-encoding", "").strip().lower() not in ("", "identity"):
+            raise invalid("Unsupported content-encoding, only 'identity' is supported.")
+        inputs, opts = parse_generate(await self.body(request), entry, self.opts.max_input_size)
+        return entry, inputs, opts
 
     # ------------------------------------------------------------- repository
 
@@ -406,6 +421,8 @@ class HttpApi:
                 r(base + "/config", self.model_config, ["GET"], "model-config"),
                 r(base + "/stats", self.model_stats, ["GET"], "statistics"),
                 r(base + "/infer", self.infer, ["POST"], "inference"),
+                r(base + "/generate", self.generate, ["POST"], "inference"),
+                r(base + "/generate_stream", self.generate_stream, ["POST"], "inference"),
             ]
         routes.append(r(m + "/trace/setting", self.trace, ["GET", "POST"], "trace"))
 
