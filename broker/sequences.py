@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 FLAG_START = 1
 FLAG_END = 2
 BACKLOG_EXPIRED = "timeout of the corresponding sequence has been expired"
+# A sequence lost with its worker keeps failing clearly at least this long (a restart takes a
+# while; an idle timeout alone would soon turn the error into "must specify the START flag").
+LOST_KEEP_NS = 300 * 1_000_000_000
 
 
 def corrid_text(corrid: int | str) -> str:
@@ -77,7 +80,9 @@ class SequenceBatcher:
         heapq.heapify(self.free)
         self.down: set[str] = set()          # instances whose worker died; their slots wait for it
         self.active: dict[int | str, Sequence] = {}     # correlation id -> sequence (before its END)
+        self.reap_at = 0                     # no sequence can be idle before this (0: none active)
         self.backlog: deque[Sequence] = deque()
+        self.deadline = 0                    # earliest backlog timeout (0: none; may be stale-early)
         self.owner: dict[Pending, Sequence] = {}
         self.issued_on: dict[Pending, Slot] = {}         # oldest: the slot a request was issued from
         self.count = 0
@@ -103,7 +108,8 @@ class SequenceBatcher:
         start = bool(flags & FLAG_START)
         seq = self.active.get(corrid)
         if seq is not None and seq.lost:
-            del self.active[corrid]
+            if start or flags & FLAG_END:
+                del self.active[corrid]
             if not start:
                 raise unavailable(seq.lost)
             seq = None
@@ -113,6 +119,8 @@ class SequenceBatcher:
                               f"specify the START flag on the first request of the sequence")
             seq = Sequence(next(self.keys), corrid)
             self.active[corrid] = seq
+            if not self.reap_at:
+                self.reap_at = now_ns + self.view.max_idle_us * 1000
             if not self._bind(seq):
                 self.backlog.append(seq)
         seq.queue.append((item, flags))
@@ -122,6 +130,7 @@ class SequenceBatcher:
         if seq.slot is None and timeout_us:
             deadline = now_ns + timeout_us * 1000
             seq.deadline_ns = min(seq.deadline_ns, deadline) if seq.deadline_ns else deadline
+            self.deadline = min(self.deadline, deadline) if self.deadline else deadline
         if flags & FLAG_END:
             seq.ended = True
             del self.active[corrid]
@@ -225,11 +234,13 @@ class SequenceBatcher:
 
     def next_deadline(self) -> int:
         """Earliest backlog timeout (0: none)."""
-        return min((s.deadline_ns for s in self.backlog if s.deadline_ns), default=0)
+        return self.deadline
 
     def expire(self, now_ns: int) -> list[Pending]:
         """Backlogged sequences whose timeout passed leave; their requests are returned (Triton
         answers them UNAVAILABLE BACKLOG_EXPIRED)."""
+        if not self.deadline or now_ns < self.deadline:
+            return []
         out: list[Pending] = []
         keep: deque[Sequence] = deque()
         for seq in self.backlog:
@@ -238,23 +249,30 @@ class SequenceBatcher:
             else:
                 keep.append(seq)
         self.backlog = keep
+        self.deadline = min((s.deadline_ns for s in keep if s.deadline_ns), default=0)
         return out
 
     def reap(self, now_ns: int) -> tuple[list[Sequence], int]:
         """Forget sequences idle for max_sequence_idle_microseconds (nothing queued or running),
-        freeing their slots; returns them (their state must go) and when to look again (0: never)."""
+        freeing their slots, and lost ones after LOST_KEEP_NS; returns them (their state must
+        go) and when to look again (0: never)."""
         idle_ns = self.view.max_idle_us * 1000
         reaped = []
         wake = 0
+        if now_ns < self.reap_at:
+            return reaped, self.reap_at
         for corrid, seq in list(self.active.items()):
-            due = seq.last_ns + idle_ns
-            if due <= now_ns and not seq.queue and not seq.issued:
-                del self.active[corrid]
-                reaped.append(seq)
-                if seq.slot is not None:
-                    self._release(seq.slot, now_ns)
-            else:
-                wake = min(wake, due) if wake else due
+            due = seq.last_ns + (max(idle_ns, LOST_KEEP_NS) if seq.lost else idle_ns)
+            if due <= now_ns:
+                if not seq.queue and not seq.issued:
+                    del self.active[corrid]
+                    reaped.append(seq)
+                    if seq.slot is not None:
+                        self._release(seq.slot, now_ns)
+                    continue
+                due = now_ns + idle_ns          # still busy: look again an idle period later
+            wake = min(wake, due) if wake else due
+        self.reap_at = wake
         return reaped, wake
 
     # ---------------------------------------------------------------- removal and failures
@@ -304,6 +322,7 @@ class SequenceBatcher:
                 continue
             count += 1
             seq.lost = reason(seq)
+            self.reap_at = self.reap_at or 1
             out.extend(self._drop(seq))
             if not seq.ended:
                 self.active[seq.corrid] = seq

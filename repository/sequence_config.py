@@ -73,6 +73,9 @@ def _element_size(datatype: int) -> int:
 
 
 def _states(cfg: model_config_pb2.ModelConfig, fail: Fail, model_path: str) -> None:
+    if cfg.sequence_batching.state and cfg.model_transaction_policy.decoupled:
+        raise fail("sequence_batching.state", "implicit state is not supported by tritond for decoupled models "
+                                              "(their responses are sent while the state would be updated)")
     inputs = {i.name for i in cfg.input}
     names: set[str] = set()
     for i, state in enumerate(cfg.sequence_batching.state):

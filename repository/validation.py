@@ -231,6 +231,9 @@ def validate_config(
         check_sequence_batching(cfg, fail, model_path)
     if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
         raise fail("response_cache", "the response cache does not support decoupled models")
+    if cfg.model_transaction_policy.decoupled and cfg.backend not in ("python", ""):
+        raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "
+                                                         f"only, not '{cfg.backend}'")
     if cfg.platform == ENSEMBLE_PLATFORM:
         _check_ensemble(cfg, fail)
         return

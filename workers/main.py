@@ -235,7 +235,8 @@ class Worker:
 
     def run(self) -> int:
         stop = threading.Event()
-        threading.Thread(target=heartbeat, args=(self.ctx, self.spec, stop, self.flow), daemon=True).start()
+        beat = threading.Thread(target=heartbeat, args=(self.ctx, self.spec, stop, self.flow), daemon=True)
+        beat.start()
         try:
             backend, completed = self.load()
         except BaseException as e:
@@ -243,6 +244,7 @@ class Worker:
             log.error("failed to load model '%s': %s", self.spec.model, text)
             self.send(P.WorkerDown(text))
             stop.set()
+            beat.join(2 * HEARTBEAT_INTERVAL_S)
             self.close()
             return 1
         self.send(P.WorkerUp(P.PROTOCOL_VERSION, os.getpid(), completed))
@@ -254,6 +256,7 @@ class Worker:
         try:
             backend.close()
         finally:
+            beat.join(2 * HEARTBEAT_INTERVAL_S)    # its socket closes before the context ends
             self.close()
         return 0
 

@@ -251,13 +251,27 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 self.dp.release(result)
             await write(message)
             return
-        async for item in self.dp.infer_stream(entry, inputs, outputs, opts):
-            if item.error is not None:
-                await write(cv.stream_error(request, item.error, item.final))
-            elif item.result is not None:
-                await write(cv.stream_response(item.result, item.final))
-            elif opts.empty_final:
-                await write(cv.stream_empty_final(request))
+        # One write in flight while the next response is made ready: a write waits for gRPC
+        # to take the message, which would otherwise add to every response's latency.
+        pending: asyncio.Future | None = None
+        try:
+            async for item in self.dp.infer_stream(entry, inputs, outputs, opts):
+                if item.error is not None:
+                    message = cv.stream_error(request, item.error, item.final)
+                elif item.result is not None:
+                    message = cv.stream_response(item.result, item.final)
+                elif opts.empty_final:
+                    message = cv.stream_empty_final(request)
+                else:
+                    continue
+                if pending is not None:
+                    await pending
+                pending = asyncio.ensure_future(write(message))
+            if pending is not None:
+                await pending
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
 
     # ------------------------------------------------------------- repository
 
