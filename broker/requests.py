@@ -277,3 +277,6 @@ class RequestPath:
             self.fail_queued(mv, err)
         for r in self.inflight.take_all():
             self.fail(r, err)
+        if self.streams is not None:
+            for r in list(self.streams.open.values()):
+                self.fail(r, err)

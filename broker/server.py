@@ -284,7 +284,7 @@ class Broker:
             self.next_ping = now + PING_INTERVAL_S
             self.to_frontends(S.Ping(self.boot))
         self.control.tick()
-        idle = not self.inflight and self.registry.idle()
+        idle = not self.inflight and not self.streams.open and self.registry.idle()
         cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.get("supervisor_pid"))
         if cancel:
             self.requests.cancel_all(list(self.registry.versions()),

@@ -239,7 +239,8 @@ def test_an_ensemble_with_a_decoupled_step_streams(streaming_server, stream):
 
 
 def test_a_client_that_disconnects_takes_its_queued_request_out(streaming_server, tmp_path):
-    """slow_echo runs one request at a time for 1 s; the second client leaves while queued."""
+    """slow_echo runs one request at a time for 1 s; an HTTP client that disconnects and a gRPC
+    client whose deadline passes leave while queued behind it: theirs never run."""
     host, port = streaming_server.http_url.split(":")
     body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}).encode()
     request = (b"POST /v2/models/slow_echo/infer HTTP/1.1\r\nHost: x\r\n"
@@ -250,10 +251,14 @@ def test_a_client_that_disconnects_takes_its_queued_request_out(streaming_server
     with socket.create_connection((host, int(port))) as second:
         second.sendall(request)
         time.sleep(0.3)                               # queued behind the first; then gone
+    grpc = grpcclient.InferenceServerClient(streaming_server.grpc_url)
+    inp = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 1), np.float32))
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        grpc.infer("slow_echo", [inp], client_timeout=0.2)
     assert b"200 OK" in first.recv(4096)
     first.close()
-    stats = httpclient.InferenceServerClient(streaming_server.http_url).get_inference_statistics("slow_echo")
     time.sleep(1.2)
     stats = httpclient.InferenceServerClient(streaming_server.http_url).get_inference_statistics("slow_echo")
     assert stats["model_stats"][0]["execution_count"] == 1
-    assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 1      # answered CANCELLED
+    assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 2      # both answered CANCELLED
