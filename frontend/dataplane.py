@@ -96,7 +96,7 @@ class RequestOptions:
 FLAG_START = 1
 FLAG_END = 2
 # Streamed replies a frontend lets the model send ahead of what it has written to the client.
-STREAM_WINDOW = 0
+STREAM_WINDOW = 64
 MAX_STRING_CORRID = 128
 
 

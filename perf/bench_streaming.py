@@ -119,7 +119,7 @@ async def sse_streamer(target: str, tokens: int, until: float, start: float, out
             body = f'{{"text_input": "prompt number {i}", "max_tokens": {tokens}}}'.encode()
             writer.write(f"POST /v2/models/toy_llm/generate_stream HTTP/1.1\r\nHost: {host}\r\n"
                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            t0 = last = time.perf_counter()
+            last = time.perf_counter()
             status = await reader.readline()
             if b" 200 " not in status:
                 out.errors += 1

@@ -10,6 +10,7 @@ worker's stream socket (shared by the model's threads under a lock).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -84,12 +85,16 @@ class Responder:
         return self.flow.is_cancelled(self.key)
 
     def send(self, outputs: dict[str, Any] | None, error: TritonError | None, final: bool) -> None:
-        """A response (outputs or error; neither: only the end), final or not."""
+        """A response (outputs or error; neither: only the end), final or not. The sending
+        thread then lets the worker's other threads run: a model streaming from many threads
+        would otherwise hold the interpreter for its whole switch interval, and the worker's
+        main thread (which starts new requests) would wait behind every stream."""
         if not final and not self.flow.turn(self.key):
             return
         self.deliver(self.key, self.specs, outputs, error, final)
         if final:
             self.flow.close(self.key)
+        time.sleep(0)
 
 
 class Discard:
