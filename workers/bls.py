@@ -106,7 +106,17 @@ class BlsClient:
         rid, frame, blocks = self._request(*args)
         try:
             reply = self._call(rid, frame)
-        finally:
+        except BaseException:
+            self._free(blocks)
+            raise
+        if reply.more:      # a decoupled callee: the first response is the answer, the rest is let go
+            with self.cond:
+                self.abandoned[rid] = blocks
+                late = self.replies.pop(rid, None)      # one more came in meanwhile
+            if late is not None:
+                self._arrived(late)
+            self._send_later(P.encode(P.Cancel(rid)))
+        else:
             self._free(blocks)
         return self._outputs(reply)
 
