@@ -150,7 +150,10 @@ async def events(first: Streamed, rest: AsyncIterator[Streamed]) -> AsyncIterato
             yield event(orjson.dumps(render_generate(item.result)))
         if item.final:
             return
-        item = await rest.__anext__()
+        try:
+            item = await rest.__anext__()
+        except TritonError as e:        # the broker went away: the stream ends with the error
+            item = Streamed(None, e, True)
 
 
 async def generate(dp: Dataplane, request: Request, entry: S.ModelEntry, inputs: list[InputTensor],
