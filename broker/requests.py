@@ -141,9 +141,10 @@ class RequestPath:
         replace the plain ExecRequests of `reqs`."""
         decoupled = mv.view.decoupled
         ordered = mv.scheduler.policy.preserve_ordering and not decoupled
+        worker = inst.identity
         for r in reqs:
             r.dispatch_ns = now_ns
-            r.worker = inst.identity
+            r.worker = worker
             if ordered and r.order < 0:
                 r.order = mv.dispatch_seq
                 mv.dispatch_seq += 1
@@ -180,9 +181,10 @@ class RequestPath:
         if mv.view.decoupled:       # answered by the worker's Respond messages
             self.dispatch(mv)
             return
-        missing = ExecResult(error=TritonError(Code.INTERNAL, f"model '{mv.name}' returned no result for the request"))
+        results = msg.results
         for i, req in enumerate(reqs):
-            res = msg.results[i] if i < len(msg.results) else missing
+            res = results[i] if i < len(results) else ExecResult(
+                error=TritonError(Code.INTERNAL, f"model '{mv.name}' returned no result for the request"))
             self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, inst.identity),
                         res.error is None, times)
         self.dispatch(mv)

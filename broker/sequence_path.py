@@ -99,6 +99,7 @@ class SequencePath:
         self._send_worker = send_worker
         self.clock = clock
         self.controls: dict[int, Controls] = {}      # id(view) -> controls
+        self.reap_ns = 0                             # when a sequence may first be idle (0: none active)
         requests.sequences = self
 
     def _controls(self, mv: ModelVersion) -> Controls:
@@ -133,6 +134,7 @@ class SequencePath:
             self.requests.regions.release(regions)
             reply(InferReply(msg.rid, error=e))
             return None
+        self._reap_by(batcher.reap_at)
         if msg.flags & FLAG_START and len(req.seq.queue) > 1:
             log.warning("sequence %s for model '%s' has a conflict. The previous sequence did not end before this "
                         "sequence start. Previous sequence will be terminated early.", msg.correlation_id, mv.name)
@@ -192,9 +194,15 @@ class SequencePath:
             for p in batcher.expire(now_ns):
                 self.requests.fail(p.key, TritonError(Code.UNAVAILABLE, BACKLOG_EXPIRED))
 
+    def _reap_by(self, at: int) -> None:
+        if at and (not self.reap_ns or at < self.reap_ns):
+            self.reap_ns = at
+
     def timers(self, now_ns: int) -> int:
         """Forget idle sequences (their workers free the state); returns the next time to look
         (ns, 0: none)."""
+        if not self.reap_ns or now_ns < self.reap_ns:
+            return self.reap_ns
         wake = 0
         for mv in self.registry.versions():
             batcher = mv.scheduler
@@ -206,6 +214,7 @@ class SequencePath:
                 self.dispatch(mv)      # backlogged sequences may have taken the slots
             if at:
                 wake = min(wake, at) if wake else at
+        self.reap_ns = wake
         return wake
 
     def _end_state(self, mv: ModelVersion, seqs: list) -> None:
@@ -237,6 +246,7 @@ class SequencePath:
             return
         reason = lost_message(mv.name, inst.name, how)
         count, queued = batcher.instance_lost(inst.name, reason)
+        self._reap_by(batcher.reap_at)
         for p in queued:
             self.requests.fail(p.key, TritonError(Code.UNAVAILABLE, reason(p.key.seq)))
         if count:

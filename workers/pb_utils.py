@@ -235,7 +235,9 @@ class Tensor:
 
 def _parameters_json(parameters: dict | None) -> str:
     """Validated JSON text of request/response parameters (Triton allows scalar values only)."""
-    if parameters is None:
+    if not parameters:
+        if parameters is not None and not isinstance(parameters, dict):
+            raise TritonModelException(f"Expect dict, got {type(parameters)}")
         return "{}"
     if not isinstance(parameters, dict):
         raise TritonModelException(f"Expect dict, got {type(parameters)}")
