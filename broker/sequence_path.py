@@ -30,8 +30,9 @@ from .sequences import BACKLOG_EXPIRED, FLAG_END, FLAG_START, SequenceBatcher, l
 
 log = logging.getLogger("tritond.broker")
 
-_PACK = {"INT32": "<i", "FP32": "<f", "BOOL": "<?", "UINT64": "<Q", "INT64": "<q", "UINT32": "<I"}
-MAX_STRING_CORRID = 128
+_PACK = {"INT32": "<i"}
+_CORRID_PACK = {"UINT64": ("<Q", (1 << 64) - 1), "INT64": ("<Q", (1 << 64) - 1),
+                "UINT32": ("<I", (1 << 32) - 1), "INT32": ("<I", (1 << 32) - 1)}
 
 
 def _scalar(datatype: str, value: float) -> bytes:
@@ -69,7 +70,8 @@ class Controls:
                 raw = str(corrid).encode() if ready else b""
                 data = struct.pack("<I", len(raw)) + raw
             else:
-                data = struct.pack(_PACK[c.datatype], int(corrid) if ready else 0)
+                fmt, mask = _CORRID_PACK[c.datatype]       # ids are uint64; narrower types truncate
+                data = struct.pack(fmt, int(corrid) & mask if ready else 0)
             out.append(TensorDesc(c.name, c.datatype, self.shape, Inline(data)))
         return out
 
