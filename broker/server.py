@@ -69,6 +69,7 @@ class Broker:
         self.boot = os.getpid()
         self.running = True
         self.frontends: set[bytes] = set()
+        self.outbox: dict[bytes, list[S.InferReply]] = {}     # replies not yet sent, per frontend
         self.next_ping = 0.0
         self.next_check = 0.0
         self.fe_decoder = S.decoder(S.FrontendMsg)
@@ -98,7 +99,15 @@ class Broker:
     # ------------------------------------------------------------------ sending
 
     def reply_frontend(self, ident: bytes, reply: S.InferReply) -> None:
-        self.sockets.to_frontend(ident, S.encode(reply))
+        """Replies wait for the end of the loop turn: all a frontend gets in one turn (many
+        streamed responses, a batch's requests) leave as one frame."""
+        self.outbox.setdefault(ident, []).append(reply)
+
+    def flush_replies(self) -> None:
+        outbox, self.outbox = self.outbox, {}
+        for ident, replies in outbox.items():
+            frame = S.encode(replies[0] if len(replies) == 1 else S.Replies(replies))
+            self.sockets.to_frontend(ident, frame)
 
     def reply_worker(self, ident: bytes, reply: S.InferReply) -> None:
         self.sockets.to_worker(ident, S.encode(reply))
@@ -316,6 +325,7 @@ class Broker:
             registered = fds
             if self.registry.dirty:
                 self.publish_table()
+            self.flush_replies()
             events = dict(poller.poll(max(0, int(timeout * 1000))))
             if signal_fd in events:
                 os.read(signal_fd, 64)
@@ -332,6 +342,7 @@ class Broker:
                     self.on_worker_exit(inst)
             if self.registry.dirty:
                 self.publish_table()
+        self.flush_replies()
         self.shutdown_workers()
         return 0
 

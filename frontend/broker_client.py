@@ -218,20 +218,15 @@ class BrokerClient:
                 continue
             self.last_heard = time.monotonic()
             self.alive = True
-            if isinstance(msg, S.InferReply) and msg.rid in self.streams:
-                stream = self.streams[msg.rid]
-                if not msg.more:
-                    del self.streams[msg.rid]
-                stream.put(msg)
-            elif isinstance(msg, (S.InferReply, S.ControlReply)):
-                fut = self.futures.pop(msg.rid if isinstance(msg, S.InferReply) else msg.cid, None)
+            if isinstance(msg, S.InferReply):
+                self._reply(msg)
+            elif isinstance(msg, S.Replies):
+                for reply in msg.replies:
+                    self._reply(reply)
+            elif isinstance(msg, S.ControlReply):
+                fut = self.futures.pop(msg.cid, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
-                elif isinstance(msg, S.InferReply):
-                    self.release_outputs(msg)
-                    orphan = None if msg.more else self.orphans.pop(msg.rid, None)
-                    if orphan is not None:
-                        orphan()
             elif isinstance(msg, S.Table):
                 self._note_boot(msg.boot)
                 self.table = ModelTable(msg)
@@ -243,6 +238,24 @@ class BrokerClient:
             elif isinstance(msg, S.Refused):
                 log.critical("the broker refused this process: %s; exiting to be restarted", msg.reason)
                 os._exit(EXIT_REFUSED)
+
+    def _reply(self, msg: S.InferReply) -> None:
+        """Hand a reply to its stream or its waiting request; one nobody waits for any more (the
+        client went away) has its outputs released, and its input blocks freed after the last."""
+        stream = self.streams.get(msg.rid)
+        if stream is not None:
+            if not msg.more:
+                del self.streams[msg.rid]
+            stream.put(msg)
+            return
+        fut = self.futures.pop(msg.rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+            return
+        self.release_outputs(msg)
+        orphan = None if msg.more else self.orphans.pop(msg.rid, None)
+        if orphan is not None:
+            orphan()
 
     async def _watchdog(self) -> None:
         while True:

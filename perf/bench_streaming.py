@@ -112,6 +112,10 @@ async def sse_streamer(target: str, tokens: int, until: float, start: float, out
     """One client on one keep-alive connection: POST generate_stream, read the events, repeat."""
     host, port = split_target(target)
     reader, writer = await asyncio.open_connection(host, port)
+
+    async def line() -> bytes:
+        return await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+
     i = seed
     try:
         while time.perf_counter() < until:
@@ -120,16 +124,16 @@ async def sse_streamer(target: str, tokens: int, until: float, start: float, out
             writer.write(f"POST /v2/models/toy_llm/generate_stream HTTP/1.1\r\nHost: {host}\r\n"
                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             last = time.perf_counter()
-            status = await reader.readline()
+            status = await line()
             if b" 200 " not in status:
                 out.errors += 1
                 return
-            while (await reader.readline()) not in (b"\r\n", b""):
+            while (await line()) not in (b"\r\n", b""):
                 pass
             seen = 0
             while True:
-                size = int((await reader.readline()).strip(), 16)
-                chunk = await reader.readexactly(size + 2)
+                size = int((await line()).strip(), 16)
+                chunk = await asyncio.wait_for(reader.readexactly(size + 2), READ_TIMEOUT_S)
                 if size == 0:
                     break
                 now = time.perf_counter()
@@ -141,6 +145,9 @@ async def sse_streamer(target: str, tokens: int, until: float, start: float, out
                 last = now
             if seen != tokens:
                 out.errors += 1
+    except (asyncio.TimeoutError, ValueError, asyncio.IncompleteReadError) as e:
+        print(f"SSE stream to {target}: request {i} ended early ({type(e).__name__})", file=sys.stderr)
+        out.errors += 1
     finally:
         writer.close()
 

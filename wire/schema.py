@@ -8,7 +8,8 @@ instead of misreading its frames. `Hello`'s first three fields never change shap
 
 Directions:
   frontend/supervisor -> broker   Hello, Infer, Release, Control, Cancel, Credit
-  broker -> frontend/supervisor   Table, Ping, InferReply, ControlReply, Gone, Refused
+  broker -> frontend/supervisor   Table, Ping, InferReply (or several as Replies), ControlReply, Gone,
+                                  Refused
   worker -> broker                WorkerUp, WorkerDown, Heartbeat, BatchDone, Infer (BLS), Release,
                                   Cancel (BLS), Respond (on its stream socket)
   broker -> worker                Exec, Stop, Release, InferReply (BLS), Unmap, Gone, EndSequences;
@@ -142,6 +143,11 @@ class InferReply(_S, tag="reply"):
     owner: bytes = b""      # identity that holds the output leases
     more: bool = False      # more replies of this request follow
     empty: bool = False     # no response, only the end of the request's replies
+
+
+class Replies(_S, tag="replies"):
+    """Several replies to one frontend, sent as one frame (those the broker made in one turn)."""
+    replies: list[InferReply]
 
 
 class Cancel(_S, tag="cancel"):
@@ -453,7 +459,7 @@ class EndSequences(_S, tag="end_seq"):
 
 
 FrontendMsg = Union[Hello, Infer, Release, Control, Cancel, Credit]
-BrokerToFrontend = Union[Table, InferReply, ControlReply, Ping, Gone, Refused]
+BrokerToFrontend = Union[Table, InferReply, Replies, ControlReply, Ping, Gone, Refused]
 WorkerMsg = Union[WorkerUp, WorkerDown, BatchDone, Heartbeat, Infer, Release, Respond, Cancel]
 BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap, Gone, EndSequences, CancelKeys, Grant]
 

@@ -117,16 +117,15 @@ def test_decoupled_responses_stream_through_with_credits(tmp_path):
     key = ex.requests[0].key
     assert ex.requests[0].window == 4
     h.from_worker(inst, S.BatchDone(ex.bid, []))       # execute returned: the instance is free
-    stream = S.stream_identity(inst.identity)
-    for i in range(3):
-        h.broker.on_worker_frame(stream, S.encode(S.Respond(key, [S.TensorDesc("Y", "FP32", [1], S.Inline(
-            struct.pack("<f", i)))])))
-    got = [m for i, m in h.sockets.frontend if isinstance(m, S.InferReply) and m.rid == rid]
+    h.from_stream(inst, *[S.Respond(key, [S.TensorDesc("Y", "FP32", [1], S.Inline(struct.pack("<f", i)))])
+                          for i in range(3)])
+    got = [m for m in h.frontend_replies() if m.rid == rid]
     assert [m.more for m in got] == [True] * 3 and got[0].owner == inst.identity
+    assert isinstance(h.sockets.frontend[-1][1], S.Replies)       # one frame for the three
     h.from_frontend(S.Credit(rid, 2))
     assert [(i, m.key, m.n) for i, m in h.to_workers(S.Grant)] == [(S.heartbeat_identity(inst.identity), key, 2)]
-    h.broker.on_worker_frame(stream, S.encode(S.Respond(key, final=True, empty=True)))
-    last = [m for i, m in h.sockets.frontend if isinstance(m, S.InferReply) and m.rid == rid][-1]
+    h.from_stream(inst, S.Respond(key, final=True, empty=True))
+    last = [m for m in h.frontend_replies() if m.rid == rid][-1]
     assert not last.more and last.empty and last.error is None
     assert h.instances("dec")[0].batch is None
 
