@@ -102,6 +102,7 @@ class SequencePath:
         self.clock = clock
         self.controls: dict[int, Controls] = {}      # id(view) -> controls
         self.reap_ns = 0                             # when a sequence may first be idle (0: none active)
+        self.due: dict[int, ModelVersion] = {}       # models to form batches for at the end of the turn
         requests.sequences = self
 
     def _controls(self, mv: ModelVersion) -> Controls:
@@ -143,9 +144,21 @@ class SequencePath:
         self.dispatch(mv)
         return req
 
+    def end_turn(self) -> None:
+        """Form the batches the loop turn made possible: the requests of many sequences that
+        arrive together (their clients got the previous batch's answers at once) share one
+        execution, instead of the first one running alone."""
+        due, self.due = self.due, {}
+        for mv in due.values():
+            self.dispatch_now(mv)
+
     # ---------------------------------------------------------------- batches
 
     def dispatch(self, mv: ModelVersion) -> None:
+        """Look for batches of `mv` at the end of this loop turn."""
+        self.due[id(mv)] = mv
+
+    def dispatch_now(self, mv: ModelVersion) -> None:
         """Send a batch to every free instance that has one; remember when to look again."""
         batcher = mv.scheduler
         if not isinstance(batcher, SequenceBatcher):

@@ -103,6 +103,11 @@ class Broker:
         streamed responses, a batch's requests) leave as one frame."""
         self.outbox.setdefault(ident, []).append(reply)
 
+    def end_turn(self) -> None:
+        """What waits for the end of a loop turn: sequence batches, then the replies."""
+        self.sequences.end_turn()
+        self.flush_replies()
+
     def flush_replies(self) -> None:
         outbox, self.outbox = self.outbox, {}
         for ident, replies in outbox.items():
@@ -325,7 +330,7 @@ class Broker:
             registered = fds
             if self.registry.dirty:
                 self.publish_table()
-            self.flush_replies()
+            self.end_turn()
             events = dict(poller.poll(max(0, int(timeout * 1000))))
             if signal_fd in events:
                 os.read(signal_fd, 64)
@@ -342,7 +347,7 @@ class Broker:
                     self.on_worker_exit(inst)
             if self.registry.dirty:
                 self.publish_table()
-        self.flush_replies()
+        self.end_turn()
         self.shutdown_workers()
         return 0
 

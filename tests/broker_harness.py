@@ -139,28 +139,28 @@ class Harness:
     def from_worker(self, inst: Instance, msg: Any, heartbeat: bool = False) -> None:
         ident = S.heartbeat_identity(inst.identity) if heartbeat else inst.identity
         self.broker.on_worker_frame(ident, S.encode(msg))
-        self.broker.flush_replies()
+        self.broker.end_turn()
 
     def from_stream(self, inst: Instance, *msgs: Any) -> None:
         """Messages on a worker's stream socket (a decoupled model's responses), in one loop turn."""
         for msg in msgs:
             self.broker.on_worker_frame(S.stream_identity(inst.identity), S.encode(msg))
-        self.broker.flush_replies()
+        self.broker.end_turn()
 
     def from_frontend(self, msg: Any, ident: bytes = b"fe") -> None:
         self.broker.on_frontend_frame(ident, S.encode(msg))
-        self.broker.flush_replies()
+        self.broker.end_turn()
 
     def die(self, inst: Instance, code: int = -9) -> None:
         """The worker process of `inst` ends (its pidfd turns readable)."""
         self.pool.end(inst, code)
         self.broker.on_worker_exit(inst)
-        self.broker.flush_replies()
+        self.broker.end_turn()
 
     def tick(self, seconds: float = 0.0) -> float:
         self.clock.advance(seconds)
         wait = self.broker.timers()
-        self.broker.flush_replies()
+        self.broker.end_turn()
         return wait
 
     # ---------------------------------------------------------------- requests
