@@ -47,7 +47,7 @@ class BlsCalls:
 
         def reply(r: InferReply) -> None:
             waits = self.waits.get(caller_identity)
-            if waits is not None:
+            if waits is not None and not r.more:       # a decoupled callee's last reply ends the wait
                 waits.remove(mv)
                 if not waits:
                     del self.waits[caller_identity]

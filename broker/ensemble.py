@@ -173,6 +173,25 @@ class EnsembleVersion(ModelVersion):
             return self._checked[1]
         specs = {mv.name: ModelSpec(mv.name, mv.model_dir, config_from_json(mv.config), [mv.version])
                  for mv in composing}
-        error = validate_ensemble(self.proto, specs) or ""
+        error = validate_ensemble(self.proto, specs) or self._decoupled_steps(composing)
         self._checked = (key, error)
         return error
+
+    def _decoupled_steps(self, composing: list[ModelVersion]) -> str:
+        """As Triton, an ensemble with a decoupled step is decoupled itself (its config says so,
+        and it streams). tritond streams a decoupled step's responses straight to the requester,
+        so such a step must produce ensemble outputs only."""
+        decoupled = {mv.name for mv in composing if mv.view.decoupled}
+        for step in self.plan.steps:
+            if step.model in decoupled:
+                fed = [t for t in step.outputs.values() if self.plan.consumers.get(t)]
+                if fed:
+                    return (f"in ensemble '{self.name}', {step.label()} is decoupled and its output '{fed[0]}' "
+                            f"feeds another step; tritond streams a decoupled step only when its outputs are "
+                            f"ensemble outputs")
+        if bool(decoupled) != self.view.decoupled:
+            policy = self.config.setdefault("model_transaction_policy", {})
+            policy["decoupled"] = bool(decoupled)
+            self.view.decoupled = bool(decoupled)
+            self.registry.dirty = True
+        return ""

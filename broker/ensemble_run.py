@@ -38,6 +38,7 @@ class Runner(Protocol):
     rids: Iterator[int]
 
     def submit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> Any: ...
+    def cancel_running(self, req: Req) -> None: ...
     def on_gpu(self, step: Step) -> bool: ...
     def release(self, units: Iterable[tuple[bytes, int]]) -> None: ...
     def hand_over(self, units: list[tuple[bytes, int]]) -> tuple[bytes, dict[tuple[bytes, int], int]]: ...
@@ -97,6 +98,7 @@ class EnsembleRun:
         self.waiting = [sum(1 for t in dict.fromkeys(s.inputs.values()) if t not in present) for s in plan.steps]
         self.started = [False] * len(plan.steps)
         self.active: dict[int, Any] = {}      # step -> its Req (queued or executing) or nested run
+        self.streaming: set[int] = set()      # steps of decoupled models: each response is passed on
         self.held: list[tuple[bytes, int]] = []
         self.error: TritonError | None = None
         self.done = False
@@ -127,6 +129,8 @@ class EnsembleRun:
         m = self.msg
         infer = Infer(next(self.ens.rids), step.model, mv.version, inputs, outputs, m.id, m.params,
                       m.priority, m.timeout_us, m.correlation_id, m.flags)
+        if mv.view.decoupled:
+            self.streaming.add(i)
         self.active[i] = None
         handle = self.ens.submit(StepReply(self, i), infer, mv)
         if i in self.active:        # not answered synchronously
@@ -151,6 +155,9 @@ class EnsembleRun:
         return all(self.ens.on_gpu(steps[j]) for j in self.plan.consumers.get(tensor, ()) if self.run_step[j])
 
     def on_step_reply(self, i: int, reply: InferReply, owners: dict[str, bytes] | None) -> None:
+        if i in self.streaming:
+            self.on_streamed(i, reply)
+            return
         self.active.pop(i, None)
         if owners is None:
             self.held.extend((reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease)
@@ -160,6 +167,25 @@ class EnsembleRun:
                 self.fail(step, reply.error)
             else:
                 self.accept(step, reply, owners)
+        self.maybe_finish()
+
+    def on_streamed(self, i: int, reply: InferReply) -> None:
+        """A response of a decoupled step (whose outputs are ensemble outputs only, as loading
+        checked) goes on to the requester at once, its leases with it."""
+        if not reply.more:
+            self.active.pop(i, None)
+        step = self.plan.steps[i]
+        forwarded = False
+        if reply.error is not None:
+            self.fail(step, reply.error)
+        elif not reply.empty and self.error is None and not self.done:
+            by_name = {d.name: d for d in reply.outputs}
+            outputs = [TensorDesc(t, d.datatype, d.shape, d.loc) for o, t in step.outputs.items()
+                       if t in self.wanted and (d := by_name.get(o)) is not None]
+            self.reply_to(InferReply(self.msg.rid, self.mv.version, outputs, None, reply.owner, more=True))
+            forwarded = True
+        if not forwarded:
+            self.ens.release((reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease)
         self.maybe_finish()
 
     def accept(self, step: Step, reply: InferReply, owners: dict[str, bytes] | None) -> None:
@@ -204,7 +230,9 @@ class EnsembleRun:
         for i, handle in list(self.active.items()):
             if isinstance(handle, EnsembleRun):
                 handle.cancel(self.error)
-            elif isinstance(handle, Req) and not handle.dispatch_ns and handle.mv.scheduler is not None:
+            elif isinstance(handle, Req) and handle.dispatch_ns:
+                self.ens.cancel_running(handle)
+            elif isinstance(handle, Req) and handle.mv.scheduler is not None:
                 if handle.mv.scheduler.remove(lambda p, h=handle: p is h.pending):
                     self.ens.regions.release(handle.regions)
                     self.active.pop(i, None)
@@ -214,7 +242,8 @@ class EnsembleRun:
     def maybe_finish(self) -> None:
         if self.done or self.starting or self.active:
             return
-        missing = [t for t in self.wanted if t not in self.tensors]
+        streams = {t for j in self.streaming for t in self.plan.steps[j].outputs.values()}
+        missing = [t for t in self.wanted if t not in self.tensors and t not in streams]
         if self.error is None and missing:
             self.error = TritonError(Code.INTERNAL, f"ensemble '{self.mv.name}' produced no tensor '{missing[0]}'")
         self.done = True
@@ -235,8 +264,12 @@ class EnsembleRun:
         return first[0] if self.mv.max_batch_size > 0 and first else 1
 
     def reply(self) -> InferReply:
-        """The ensemble's outputs; their leases pass to whoever receives the reply."""
-        outputs = [self.tensors[name] for name in self.wanted]
+        """The ensemble's outputs; their leases pass to whoever receives the reply. What went out
+        in streamed replies is not repeated; with nothing left the reply only ends the request."""
+        outputs = [self.tensors[name] for name in self.wanted if name in self.tensors]
+        if self.streaming and not outputs:
+            self.ens.release(self.held)
+            return InferReply(self.msg.rid, self.mv.version, empty=True)
         if isinstance(self.reply_to, StepReply):
             self.reply_to.adopt(self.held, {d.name: self.owner_of[d.name] for d in outputs if lease_of(d)})
             return InferReply(self.msg.rid, self.mv.version, outputs)

@@ -29,9 +29,10 @@ class Ensembles:
 
     def __init__(self, registry: ModelRegistry, admit: Callable[[ReplyTo, Infer, ModelVersion], Req | None],
                  regions: ClientRegions, route_release: Callable[[Release], None], clock: Clock,
-                 config_name: str = "") -> None:
+                 config_name: str = "", cancel: Callable[[Req], None] | None = None) -> None:
         self.registry = registry
         self._admit = admit
+        self._cancel = cancel
         self.regions = regions
         self._route_release = route_release
         self.clock = clock
@@ -112,6 +113,11 @@ class Ensembles:
         run = EnsembleRun(self, reply, msg, mv, regions, self.clock.now_ns())
         run.start()
         return None if run.done else run
+
+    def cancel_running(self, req: Req) -> None:
+        """A step that executes is told its request was cancelled."""
+        if self._cancel is not None:
+            self._cancel(req)
 
     def on_gpu(self, step: Step) -> bool:
         """True when the model serving `step` runs only GPU instances, whose workers open device

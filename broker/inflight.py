@@ -31,6 +31,9 @@ class Req:
     retried: bool = False
     regions: list = field(default_factory=list)
     trace: Any = None                # broker/tracing.py Trace, when this request is traced
+    key: int = 0                     # the broker's name for it towards workers (ExecRequest.key)
+    worker: bytes = b""              # identity of the worker it was dispatched to
+    seq: Any = None                  # its sequence (sequence-batched models)
 
 
 class InflightTable:

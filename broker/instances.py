@@ -1,8 +1,9 @@
 """The instance table: which worker identity, heartbeat identity and pidfd belong to which
 instance, and which model version each instance serves.
 
-A worker talks on two sockets (its main one, and one for heartbeats named by
-`heartbeat_identity`); both resolve to the same instance here and nowhere else. An identity
+A worker talks on three sockets (its main one, one for heartbeats named by `heartbeat_identity`
+and one for a decoupled model's responses named by `stream_identity`); all resolve to the same
+instance here and nowhere else. An identity
 carries the worker's generation, so a frame from a dead incarnation finds nothing.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from tritond.wire.schema import heartbeat_identity
+from tritond.wire.schema import heartbeat_identity, stream_identity
 
 from .pool import Instance
 
@@ -29,6 +30,7 @@ class InstanceTable:
         """Register the current generation of `inst` (after it was spawned)."""
         self._by_identity[inst.identity] = inst
         self._by_identity[heartbeat_identity(inst.identity)] = inst
+        self._by_identity[stream_identity(inst.identity)] = inst
         self._workers[inst.identity] = inst
         self._by_pidfd[inst.pidfd] = inst
         self._model[inst] = mv
@@ -36,7 +38,7 @@ class InstanceTable:
     def forget(self, inst: Instance) -> None:
         """Drop the identities, pidfd and model of `inst`'s current generation (it died, or
         a new generation replaces it)."""
-        for ident in (inst.identity, heartbeat_identity(inst.identity)):
+        for ident in (inst.identity, heartbeat_identity(inst.identity), stream_identity(inst.identity)):
             if self._by_identity.get(ident) is inst:
                 del self._by_identity[ident]
         if self._workers.get(inst.identity) is inst:

@@ -25,7 +25,7 @@ from .models import LOADING, READY, UNAVAILABLE, ModelVersion
 from .pool import Instance, InstanceState, WorkerProcesses
 from .registry import ModelRegistry
 from .requests import RequestPath
-from .scheduler import BatchPolicy, Scheduler
+from .sequences import new_scheduler
 
 log = logging.getLogger("tritond.broker")
 
@@ -150,7 +150,7 @@ class Lifecycle:
             if any(i.state is InstanceState.FAILED for i in mv.instances):
                 return
             if len(serving) == len(mv.instances):
-                mv.scheduler = Scheduler(BatchPolicy.from_view(mv.view))
+                mv.scheduler = new_scheduler(mv)
                 mv.load_duration = self.clock.now() - mv.load_started if mv.load_started else 0.0
                 log.info("loaded model '%s' version %d in %.3f s", mv.name, mv.version, mv.load_duration)
                 self.registry.set_state(mv, READY)

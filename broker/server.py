@@ -23,7 +23,7 @@ import zmq
 from tritond import logs
 from tritond.shm.naming import PREFIX, sweep
 from tritond.wire import schema as S
-from tritond.wire.errors import TritonError, unavailable
+from tritond.wire.errors import Code, TritonError, unavailable
 
 from . import stats
 from .bls import BlsCalls
@@ -38,15 +38,18 @@ from .inflight import InflightTable, ReplyTo, Req
 from .instances import InstanceTable
 from .jobs import Jobs
 from .lifecycle import Lifecycle
+from .live import LiveRequests
 from .metrics import latency_factory, snapshot
 from .model_ops import ModelControl
 from .pool import Instance, InstanceState, WorkerProcesses
 from .rate_limiter import RateLimiter, parse_resources
 from .registry import ModelRegistry
-from .requests import RequestPath, untrusted
+from .requests import CANCELLED, RequestPath, untrusted
 from .retire import DEFAULT_TIMEOUT_S, Retirement
+from .sequence_path import SequencePath
 from .settings import Settings
 from .sockets import BrokerSockets
+from .streams import Streams
 from .supervision import Supervision
 from .tracing import Tracer
 
@@ -80,6 +83,7 @@ class Broker:
         self.exit_code = 0
         self.frontends: set[bytes] = set()
         self.frontend_leases = FrontendLeases()
+        self.outbox: dict[bytes, list[S.InferReply]] = {}     # replies not yet sent, per frontend
         self.next_ping = 0.0
         self.next_check = 0.0
         self.fe_decoder = S.decoder(S.FrontendMsg)
@@ -92,7 +96,11 @@ class Broker:
         self.instances = InstanceTable()
         self.inflight = InflightTable()
         self.regions = ClientRegions(self.unmap)
-        self.requests = RequestPath(self.inflight, self.regions, self.send_exec, self.clock)
+        self.live = LiveRequests()
+        self.streams = Streams(self.to_worker, self.route_release)
+        self.requests = RequestPath(self.inflight, self.regions, self.send_exec, self.clock, self.to_worker,
+                                    self.streams)
+        self.sequences = SequencePath(self.requests, self.registry, self.to_worker, self.clock)
         self.cache = ResponseCache(int(opts.get("cache_size") or 0), self.server_id, self.registry, self.clock)
         self.tracer = Tracer(self.settings, self.clock, self.observe_changed)
         if opts.get("rate_limit", "off") == "execution_count":
@@ -100,7 +108,7 @@ class Broker:
         elif opts.get("rate_limit_resources"):
             log.warning("--rate-limit-resource is ignored with --rate-limit=off (as tritonserver ignores it)")
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
-                                   self.clock, opts.get("model_config_name", ""))
+                                   self.clock, opts.get("model_config_name", ""), self.requests.cancel)
         self.bls = BlsCalls(self.registry, self.instances, self.reply_worker, self.route_release)
         self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests, self.clock)
         self.retirement = Retirement(self.registry, self.requests, self.pool, self.send_stop, self.clock,
@@ -119,12 +127,25 @@ class Broker:
     # ------------------------------------------------------------------ sending
 
     def reply_frontend(self, ident: bytes, reply: S.InferReply) -> None:
+        """Replies wait for the end of the loop turn: all a frontend gets in one turn (many
+        streamed responses, a batch's requests) leave as one frame."""
         if reply.outputs:
             orphaned = self.frontend_leases.sent(ident, reply)
             if orphaned is not None:        # the frontend died meanwhile: free its outputs now
                 self.route_release(orphaned)
                 return
-        self.sockets.to_frontend(ident, S.encode(reply))
+        self.outbox.setdefault(ident, []).append(reply)
+
+    def end_turn(self) -> None:
+        """What waits for the end of a loop turn: sequence batches, then the replies."""
+        self.sequences.end_turn()
+        self.flush_replies()
+
+    def flush_replies(self) -> None:
+        outbox, self.outbox = self.outbox, {}
+        for ident, replies in outbox.items():
+            frame = S.encode(replies[0] if len(replies) == 1 else S.Replies(replies))
+            self.sockets.to_frontend(ident, frame)
 
     def reply_worker(self, ident: bytes, reply: S.InferReply) -> None:
         self.sockets.to_worker(ident, S.encode(reply))
@@ -134,6 +155,9 @@ class Broker:
 
     def send_stop(self, inst: Instance) -> None:
         self.sockets.to_worker(inst.identity, S.encode(S.Stop()))
+
+    def to_worker(self, ident: bytes, msg: Any) -> None:
+        self.sockets.to_worker(ident, S.encode(msg))
 
     def to_frontends(self, msg: Any) -> None:
         frame = S.encode(msg)
@@ -200,7 +224,7 @@ class Broker:
             self.sockets.to_frontend(ident, S.encode(self.registry.table(self.drain.stopping, self.boot)))
             self.sockets.to_frontend(ident, S.encode(self.observed()))
         if isinstance(msg, S.Infer):
-            self.on_infer(functools.partial(self.reply_frontend, ident), msg)
+            self.on_infer(functools.partial(self.reply_frontend, ident), msg, requester=ident)
         elif isinstance(msg, S.Release):
             self.frontend_leases.released(ident, msg)
             self.route_release(msg)
@@ -208,6 +232,12 @@ class Broker:
             self.tracer.done(msg)
         elif isinstance(msg, S.Control):
             self.control.handle(msg.op, functools.partial(self.answer_control, ident, msg.cid))
+        elif isinstance(msg, S.Cancel):
+            self.on_cancel(ident, msg.rid)
+        elif isinstance(msg, S.Credit):
+            handle = self.live.get(ident, msg.rid)
+            if isinstance(handle, Req):
+                self.streams.credit(handle, msg.n)
 
     def on_hello(self, ident: bytes, msg: S.Hello) -> None:
         if msg.proto != S.PROTOCOL_VERSION:
@@ -234,9 +264,10 @@ class Broker:
     def answer_control(self, ident: bytes, cid: int, result: Any = None, error: TritonError | None = None) -> None:
         self.sockets.to_frontend(ident, S.encode(S.ControlReply(cid, result, error)))
 
-    def on_infer(self, reply: ReplyTo, msg: S.Infer, caller: bytes | None = None) -> None:
-        """A request from a frontend, or (`caller`: a worker's identity) a model's BLS call,
-        which is served even while the server drains: its caller is a request in flight."""
+    def on_infer(self, reply: ReplyTo, msg: S.Infer, caller: bytes | None = None, requester: bytes = b"") -> None:
+        """A request from a frontend (`requester`), or (`caller`: a worker's identity) a model's
+        BLS call, which is served even while the server drains: its caller is a request in
+        flight. Either may cancel it while it is owed a reply."""
         try:
             if caller is None and self.drain.stopping:
                 raise unavailable(SHUTTING_DOWN)
@@ -251,6 +282,7 @@ class Broker:
             reply = self.bls.admit(caller, msg, mv)
             if reply is None:
                 return
+            requester = caller
         else:
             if msg.trace is not None:
                 trace, reply = self.tracer.start(reply, msg, mv)
@@ -258,9 +290,20 @@ class Broker:
                 reply = self.cache.lookup(reply, msg, mv)
                 if reply is None:
                     return      # answered from the response cache
-        handle = self.ensembles.submit(reply, msg, mv)
+        route = self.live.route(requester, msg.rid, reply)
+        handle = self.ensembles.submit(route, msg, mv)
+        self.live.track(route, handle)
         if trace is not None and isinstance(handle, Req):
             handle.trace = trace
+
+    def on_cancel(self, requester: bytes, rid: int) -> None:
+        handle = self.live.get(requester, rid)
+        if handle is None:
+            return                  # answered already
+        if isinstance(handle, Req):
+            self.requests.cancel(handle)
+        else:
+            handle.cancel(TritonError(Code.CANCELLED, CANCELLED))
 
     # ------------------------------------------------------------------ workers
 
@@ -282,10 +325,14 @@ class Broker:
             self.sockets.to_worker(ident, S.encode(self.observed()))
         elif isinstance(msg, S.WorkerDown):
             self.supervision.on_load_failed(mv, inst, msg.reason)
+        elif isinstance(msg, S.Respond):
+            self.streams.on_respond(inst, msg, self.requests.finish)
         elif isinstance(msg, S.Infer):
             self.on_infer(functools.partial(self.reply_worker, ident), msg, caller=ident)
         elif isinstance(msg, S.Release):
             self.route_release(msg)
+        elif isinstance(msg, S.Cancel):
+            self.on_cancel(ident, msg.rid)
 
     def on_worker_exit(self, inst: Instance) -> None:
         self.supervision.on_exit(inst, self.clock.now())
@@ -325,6 +372,9 @@ class Broker:
             for t in (deadline, mv.wake_ns):
                 if t:
                     next_s = min(next_s, max(0.0, (t - now_ns) / 1e9))
+        idle_at = self.sequences.timers(now_ns)
+        if idle_at:
+            next_s = min(next_s, max(0.0, (idle_at - now_ns) / 1e9))
         if 0.0 < next_s < 0.001:
             self.sockets.wait_briefly(next_s)
             next_s = 0.0
@@ -336,7 +386,7 @@ class Broker:
             self.to_frontends(S.Ping(self.boot))
         self.model_ops.tick(now)
         self.tracer.tick(now_ns)
-        idle = not self.inflight and self.registry.idle()
+        idle = not self.inflight and not self.streams.open and self.registry.idle()
         cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.get("supervisor_pid"))
         if cancel:
             self.requests.cancel_all(list(self.registry.all_versions()),
@@ -377,6 +427,7 @@ class Broker:
             registered = fds
             if self.registry.dirty:
                 self.publish_table()
+            self.end_turn()
             events = dict(poller.poll(max(0, int(timeout * 1000))))
             if signal_fd in events:
                 self.on_signals(os.read(signal_fd, 64))
@@ -399,6 +450,7 @@ class Broker:
                         self.on_frontend_exit(fd)
             if self.registry.dirty:
                 self.publish_table()
+        self.end_turn()
         self.jobs.close()
         self.shutdown_workers()
         self.tracer.close()

@@ -72,6 +72,7 @@ class Supervision:
         how = inst.exit_reason or f"died ({describe_exit(rc)})"
         bid, inst.batch = inst.batch, None
         lost = f"inference failed because model '{mv.name}' instance '{inst.name}' {how}"
+        self.requests.lost_instance(mv, inst, how)
         if inst.state in (InstanceState.STOPPING, InstanceState.STOPPED) or self.shutting_down or mv.unloaded:
             inst.state = InstanceState.STOPPED
             self.requests.lost_batch(mv, bid, lost, may_retry=not self.shutting_down)

@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 import time
+from collections import deque
 from typing import Any, Callable
 
 import zmq
@@ -70,6 +71,66 @@ class ModelTable:
         return True
 
 
+class ReplyStream:
+    """The replies of one request as the broker passes them on (a decoupled model's responses).
+
+    The consumer takes them with `next()` and calls `written()` once it wrote one out; every
+    quarter window of written replies becomes a Credit, so the model never runs more than the
+    window ahead of the client. `cancel()` gives up on the request."""
+
+    def __init__(self, client: "BrokerClient", rid: int, window: int) -> None:
+        self.client = client
+        self.rid = rid
+        self.window = window
+        self.replies: deque[S.InferReply] = deque()
+        self.event = asyncio.Event()
+        self.error: TritonError | None = None
+        self.finished = False
+        self.unacked = 0
+
+    def put(self, reply: S.InferReply) -> None:
+        self.replies.append(reply)
+        self.event.set()
+
+    def fail(self, err: TritonError) -> None:
+        self.error = err
+        self.event.set()
+
+    async def next(self) -> S.InferReply:
+        while not self.replies:
+            if self.error is not None:
+                raise self.error
+            self.event.clear()
+            await self.event.wait()
+        reply = self.replies.popleft()
+        if not reply.more:
+            self.finished = True
+        return reply
+
+    def written(self) -> None:
+        self.unacked += 1
+        if self.window and self.unacked >= max(1, self.window // 4) and not self.finished:
+            self.client._send_quietly(S.encode(S.Credit(self.rid, self.unacked)))
+            self.unacked = 0
+
+    def cancel(self, on_orphan: Callable[[], None] | None = None) -> None:
+        """Give up: the broker takes the request out (or flags it to the model); replies still
+        on their way are released when they come, and `on_orphan` runs after the last one."""
+        client = self.client
+        client.streams.pop(self.rid, None)
+        for reply in self.replies:
+            client.release_outputs(reply)
+            self.finished = self.finished or not reply.more
+        self.replies.clear()
+        if self.finished or self.error is not None:
+            if on_orphan is not None:
+                on_orphan()
+            return
+        client._send_quietly(S.encode(S.Cancel(self.rid)))
+        if on_orphan is not None:
+            client.orphans[self.rid] = on_orphan
+
+
 class BrokerClient:
     def __init__(self, endpoint: str, kind: str) -> None:
         self.endpoint = endpoint
@@ -77,6 +138,7 @@ class BrokerClient:
         self.ctx = zmq.Context()
         self.sock: zmq.Socket | None = None
         self.futures: dict[int, asyncio.Future] = {}
+        self.streams: dict[int, ReplyStream] = {}
         self.orphans: dict[int, Callable[[], None]] = {}
         self.ids = itertools.count(1)
         self.table = ModelTable()
@@ -160,15 +222,15 @@ class BrokerClient:
                 continue
             self.last_heard = time.monotonic()
             self.alive = True
-            if isinstance(msg, (S.InferReply, S.ControlReply)):
-                fut = self.futures.pop(msg.rid if isinstance(msg, S.InferReply) else msg.cid, None)
+            if isinstance(msg, S.InferReply):
+                self._reply(msg)
+            elif isinstance(msg, S.Replies):
+                for reply in msg.replies:
+                    self._reply(reply)
+            elif isinstance(msg, S.ControlReply):
+                fut = self.futures.pop(msg.cid, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
-                elif isinstance(msg, S.InferReply):
-                    self.release_outputs(msg)
-                    orphan = self.orphans.pop(msg.rid, None)
-                    if orphan is not None:
-                        orphan()
             elif isinstance(msg, S.Table):
                 self._note_boot(msg.boot)
                 self.table = ModelTable(msg)
@@ -185,6 +247,24 @@ class BrokerClient:
             elif isinstance(msg, S.Refused):
                 log.critical("the broker refused this process: %s; exiting to be restarted", msg.reason)
                 os._exit(EXIT_REFUSED)
+
+    def _reply(self, msg: S.InferReply) -> None:
+        """Hand a reply to its stream or its waiting request; one nobody waits for any more (the
+        client went away) has its outputs released, and its input blocks freed after the last."""
+        stream = self.streams.get(msg.rid)
+        if stream is not None:
+            if not msg.more:
+                del self.streams[msg.rid]
+            stream.put(msg)
+            return
+        fut = self.futures.pop(msg.rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+            return
+        self.release_outputs(msg)
+        orphan = None if msg.more else self.orphans.pop(msg.rid, None)
+        if orphan is not None:
+            orphan()
 
     async def _watchdog(self) -> None:
         while True:
@@ -205,6 +285,9 @@ class BrokerClient:
             if not fut.done():
                 fut.set_exception(err)
         self.futures.clear()
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            stream.fail(err)
         orphans, self.orphans = self.orphans, {}
         for orphan in orphans.values():
             orphan()
@@ -255,9 +338,25 @@ class BrokerClient:
                     self.release_outputs(fut.result())
                 if on_orphan is not None:
                     on_orphan()
-            elif on_orphan is not None:
-                self.orphans[msg.rid] = on_orphan
+            else:
+                # The client went away: the broker takes the request out of its queue (or
+                # tells the model), and answers it after all.
+                self._send_quietly(S.encode(S.Cancel(msg.rid)))
+                if on_orphan is not None:
+                    self.orphans[msg.rid] = on_orphan
             raise
+
+    def open_stream(self, msg: S.Infer) -> ReplyStream:
+        """Send a request whose replies come as a stream (msg.window bounds them)."""
+        self._check()
+        stream = ReplyStream(self, msg.rid, msg.window)
+        self.streams[msg.rid] = stream
+        try:
+            self._send(S.encode(msg))
+        except TritonError:
+            self.streams.pop(msg.rid, None)
+            raise
+        return stream
 
     def next_id(self) -> int:
         return next(self.ids)

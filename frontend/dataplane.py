@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from tritond.repository.remote import RemoteError, mirror_model
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
 from tritond.wire import schema as S
-from tritond.wire.errors import internal, invalid, request_prefix as prefix
+from tritond.wire.errors import TritonError, internal, invalid, request_prefix as prefix, unsupported
 
 from .broker_client import BrokerClient
 from .tracing import FrontendTracer
@@ -77,6 +78,14 @@ class InferResult:
 
 
 @dataclass
+class Streamed:
+    """One reply of a streamed request: a response, an error, or neither (only the end)."""
+    result: InferResult | None
+    error: TritonError | None
+    final: bool
+
+
+@dataclass
 class RequestOptions:
     id: str = ""
     params: dict[str, Any] = field(default_factory=dict)
@@ -85,10 +94,14 @@ class RequestOptions:
     correlation_id: int | str = 0
     flags: int = 0
     trace: S.TraceStart | None = None
+    empty_final: bool = False        # gRPC stream: send the bare final flag of a decoupled request
 
 
 FLAG_START = 1
 FLAG_END = 2
+# Streamed replies a frontend lets the model send ahead of what it has written to the client.
+STREAM_WINDOW = 64
+MAX_STRING_CORRID = 128
 
 
 def split_parameters(params: dict[str, Any]) -> RequestOptions:
@@ -109,13 +122,17 @@ def split_parameters(params: dict[str, Any]) -> RequestOptions:
         elif key == "sequence_id":
             if isinstance(value, bool) or not isinstance(value, (int, str)):
                 raise invalid("invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")
+            if isinstance(value, str) and len(value) > MAX_STRING_CORRID:
+                raise unsupported("string correlation ID cannot be longer than 128 characters")
             opts.correlation_id = value
         elif key in ("sequence_start", "sequence_end"):
             if not isinstance(value, bool):
                 raise invalid(f"invalid value type for '{key}' parameter, expected bool_param.")
             if value:
                 opts.flags |= FLAG_START if key == "sequence_start" else FLAG_END
-        elif key in ("binary_data_output", "triton_enable_empty_final_response"):
+        elif key == "triton_enable_empty_final_response":
+            opts.empty_final = value is True
+        elif key == "binary_data_output":
             continue
         else:
             opts.params[key] = value
@@ -299,9 +316,10 @@ class Dataplane:
 
     # ---------------------------------------------------------------- execution
 
-    async def infer(self, entry: S.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
-                    opts: RequestOptions) -> InferResult:
-        self.validate(entry, inputs, outputs, opts.id)
+    def _request(self, entry: S.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
+                 opts: RequestOptions, window: int = 0) -> tuple[S.Infer, list]:
+        """The Infer message, its tensors inline when small, else copied once into this
+        frontend's arena (the blocks, returned, are freed once the broker answered)."""
         blocks = []
         descs = []
         inline_total = 0
@@ -317,20 +335,30 @@ class Dataplane:
                         inline_total += n
                     else:
                         block = self.arena.alloc(n)
-                        block.view[:n] = t.data
                         blocks.append(block)
+                        block.view[:n] = t.data
                         loc = S.Block(block.seg, block.offset, n)
                 descs.append(S.TensorDesc(t.name, t.datatype, list(t.shape), loc))
-            specs = [S.OutputSpec(o.name, o.classification,
-                                  region=S.Region(o.region, o.offset, o.nbytes) if o.region else None)
-                     for o in outputs]
-            key = b""
-            if entry.view is not None and entry.view.response_cache and not any(t.region for t in inputs) \
-                    and not any(o.region for o in outputs):
-                key = cache_key(inputs)
-            msg = S.Infer(self.client.next_id(), entry.name, entry.version, descs, specs, opts.id,
-                          opts.params, opts.priority, opts.timeout_us, opts.correlation_id, opts.flags,
-                          key, opts.trace)
+        except BaseException:
+            self._free(blocks)
+            raise
+        specs = [S.OutputSpec(o.name, o.classification,
+                              region=S.Region(o.region, o.offset, o.nbytes) if o.region else None)
+                 for o in outputs]
+        key = b""
+        if entry.view is not None and entry.view.response_cache and not any(t.region for t in inputs) \
+                and not any(o.region for o in outputs):
+            key = cache_key(inputs)
+        msg = S.Infer(self.client.next_id(), entry.name, entry.version, descs, specs, opts.id,
+                      opts.params, opts.priority, opts.timeout_us, opts.correlation_id, opts.flags, window,
+                      key, opts.trace)
+        return msg, blocks
+
+    async def infer(self, entry: S.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
+                    opts: RequestOptions) -> InferResult:
+        self.validate(entry, inputs, outputs, opts.id)
+        msg, blocks = self._request(entry, inputs, outputs, opts)
+        try:
             reply = await self.client.infer(msg, on_orphan=lambda held=blocks: self._free(held))
         except asyncio.CancelledError:
             blocks = []   # the broker still holds the request: freed when it answers
@@ -344,6 +372,47 @@ class Dataplane:
         except Exception:
             self.client.release_outputs(reply)
             raise
+
+    async def infer_stream(self, entry: S.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
+                           opts: RequestOptions, window: int = STREAM_WINDOW) -> AsyncIterator[Streamed]:
+        """A request's replies as they come (a decoupled model's 0..N responses, then the end).
+
+        Each item is written out by the consumer before it asks for the next: only then are its
+        outputs released and the model credited for another, so at most `window` replies wait
+        in this process. Leaving early (client gone) cancels the request."""
+        self.validate(entry, inputs, outputs, opts.id)
+        msg, blocks = self._request(entry, inputs, outputs, opts, window)
+        try:
+            stream = self.client.open_stream(msg)
+        except BaseException:
+            self._free(blocks)
+            raise
+        try:
+            while True:
+                reply = await stream.next()
+                if reply.error is not None:
+                    item = Streamed(None, reply.error, not reply.more)
+                elif reply.empty:
+                    item = Streamed(None, None, not reply.more)
+                else:
+                    try:
+                        item = Streamed(self._outputs(entry, outputs, opts, reply), None, not reply.more)
+                    except TritonError as e:
+                        self.client.release_outputs(reply)
+                        item = Streamed(None, e, not reply.more)
+                try:
+                    yield item
+                finally:
+                    if item.result is not None:
+                        self.release(item.result)
+                stream.written()
+                if item.final:
+                    return
+        finally:
+            if stream.finished or stream.error is not None:
+                self._free(blocks)
+            else:
+                stream.cancel(on_orphan=lambda held=blocks: self._free(held))
 
     def _outputs(self, entry: S.ModelEntry, outputs: list[OutputRequest], opts: RequestOptions,
                  reply: S.InferReply) -> InferResult:

@@ -13,15 +13,13 @@ EXTENSIONS = [
     "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
     "binary_tensor_data", "parameters", "statistics", "trace", "logging",
 ]
-# Not advertised until they work (an entry leaves when its feature lands).
-NOT_IMPLEMENTED = frozenset({"sequence"})
 SHARED_MEMORY = frozenset({"system_shared_memory", "cuda_shared_memory"})
 
 
 def server_extensions(opts: dict[str, Any]) -> list[str]:
     """The extensions this server serves: client shared memory only when allowed, CUDA
     shared memory only where there is a GPU."""
-    off = set(NOT_IMPLEMENTED)
+    off: set[str] = set()
     if not opts.get("allow_client_shm", False):
         off |= SHARED_MEMORY
     elif gpu_count() == 0:

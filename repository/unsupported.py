@@ -17,8 +17,6 @@ from google.protobuf.message import Message
 from .errors import ConfigError
 
 FIELDS: dict[str, str] = {
-    "sequence_batching": "the sequence batcher",
-    "model_transaction_policy.decoupled": "decoupled models",
     "instance_group.host_policy": "host policies",
     "instance_group.passive": "passive instances",
     "input.allow_ragged_batch": "ragged batching",

@@ -24,6 +24,7 @@ from .backends import (
 from .errors import ConfigError
 from .layout import version_dirs
 from .unsupported import check_supported
+from .sequence_config import check_sequence_batching
 
 DataType = model_config_pb2.DataType
 Kind = model_config_pb2.ModelInstanceGroup.Kind
@@ -151,35 +152,6 @@ def _check_dynamic_batching(cfg: model_config_pb2.ModelConfig, fail: Fail) -> No
             )
 
 
-def _check_sequence_batching(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
-    seq = cfg.sequence_batching
-    if cfg.response_cache.enable:
-        raise fail("response_cache", "the response cache does not support models with sequence batching")
-    for i, size in enumerate(seq.oldest.preferred_batch_size):
-        if not 0 < size <= cfg.max_batch_size:
-            raise fail(
-                f"sequence_batching.oldest.preferred_batch_size[{i}]",
-                "sequence batching preferred batch size must be positive and <= max batch size",
-            )
-    if seq.HasField("direct") and not 0.0 <= seq.direct.minimum_slot_utilization <= 1.0:
-        raise fail(
-            "sequence_batching.direct.minimum_slot_utilization",
-            "sequence batching minimum slot utilization must be in range (0.0, 1.0]",
-        )
-    names: set[str] = set()
-    for i, control_input in enumerate(seq.control_input):
-        if not control_input.name:
-            raise fail(
-                f"sequence_batching.control_input[{i}].name", "sequence batching control tensor must have a name"
-            )
-        if control_input.name in names:
-            raise fail(
-                f"sequence_batching.control_input[{i}].name",
-                f"sequence batching control tensor '{control_input.name}' is specified for multiple control kinds",
-            )
-        names.add(control_input.name)
-
-
 def _check_ensemble(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
     if not cfg.HasField("ensemble_scheduling"):
         raise fail(
@@ -286,10 +258,13 @@ def validate_config(
     if cfg.HasField("dynamic_batching"):
         _check_dynamic_batching(cfg, fail)
     if cfg.HasField("sequence_batching"):
-        _check_sequence_batching(cfg, fail)
+        check_sequence_batching(cfg, fail, model_path)
     if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
         raise fail("response_cache", "the response cache does not support decoupled models")
     check_supported(cfg, config_file)
+    if cfg.model_transaction_policy.decoupled and cfg.backend not in ("python", ""):
+        raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "
+                                                         f"only, not '{cfg.backend}'")
     if cfg.platform == ENSEMBLE_PLATFORM:
         _check_ensemble(cfg, fail)
         return

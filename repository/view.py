@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tritond.wire.schema import DynamicBatching, ModelView, QueuePolicy, TensorView
+from tritond.wire.schema import (
+    DynamicBatching, ModelView, QueuePolicy, SequenceBatching, SequenceControl, TensorView,
+)
 
 from .datatypes import CONFIG_TO_WIRE
+from .normalize import SEQUENCE_IDLE_DEFAULT_US
 from .parameters import config_parameter
 
 DEFAULT_EXEC_TIMEOUT_S = 60.0
@@ -47,6 +50,43 @@ def _dynamic_batching(db: dict[str, Any] | None) -> DynamicBatching | None:
     )
 
 
+_CONTROL_KINDS = {"CONTROL_SEQUENCE_START": "START", "CONTROL_SEQUENCE_END": "END",
+                  "CONTROL_SEQUENCE_READY": "READY", "CONTROL_SEQUENCE_CORRID": "CORRID"}
+
+
+def _control(name: str, c: dict[str, Any]) -> SequenceControl:
+    """A control input with its false/true values (boolean kinds) or its datatype (CORRID)."""
+    for key, datatype in (("int32_false_true", "INT32"), ("fp32_false_true", "FP32"), ("bool_false_true", "BOOL")):
+        values = c.get(key)
+        if values:
+            return SequenceControl(name, datatype, float(values[0]), float(values[1]))
+    return SequenceControl(name, CONFIG_TO_WIRE.get(c.get("data_type", ""), ""))
+
+
+def _sequence_batching(seq: dict[str, Any] | None) -> SequenceBatching | None:
+    if seq is None:
+        return None
+    controls = {}
+    for ci in seq.get("control_input") or []:
+        for c in ci.get("control") or []:
+            kind = _CONTROL_KINDS.get(str(c.get("kind", "CONTROL_SEQUENCE_START")))
+            if kind:
+                controls[kind] = _control(ci["name"], c)
+    oldest = seq.get("oldest")
+    strategy = oldest if oldest is not None else (seq.get("direct") or {})
+    return SequenceBatching(
+        oldest=oldest is not None,
+        max_idle_us=int(seq.get("max_sequence_idle_microseconds", 0) or 0) or SEQUENCE_IDLE_DEFAULT_US,
+        max_delay_us=int(strategy.get("max_queue_delay_microseconds", 0) or 0),
+        min_slot_utilization=float(strategy.get("minimum_slot_utilization", 0.0) or 0.0),
+        max_candidates=int(strategy.get("max_candidate_sequences", 0) or 0),
+        preferred=sorted({int(x) for x in strategy.get("preferred_batch_size") or []}),
+        preserve_ordering=bool(strategy.get("preserve_ordering", False)),
+        controls=controls,
+        states=[s["input_name"] for s in seq.get("state") or []],
+    )
+
+
 def _exec_timeout(config: dict[str, Any]) -> float:
     raw = config_parameter(config, "execution_timeout_seconds")
     try:
@@ -70,4 +110,5 @@ def model_view(config: dict[str, Any]) -> ModelView:
         exec_timeout_s=_exec_timeout(config),
         idempotent=config_parameter(config, "idempotent").lower() in ("1", "true", "yes"),
         response_cache=bool((config.get("response_cache") or {}).get("enable", False)),
+        sequence=_sequence_batching(config.get("sequence_batching")),
     )

@@ -10,6 +10,7 @@ import bisect
 import errno
 import mmap
 import os
+import threading
 from dataclasses import dataclass
 
 import posix_ipc
@@ -114,15 +115,21 @@ class _Segment:
 
 
 class Arena:
-    """Blocks for one owner (a frontend or a worker) of one server."""
+    """Blocks for one owner (a frontend or a worker) of one server. Threads of the owner may
+    allocate and free concurrently (a model's threads send responses while BLS calls run)."""
 
     def __init__(self, server_id: str, owner: str, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
         self.server_id = server_id
         self.owner = owner
         self.segment_bytes = segment_bytes
         self.segments: dict[str, _Segment] = {}
+        self.lock = threading.Lock()
 
     def alloc(self, nbytes: int) -> Block:
+        with self.lock:
+            return self._alloc(nbytes)
+
+    def _alloc(self, nbytes: int) -> Block:
         for seg in self.segments.values():
             off = seg.alloc(nbytes)
             if off is not None:
@@ -150,9 +157,10 @@ class Arena:
 
     def free(self, seg: str, offset: int) -> None:
         """Return a block; unknown blocks are ignored (a release may arrive twice)."""
-        s = self.segments.get(seg)
-        if s is not None and offset in s.used:
-            s.free(offset)
+        with self.lock:
+            s = self.segments.get(seg)
+            if s is not None and offset in s.used:
+                s.free(offset)
 
     def in_use(self) -> int:
         return sum(len(s.used) for s in self.segments.values())

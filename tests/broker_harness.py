@@ -141,19 +141,30 @@ class Harness:
     def from_worker(self, inst: Instance, msg: Any, heartbeat: bool = False) -> None:
         ident = S.heartbeat_identity(inst.identity) if heartbeat else inst.identity
         self.broker.on_worker_frame(ident, S.encode(msg))
+        self.broker.end_turn()
+
+    def from_stream(self, inst: Instance, *msgs: Any) -> None:
+        """Messages on a worker's stream socket (a decoupled model's responses), in one loop turn."""
+        for msg in msgs:
+            self.broker.on_worker_frame(S.stream_identity(inst.identity), S.encode(msg))
+        self.broker.end_turn()
 
     def from_frontend(self, msg: Any, ident: bytes = b"fe") -> None:
         self.broker.on_frontend_frame(ident, S.encode(msg))
+        self.broker.end_turn()
 
     def die(self, inst: Instance, code: int = -9) -> None:
         """The worker process of `inst` ends (its pidfd turns readable)."""
         self.pool.end(inst, code)
         self.broker.on_worker_exit(inst)
+        self.broker.end_turn()
 
     def tick(self, seconds: float = 0.0) -> float:
         self.clock.advance(seconds)
         self.broker.jobs.collect()
-        return self.broker.timers()
+        wait = self.broker.timers()
+        self.broker.end_turn()
+        return wait
 
     # ---------------------------------------------------------------- requests
 
@@ -179,7 +190,17 @@ class Harness:
         return [(i, m) for i, m in self.sockets.frontend if isinstance(m, kind)]
 
     def replies(self, ident: bytes = b"fe") -> dict[int, S.InferReply]:
-        return {m.rid: m for i, m in self.sockets.frontend if i == ident and isinstance(m, S.InferReply)}
+        return {m.rid: m for m in self.frontend_replies(ident)}
+
+    def frontend_replies(self, ident: bytes = b"fe") -> list[S.InferReply]:
+        """Every InferReply sent to frontend `ident`, in order (a Replies frame unpacked)."""
+        out: list[S.InferReply] = []
+        for i, m in self.sockets.frontend:
+            if i == ident and isinstance(m, S.InferReply):
+                out.append(m)
+            elif i == ident and isinstance(m, S.Replies):
+                out.extend(m.replies)
+        return out
 
     def to_workers(self, kind: type) -> list[tuple[bytes, Any]]:
         return [(i, m) for i, m in self.sockets.worker if isinstance(m, kind)]

@@ -254,3 +254,14 @@ def server(example_repo):
     code = s.stop()
     s.assert_clean()
     assert code == 0, s.log
+
+
+@pytest.fixture(scope="session")
+def streaming_server(tmp_path_factory):
+    """The sequence and streaming tests' models (tests/stream_models.py) on one server."""
+    from stream_models import streaming_repository
+    s = TritondServer(streaming_repository(tmp_path_factory.mktemp("streaming") / "models")).start()
+    yield s
+    code = s.stop()
+    s.assert_clean()
+    assert code == 0, s.log

@@ -7,10 +7,18 @@ supervisor) and `WorkerUp` (workers): a broker built from other code refuses the
 instead of misreading its frames. `Hello`'s first three fields never change shape.
 
 Directions:
-  frontend/supervisor -> broker   Hello, Infer, Release, Control, TraceDone
-  broker -> frontend/supervisor   Table, Ping, InferReply, ControlReply, Gone, Refused, Observe
-  worker -> broker                WorkerUp, WorkerDown, Heartbeat, BatchDone, Infer (BLS), Release
-  broker -> worker                Exec, Stop, Release, InferReply (BLS), Unmap, Gone, Observe
+  frontend/supervisor -> broker   Hello, Infer, Release, Control, Cancel, Credit, TraceDone
+  broker -> frontend/supervisor   Table, Ping, InferReply (or several as Replies), ControlReply, Gone,
+                                  Refused, Observe
+  worker -> broker                WorkerUp, WorkerDown, Heartbeat, BatchDone, Infer (BLS), Release,
+                                  Cancel (BLS), Respond (on its stream socket)
+  broker -> worker                Exec, Stop, Release, InferReply (BLS), Unmap, Gone, Observe,
+                                  EndSequences; CancelKeys and Grant on its heartbeat socket
+
+A request may be answered by several InferReply messages (a decoupled model's responses): all
+but the last carry `more`. A worker sends a decoupled model's responses as `Respond` messages on
+a third socket while it runs (its main thread may be busy in execute()); the broker talks to
+the worker's heartbeat thread, never to its busy main thread, about requests that execute.
 """
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ import msgspec
 
 from .errors import Code, TritonError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 # Inline tensors up to this size ride inside the message; larger ones go through shm.
 INLINE_MAX = 64 * 1024
 # At most this many inline bytes per message a frontend or worker builds; the rest go by shm.
@@ -30,8 +38,9 @@ INLINE_BUDGET = 1 << 20
 # message they send far below it). Workers take any frame from the broker: an Exec of a big
 # batch carries the inline tensors of all its requests.
 MAX_FRAME = 16 << 20
-# A worker's heartbeat socket has its identity plus this suffix.
+# A worker's heartbeat socket has its identity plus this suffix, its stream socket the other.
 HEARTBEAT_SUFFIX = b":hb"
+STREAM_SUFFIX = b":rs"
 
 
 class _S(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -70,7 +79,12 @@ class Device(_S, tag="d"):
     lease: int = 0
 
 
-Loc = Union[Inline, Block, Region, Device]
+class Zeros(_S, tag="z"):
+    """Zero bytes of the descriptor's shape: the inputs of a padding request in a sequence
+    batch. Only the broker writes it; it carries no memory."""
+
+
+Loc = Union[Inline, Block, Region, Device, Zeros]
 
 
 class TensorDesc(_S):
@@ -131,6 +145,7 @@ class Infer(_S, tag="infer"):
     timeout_us: int = 0
     correlation_id: int | str = 0
     flags: int = 0
+    window: int = 0         # streamed replies the requester buffers before its Credit (0: no bound)
     cache_key: bytes = b""          # digest of the inputs (frontends only; response cache)
     trace: TraceStart | None = None
 
@@ -147,6 +162,8 @@ class InferReply(_S, tag="reply"):
     outputs: list[TensorDesc] = []
     error: TritonError | None = None
     owner: bytes = b""      # identity that holds the output leases
+    more: bool = False      # more replies of this request follow
+    empty: bool = False     # no response, only the end of the request's replies
     trace: TraceInfo | None = None
 
 
@@ -154,6 +171,23 @@ class TraceDone(_S, tag="trace_done"):
     """The frontend's last timestamps of a traced request (the response was sent)."""
     id: int
     stamps: list[Stamp] = []
+
+
+class Replies(_S, tag="replies"):
+    """Several replies to one frontend, sent as one frame (those the broker made in one turn)."""
+    replies: list[InferReply]
+
+
+class Cancel(_S, tag="cancel"):
+    """The requester gave up on request `rid` (client disconnect, gRPC cancel)."""
+    rid: int
+
+
+class Credit(_S, tag="credit"):
+    """The requester wrote `n` more streamed replies of request `rid`: the model may send as
+    many more."""
+    rid: int
+    n: int
 
 
 class Release(_S, tag="release"):
@@ -289,6 +323,27 @@ class TensorView(_S):
     ragged: bool = False
 
 
+class SequenceControl(_S):
+    """One control input of the sequence batcher: the tensor the model reads and its values."""
+    name: str
+    datatype: str                   # wire name; CORRID: UINT64, INT64, UINT32, INT32 or BYTES
+    false: float = 0
+    true: float = 1
+
+
+class SequenceBatching(_S):
+    """`sequence_batching` as the broker schedules it."""
+    oldest: bool = False
+    max_idle_us: int = 1_000_000
+    max_delay_us: int = 0
+    min_slot_utilization: float = 0.0               # direct
+    max_candidates: int = 0                         # oldest (0: max(1, max_batch_size))
+    preferred: list[int] = []                       # oldest
+    preserve_ordering: bool = False                 # oldest
+    controls: dict[str, SequenceControl] = {}       # START | END | READY | CORRID -> control
+    states: list[str] = []                          # implicit state inputs (kept by the worker)
+
+
 class ModelView(_S):
     """What every process needs to know of a model's config, parsed once by the broker."""
     max_batch_size: int = 0
@@ -302,6 +357,7 @@ class ModelView(_S):
     exec_timeout_s: float = 60.0
     idempotent: bool = False
     response_cache: bool = False    # the server's cache is on and the config enables it
+    sequence: SequenceBatching | None = None
 
 
 class ModelEntry(_S):
@@ -381,6 +437,10 @@ class ExecRequest(_S):
     correlation_id: int | str = 0
     flags: int = 0
     timeout_us: int = 0
+    key: int = 0            # the broker's name for this request (cancellation, streamed replies)
+    seq: int = 0            # the sequence whose implicit state it reads and writes (0: none)
+    pad: bool = False       # padding of a sequence batch: executed, never answered
+    window: int = 0         # streamed replies the model may send ahead of the requester's credit
 
 
 class Exec(_S, tag="exec"):
@@ -394,6 +454,8 @@ class ExecResult(_S):
 
 
 class BatchDone(_S, tag="done"):
+    """One result per request that is not padding; none for a decoupled model, whose requests
+    are answered by Respond messages (this only says the instance is free)."""
     bid: int
     results: list[ExecResult]
     input_ns: int = 0
@@ -425,10 +487,35 @@ class Unmap(_S, tag="unmap"):
     keys: list[str]
 
 
-FrontendMsg = Union[Hello, Infer, Release, Control, TraceDone]
-BrokerToFrontend = Union[Table, InferReply, ControlReply, Ping, Gone, Refused, Observe]
-WorkerMsg = Union[WorkerUp, WorkerDown, BatchDone, Heartbeat, Infer, Release]
-BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap, Gone, Observe]
+class Respond(_S, tag="respond"):
+    """One response of a decoupled model's request `key` (or only its end, `empty`)."""
+    key: int
+    outputs: list[TensorDesc] = []
+    error: TritonError | None = None
+    final: bool = False
+    empty: bool = False
+
+
+class CancelKeys(_S, tag="cancel_keys"):
+    """These executing requests were cancelled: their `is_cancelled()` turns true."""
+    keys: list[int]
+
+
+class Grant(_S, tag="grant"):
+    """Request `key` may send `n` more streamed responses."""
+    key: int
+    n: int
+
+
+class EndSequences(_S, tag="end_seq"):
+    """Free the implicit state of these sequences (idle, cancelled or force-ended)."""
+    seqs: list[int]
+
+
+FrontendMsg = Union[Hello, Infer, Release, Control, Cancel, Credit, TraceDone]
+BrokerToFrontend = Union[Table, InferReply, Replies, ControlReply, Ping, Gone, Refused, Observe]
+WorkerMsg = Union[WorkerUp, WorkerDown, BatchDone, Heartbeat, Infer, Release, Respond, Cancel]
+BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap, Gone, Observe, EndSequences, CancelKeys, Grant]
 
 
 # ---------------------------------------------------------------- encoding
@@ -459,3 +546,7 @@ DecodeError = msgspec.DecodeError
 
 def heartbeat_identity(identity: bytes) -> bytes:
     return identity + HEARTBEAT_SUFFIX
+
+
+def stream_identity(identity: bytes) -> bytes:
+    return identity + STREAM_SUFFIX

@@ -7,6 +7,8 @@ whichever waiting thread holds the reader role does all socket I/O (sending what
 queued, receiving every reply) and hands the socket over once its own reply arrived.
 The broker refuses a call that could never be answered (the callee's instances all wait,
 directly or through other calls, on this caller), so a call never waits on itself.
+A call with `exec(decoupled=True)` yields the callee's replies as they arrive; an iterator the
+model abandons cancels the call and lets the rest of its replies go.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import itertools
 import logging
 import os
 import threading
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -48,6 +52,8 @@ class BlsClient:
         self.rids = itertools.count(1)
         self.outbox: list[bytes] = []
         self.replies: dict[int, P.InferReply] = {}
+        self.streams: dict[int, deque[P.InferReply]] = {}    # decoupled calls being iterated
+        self.abandoned: dict[int, list] = {}    # decoupled calls nobody iterates -> their input blocks
         self.reading = False
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -56,39 +62,117 @@ class BlsClient:
     def stray(self, msg: Any) -> None:
         """A message the worker's main loop received but does not handle itself."""
         if isinstance(msg, P.InferReply):
-            with self.cond:
-                self.replies[msg.rid] = msg
-                self.cond.notify_all()
+            self._arrived(msg)
 
-    def infer(self, model_name: str, model_version: int, inputs: dict[str, np.ndarray],
-              requested_output_names: list[str], request_id: str, parameters: dict,
-              correlation_id: Any, flags: int, timeout_us: int) -> tuple[dict[str, np.ndarray], TritonError | None]:
-        """pb_utils' BLS handler: run one request on `model_name`; (outputs, None) or ({}, error)."""
-        w = self.w
-        blocks = []
+    def _arrived(self, msg: P.InferReply) -> None:
+        with self.cond:
+            if msg.rid in self.streams:
+                self.streams[msg.rid].append(msg)
+            elif msg.rid in self.abandoned:
+                if not msg.more:      # the callee is done with the inputs too
+                    self._free(self.abandoned.pop(msg.rid))
+                self._release(msg)
+            else:
+                self.replies[msg.rid] = msg
+            self.cond.notify_all()
+
+    def _request(self, model_name: str, model_version: int, inputs: dict[str, np.ndarray],
+                 requested_output_names: list[str], request_id: str, parameters: dict,
+                 correlation_id: Any, flags: int, timeout_us: int) -> tuple[int, bytes, list]:
+        """(rid, the Infer frame, arena blocks holding its inputs until the call is over)."""
+        blocks: list = []
         descs = []
         try:
             inline = [0]
             for name, arr in inputs.items():
                 descs.append(self._place(name, np.asarray(arr), blocks, inline))
-            with self.cond:
-                rid = next(self.rids)
-            frame = P.encode(P.Infer(
-                rid, model_name, int(model_version), descs, [P.OutputSpec(n) for n in requested_output_names],
-                request_id, dict(parameters or {}), 0, int(timeout_us or 0), correlation_id or 0, int(flags or 0)))
+        except BaseException:
+            self._free(blocks)
+            raise
+        with self.cond:
+            rid = next(self.rids)
+        frame = P.encode(P.Infer(
+            rid, model_name, int(model_version), descs, [P.OutputSpec(n) for n in requested_output_names],
+            request_id, dict(parameters or {}), 0, int(timeout_us or 0), correlation_id or 0, int(flags or 0)))
+        return rid, frame, blocks
+
+    def _free(self, blocks: list) -> None:
+        for block in blocks:
+            self.w.arena.free(block.seg, block.offset)
+
+    def infer(self, *args: Any) -> tuple[dict[str, np.ndarray], TritonError | None]:
+        """pb_utils' BLS handler: run one request (arguments as pb_utils.set_bls_handler says);
+        (outputs, None) or ({}, error)."""
+        rid, frame, blocks = self._request(*args)
+        try:
             reply = self._call(rid, frame)
-        finally:
-            for block in blocks:
-                w.arena.free(block.seg, block.offset)
+        except BaseException:
+            self._free(blocks)
+            raise
+        if reply.more:      # a decoupled callee: the first response is the answer, the rest is let go
+            with self.cond:
+                self.abandoned[rid] = blocks
+                late = self.replies.pop(rid, None)      # one more came in meanwhile
+            if late is not None:
+                self._arrived(late)
+            self._send_later(P.encode(P.Cancel(rid)))
+        else:
+            self._free(blocks)
+        return self._outputs(reply)
+
+    def infer_stream(self, *args: Any) -> tuple[Iterator[tuple[dict[str, np.ndarray], TritonError | None]],
+                                                 Callable[[], None]]:
+        """pb_utils' decoupled BLS handler: the call's replies as an iterator of (outputs, error),
+        and a function that cancels the call."""
+        rid, frame, blocks = self._request(*args)
+        with self.cond:
+            self.streams[rid] = deque()
+
+        def cancel() -> None:
+            self._send_later(P.encode(P.Cancel(rid)))
+
+        def replies() -> Iterator[tuple[dict[str, np.ndarray], TritonError | None]]:
+            finished = False
+            try:
+                queue = self.streams[rid]
+                self._wait(frame, lambda: bool(queue))
+                while True:
+                    with self.cond:
+                        reply = queue.popleft() if queue else None
+                    if reply is None:
+                        self._wait(None, lambda: bool(queue))
+                        continue
+                    finished = not reply.more
+                    yield self._outputs(reply)
+                    if finished:
+                        return
+            finally:
+                with self.cond:
+                    left = self.streams.pop(rid, deque())
+                    running = not finished and not any(not r.more for r in left)
+                    if running:
+                        self.abandoned[rid] = blocks
+                for r in left:
+                    self._release(r)
+                if not finished:
+                    cancel()
+                if not running:
+                    self._free(blocks)
+        return replies(), cancel
+
+    def _outputs(self, reply: P.InferReply) -> tuple[dict[str, np.ndarray], TritonError | None]:
+        """The reply's outputs copied out of the callee's memory, which is then released."""
         if reply.error is not None:
             return {}, reply.error
         try:
-            outputs = {d.name: np.array(desc_to_array(d, w.maps), copy=True) for d in reply.outputs}
+            return {d.name: np.array(desc_to_array(d, self.w.maps), copy=True) for d in reply.outputs}, None
         finally:
-            leases = sorted({P.lease_of(d) for d in reply.outputs} - {0})
-            if leases:
-                self._send_later(P.encode(P.Release(reply.owner, leases)))
-        return outputs, None
+            self._release(reply)
+
+    def _release(self, reply: P.InferReply) -> None:
+        leases = sorted({P.lease_of(d) for d in reply.outputs} - {0})
+        if leases:
+            self._send_later(P.encode(P.Release(reply.owner, leases)))
 
     def _place(self, name: str, arr: np.ndarray, blocks: list, inline: list[int]) -> P.TensorDesc:
         """Inline when small (within the message's inline budget, counted in inline[0]), else one
@@ -122,26 +206,33 @@ class BlsClient:
             pass            # the pipe is full: the reader is already due to wake
 
     def _call(self, rid: int, frame: bytes) -> P.InferReply:
+        self._wait(frame, lambda: rid in self.replies)
         with self.cond:
-            self.outbox.append(frame)
-            if self.reading:
-                self._wake()
-            while rid not in self.replies:
+            return self.replies.pop(rid)
+
+    def _wait(self, frame: bytes | None, ready: Callable[[], bool]) -> None:
+        """Send `frame` (if any), then wait until `ready()` (checked under the lock), taking the
+        reader role while no other thread has it."""
+        with self.cond:
+            if frame is not None:
+                self.outbox.append(frame)
+                if self.reading:
+                    self._wake()
+            while not ready():
                 if self.reading:
                     self.cond.wait()
                     continue
                 self.reading = True
                 self.cond.release()
                 try:
-                    self._read_until(rid)
+                    self._read_until(ready)
                 finally:
                     self.cond.acquire()
                     self.reading = False
                     self.cond.notify_all()
-            return self.replies.pop(rid)
 
-    def _read_until(self, rid: int) -> None:
-        """The reader role: send what is queued, receive until `rid` is answered."""
+    def _read_until(self, ready: Callable[[], bool]) -> None:
+        """The reader role: send what is queued, receive until `ready()`."""
         w = self.w
         poller = zmq.Poller()
         poller.register(w.sock, zmq.POLLIN)
@@ -149,7 +240,7 @@ class BlsClient:
         while True:
             with self.cond:
                 frames, self.outbox = self.outbox, []
-                if rid in self.replies:
+                if ready():
                     break
             for frame in frames:
                 w.sock.send(frame)
@@ -165,9 +256,7 @@ class BlsClient:
                 except zmq.Again:
                     break
                 if isinstance(msg, P.InferReply):
-                    with self.cond:
-                        self.replies[msg.rid] = msg
-                        self.cond.notify_all()
+                    self._arrived(msg)
                 elif isinstance(msg, P.Stop):
                     w.stop_requested = True
                 elif not w.handle_side(msg):

@@ -2,7 +2,9 @@
 
 `python -m tritond.workers.main <spec-json>`; spawned by the broker with an argv list.
 The main thread computes; a heartbeat thread keeps telling the broker it is alive (and
-exits the process if the broker is gone), so a long batch is never mistaken for a hang.
+exits the process if the broker is gone), so a long batch is never mistaken for a hang, and
+receives what the broker says about executing requests (cancelled, credit for more streamed
+responses). A decoupled model's responses leave on a third socket as they are produced.
 A config parameter `memory_limit_bytes` caps what the model may allocate; a MemoryError
 anywhere ends the process with EXIT_NO_MEMORY, since its state can no longer be trusted,
 and the broker restarts it.
@@ -25,6 +27,7 @@ from setproctitle import setproctitle
 from tritond import logs
 from tritond.process import EXIT_NO_MEMORY, die_with_parent, limit_memory, setup_logging
 from tritond.repository.parameters import config_parameter
+from tritond.repository.view import model_view
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
 from tritond.wire import schema as P
@@ -34,6 +37,8 @@ from .backends import create
 from .backends.base import InstanceInfo, WorkerRequest
 from .bls import BlsClient
 from .cuda_ipc import Exports, Imports
+from .responses import Discard, Flow, Responder
+from .states import SequenceStates, state_specs
 from .tensors import Leases, desc_to_array, write_outputs
 from .warmup import warm_up
 
@@ -42,16 +47,35 @@ log = logging.getLogger("tritond.worker")
 HEARTBEAT_INTERVAL_S = 0.5
 
 
-def heartbeat(ctx: zmq.Context, spec: P.WorkerSpec, stop: threading.Event) -> None:
+def heartbeat(ctx: zmq.Context, spec: P.WorkerSpec, stop: threading.Event, flow: Flow) -> None:
+    """Tell the broker this worker lives, every HEARTBEAT_INTERVAL_S, and pass on what it says
+    about executing requests."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, P.heartbeat_identity(spec.identity.encode()))
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(spec.workers)
     frame = P.encode(P.Heartbeat())
-    while not stop.wait(HEARTBEAT_INTERVAL_S):
-        if os.getppid() != spec.broker_pid:
-            os._exit(1)
-        sock.send(frame, zmq.NOBLOCK)
+    decoder = P.decoder(P.BrokerToWorker)
+    due = time.monotonic() + HEARTBEAT_INTERVAL_S
+    while not stop.is_set():
+        wait_ms = max(0, int((due - time.monotonic()) * 1000))
+        if sock.poll(wait_ms):
+            while True:
+                try:
+                    msg = decoder.decode(sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                except P.DecodeError:
+                    continue
+                if isinstance(msg, P.CancelKeys):
+                    flow.cancel(msg.keys)
+                elif isinstance(msg, P.Grant):
+                    flow.grant(msg.key, msg.n)
+        if time.monotonic() >= due:
+            due = time.monotonic() + HEARTBEAT_INTERVAL_S
+            if os.getppid() != spec.broker_pid:
+                os._exit(1)
+            sock.send(frame, zmq.NOBLOCK)
     sock.close()
 
 
@@ -72,6 +96,16 @@ class Worker:
         self.decoder = P.decoder(P.BrokerToWorker)
         self.bls = BlsClient(self)
         self.stop_requested = False   # a Stop the BLS reader received while execute() ran
+        view = model_view(spec.config)
+        self.decoupled = view.decoupled
+        self.flow = Flow(view.exec_timeout_s)
+        self.stream = self.ctx.socket(zmq.DEALER)     # a decoupled model's responses, from any thread
+        self.stream.setsockopt(zmq.IDENTITY, P.stream_identity(spec.identity.encode()))
+        self.stream.setsockopt(zmq.LINGER, 2000)
+        self.stream.connect(spec.workers)
+        self.stream_lock = threading.Lock()
+        self.states = SequenceStates(state_specs(spec.config, spec.model_dir), self.arena,
+                                     [o["name"] for o in spec.config.get("output") or []])
 
     def send(self, msg) -> None:
         self.sock.send(P.encode(msg))
@@ -95,7 +129,18 @@ class Worker:
         if isinstance(msg, P.Observe):
             logs.apply(msg.log)
             return True
+        if isinstance(msg, P.EndSequences):
+            self.states.end(msg.seqs)
+            return True
         return False
+
+    def deliver(self, key: int, specs: list[P.OutputSpec], outputs: dict | None, error, final: bool) -> None:
+        """Send one response of a decoupled model's request (from whichever thread made it)."""
+        empty = outputs is None and error is None
+        result = write_outputs([(outputs or {}, specs, error)], self.maps, self.leases)[0]
+        frame = P.encode(P.Respond(key, result.outputs, result.error, final, empty))
+        with self.stream_lock:
+            self.stream.send(frame)
 
     def load(self):
         s = self.spec
@@ -113,9 +158,10 @@ class Worker:
         completed = backend.auto_complete()
         if completed is not None:
             backend.config = completed
+            self.decoupled = model_view(completed).decoupled
         if s.config.get("backend") == "python":
             from . import pb_utils
-            pb_utils.set_bls_handler(self.bls.infer)
+            pb_utils.set_bls_handler(self.bls.infer, self.bls.infer_stream)
         backend.load()
         warm_up(lambda msg: self.execute(backend, msg), self.leases.release, backend.config, s.model_dir,
                 s.instance_name)
@@ -136,15 +182,29 @@ class Worker:
         requests: list[WorkerRequest] = []
         slots: list = []
         on_device = backend.accepts_device_inputs
+        decoupled = self.decoupled
         for r in msg.requests:
             try:
                 inputs = {d.name: desc_to_array(d, self.maps, self.imports, on_device) for d in r.inputs}
             except Exception as e:  # malformed BYTES payload, vanished region
-                slots.append((None, r.outputs, invalid(f"failed to read inputs: {e}")))
+                err = invalid(f"failed to read inputs: {e}")
+                if decoupled and not r.pad:
+                    self.deliver(r.key, r.outputs, None, err, True)
+                slots.append((None, r.outputs, err))
                 continue
+            if r.pad:
+                responder = Discard()
+            else:
+                responder = Responder(r.key, r.outputs, self.flow, self.deliver)
+                self.flow.open(r.key, r.window if decoupled else 0)
             requests.append(WorkerRequest(inputs, [o.name for o in r.outputs], r.id, r.params,
-                                          r.correlation_id, r.flags, r.timeout_us))
+                                          r.correlation_id, r.flags, r.timeout_us, responder))
             slots.append(None)
+        runs = [r for r, slot in zip(msg.requests, slots) if slot is None]
+        if self.states:
+            first = next((w for w, r in zip(requests, runs) if not r.pad), None)
+            for w, r in sorted(zip(requests, runs), key=lambda p: p[1].pad):
+                self.states.feed(w, r.seq, r.flags, r.pad, first)
         t1 = time.monotonic_ns()
         try:
             responses = backend.execute(requests) if requests else []
@@ -154,16 +214,30 @@ class Worker:
         except Exception as e:
             responses, batch_error = [], internal(str(e) or type(e).__name__)
         t2 = time.monotonic_ns()
+        if decoupled:
+            if batch_error is not None:     # the backend could not run the batch at all
+                for w in requests:
+                    if isinstance(w.responder, Responder) and w.responder.key in self.flow.live:
+                        w.responder.send(None, batch_error, True)
+            self.close_imports()
+            return P.BatchDone(msg.bid, [], t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+        if self.states and batch_error is None:
+            for w, r, resp in zip(requests, runs, responses):
+                self.states.keep(w, resp, r.seq, r.flags, r.pad)
         it = iter(responses)
         per_request = []
         for r, slot in zip(msg.requests, slots):
+            if not r.pad:
+                self.flow.close(r.key)
             if slot is not None:
-                per_request.append(slot)
+                result = slot
             elif batch_error is not None:
-                per_request.append((None, r.outputs, batch_error))
+                result = (None, r.outputs, batch_error)
             else:
                 resp = next(it)
-                per_request.append((resp.outputs, r.outputs, resp.error))
+                result = (resp.outputs, r.outputs, resp.error)
+            if not r.pad:
+                per_request.append(result)
         results = write_outputs(per_request, self.maps, self.leases, self.exports, self.imports)
         self.close_imports()
         t3 = time.monotonic_ns()
@@ -180,7 +254,8 @@ class Worker:
 
     def run(self) -> int:
         stop = threading.Event()
-        threading.Thread(target=heartbeat, args=(self.ctx, self.spec, stop), daemon=True).start()
+        beat = threading.Thread(target=heartbeat, args=(self.ctx, self.spec, stop, self.flow), daemon=True)
+        beat.start()
         try:
             backend, completed = self.load()
         except BaseException as e:
@@ -188,6 +263,7 @@ class Worker:
             log.error("failed to load model '%s': %s", self.spec.model, text)
             self.send(P.WorkerDown(text))
             stop.set()
+            beat.join(2 * HEARTBEAT_INTERVAL_S)
             self.close()
             return 1
         # What loading allocated (framework modules, weights) is never garbage: keep it out of
@@ -203,6 +279,7 @@ class Worker:
         try:
             backend.close()
         finally:
+            beat.join(2 * HEARTBEAT_INTERVAL_S)    # its socket closes before the context ends
             self.close()
         return 0
 
@@ -218,6 +295,8 @@ class Worker:
 
     def close(self) -> None:
         self.sock.close()
+        with self.stream_lock:
+            self.stream.close()
         self.ctx.term()
         self.maps.close()
         self.arena.close()

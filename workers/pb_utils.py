@@ -8,15 +8,19 @@ Process-wide hooks (`set_bls_handler`, `set_model_dir`) are filled in by the wor
 from __future__ import annotations
 
 import asyncio
-import copy
 import enum
 import json
-import logging
+import threading
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from tritond.repository.datatypes import deserialize_bytes, numpy_to_wire, serialize_bytes
+
+from .pb_config import (  # noqa: F401  (pb_utils' public names)
+    Logger, LogLevel, ModelConfig, get_input_config_by_name, get_output_config_by_name,
+    using_decoupled_model_transaction_policy,
+)
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
@@ -231,7 +235,9 @@ class Tensor:
 
 def _parameters_json(parameters: dict | None) -> str:
     """Validated JSON text of request/response parameters (Triton allows scalar values only)."""
-    if parameters is None:
+    if not parameters:
+        if parameters is not None and not isinstance(parameters, dict):
+            raise TritonModelException(f"Expect dict, got {type(parameters)}")
         return "{}"
     if not isinstance(parameters, dict):
         raise TritonModelException(f"Expect dict, got {type(parameters)}")
@@ -284,10 +290,12 @@ class InferenceTrace:
 
 
 class ResponseIterator:
-    """What exec(decoupled=True) returns: the responses of one BLS call."""
+    """What exec(decoupled=True) returns: the responses of one BLS call as they arrive (the
+    last one may be empty: it only ends the call)."""
 
-    def __init__(self, responses: list[InferenceResponse]) -> None:
-        self._responses = iter(responses)
+    def __init__(self, responses: Iterator[InferenceResponse], cancel: Callable[[], None] | None = None) -> None:
+        self._responses = responses
+        self._cancel = cancel
 
     def __iter__(self) -> Iterator[InferenceResponse]:
         return self
@@ -296,22 +304,76 @@ class ResponseIterator:
         return next(self._responses)
 
     def cancel(self) -> None:
-        self._responses = iter(())
+        """Ask the callee to stop (its `is_cancelled()` turns true); responses already on their
+        way still arrive."""
+        if self._cancel is not None:
+            self._cancel()
+
+
+class ResponseSender:
+    """What `request.get_response_sender()` returns: sends a request's responses (a decoupled
+    model 0..N of them, then the final flag), from execute() or from any thread."""
+
+    def __init__(self, deliver: Callable[[InferenceResponse | None, bool], None], decoupled: bool,
+                 is_cancelled: Callable[[], bool]) -> None:
+        self._deliver = deliver
+        self._decoupled = decoupled
+        self._is_cancelled = is_cancelled
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent = 0
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero.")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"Expected an InferenceResponse, got {type(response).__name__}")
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:
+            if not self._decoupled:
+                if response is not None and self._sent > 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response.")
+                if response is None and final and self._sent == 0:
+                    raise TritonModelException("Unable to send response. Non-decoupled model cannot send "
+                                               "complete final before sending a response.")
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            self._closed = final
+            self._sent += 1
+        self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._is_cancelled()
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """No more responses may be sent (the backend answered the request otherwise)."""
+        with self._lock:
+            self._closed = True
 
 
 BlsHandler = Callable[..., tuple]
 _bls_handler: BlsHandler | None = None
+_bls_stream_handler: BlsHandler | None = None
 _model_dir = ""
 
 
-def set_bls_handler(handler: BlsHandler | None) -> None:
-    """Install the worker's BLS entry point.
+def set_bls_handler(handler: BlsHandler | None, stream_handler: BlsHandler | None = None) -> None:
+    """Install the worker's BLS entry points.
 
     handler(model_name, model_version, inputs, requested_output_names, request_id,
     parameters, correlation_id, flags, timeout_us) -> (outputs, tritond.wire.errors.TritonError | None)
+    stream_handler(same arguments) -> (iterator of (outputs, error), cancel callable)
     """
-    global _bls_handler
+    global _bls_handler, _bls_stream_handler
     _bls_handler = handler
+    _bls_stream_handler = stream_handler
 
 
 def set_model_dir(path: str) -> None:
@@ -347,7 +409,8 @@ class InferenceRequest:
         self._trace = trace or InferenceTrace()
         self._parameters = _parameters_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
-        self._response_sender: Any = None
+        self._response_sender: ResponseSender | None = None
+        self._cancelled: Callable[[], bool] | None = None
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -379,43 +442,56 @@ class InferenceRequest:
         return self._trace
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the requester gave up (client disconnect, gRPC cancel) while this executes."""
+        return self._cancelled is not None and self._cancelled()
 
     def set_release_flags(self, flags: int) -> None:
         self._release_flags = int(flags)
 
-    def get_response_sender(self) -> Any:
-        """The sender a backend attached for decoupled delivery."""
+    def get_response_sender(self) -> ResponseSender:
+        """The sender of this request's responses (requests a model received only)."""
         if self._response_sender is None:
-            raise NotImplementedError("response senders are not supported by this model's worker")
+            raise TritonModelException("only a request the model received has a response sender")
         return self._response_sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
-        """Run this request on another model through the worker (blocking)."""
-        response = self._run_bls()
-        return ResponseIterator([response]) if decoupled else response
+        """Run this request on another model through the worker (blocking); with `decoupled`,
+        an iterator over its responses as they arrive."""
+        if not decoupled:
+            return self._run_bls()
+        handler = _bls_stream_handler
+        if handler is None:
+            return ResponseIterator(iter([InferenceResponse(error=TritonError("BLS is not available"))]))
+        responses, cancel = handler(*self._bls_arguments())
+        return ResponseIterator((_bls_response(out, err) for out, err in responses), cancel)
 
     def async_exec(self, decoupled: bool = False) -> asyncio.Future:
         """Awaitable exec(): the blocking call runs in the running loop's executor."""
         return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
 
+    def _bls_arguments(self) -> tuple:
+        return (self.model_name, self._model_version, {t.name(): t.as_numpy() for t in self._inputs},
+                list(self._requested_output_names), self._request_id, json.loads(self._parameters),
+                self._correlation_id, self._flags, self._timeout)
+
     def _run_bls(self) -> InferenceResponse:
         handler = _bls_handler
         if handler is None:
             return InferenceResponse(error=TritonError("BLS is not available"))
-        inputs = {t.name(): t.as_numpy() for t in self._inputs}
         try:
-            outputs, error = handler(
-                self.model_name, self._model_version, inputs, list(self._requested_output_names),
-                self._request_id, json.loads(self._parameters), self._correlation_id,
-                self._flags, self._timeout)
+            outputs, error = handler(*self._bls_arguments())
         except TritonModelException:
             raise
         except Exception as exc:  # the caller gets an error response, as from Triton's Exec
             return InferenceResponse(error=TritonError(str(exc)))
-        if error is not None:
-            return InferenceResponse(error=TritonError(error.message, ErrorCode[error.code.name]))
-        return InferenceResponse([Tensor(name, array) for name, array in outputs.items()])
+        return _bls_response(outputs, error)
+
+
+def _bls_response(outputs: dict[str, np.ndarray] | None, error: Any) -> InferenceResponse:
+    """A BLS reply as the model sees it (`error`: a tritond.wire.errors.TritonError)."""
+    if error is not None:
+        return InferenceResponse(error=TritonError(error.message, ErrorCode[error.code.name]))
+    return InferenceResponse([Tensor(name, array) for name, array in (outputs or {}).items()])
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
@@ -430,171 +506,3 @@ def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) 
         if tensor.name() == name:
             return tensor
     return None
-
-
-# ---------------------------------------------------------------- model config
-
-def _config_dict(model_config: dict | ModelConfig) -> dict:
-    return model_config.as_dict() if isinstance(model_config, ModelConfig) else model_config
-
-
-def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
-    for entry in _config_dict(model_config).get("input") or []:
-        if entry.get("name") == name:
-            return entry
-    return None
-
-
-def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
-    for entry in _config_dict(model_config).get("output") or []:
-        if entry.get("name") == name:
-            return entry
-    return None
-
-
-def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
-    policy = _config_dict(model_config).get("model_transaction_policy") or {}
-    return bool(policy.get("decoupled", False))
-
-
-class ModelConfig:
-    """The config auto_complete_config may extend: batching, inputs, outputs, decoupling.
-
-    Changes that contradict what config.pbtxt already says raise ValueError, which fails
-    the load with that message, as in Triton.
-    """
-
-    def __init__(self, model_config: str | dict) -> None:
-        if isinstance(model_config, str):
-            self._model_config = json.loads(model_config)
-        else:
-            self._model_config = copy.deepcopy(model_config)
-        self._model_config.setdefault("input", [])
-        self._model_config.setdefault("output", [])
-        self._model_config.setdefault("max_batch_size", 0)
-
-    @property
-    def _name(self) -> str:
-        return self._model_config.get("name", "")
-
-    def as_dict(self) -> dict:
-        return self._model_config
-
-    def max_batch_size(self) -> int:
-        return self._model_config["max_batch_size"]
-
-    def set_max_batch_size(self, max_batch_size: int) -> None:
-        configured = self._model_config["max_batch_size"]
-        if configured > max_batch_size:
-            raise ValueError(
-                f"configuration specified max_batch_size {configured}, but in auto-complete-config "
-                f"function for model '{self._name}' specified max_batch_size {max_batch_size}")
-        self._model_config["max_batch_size"] = max_batch_size
-
-    def set_dynamic_batching(self) -> None:
-        for scheduler in ("sequence_batching", "ensemble_scheduling"):
-            if scheduler in self._model_config:
-                raise ValueError(
-                    f"Configuration specified scheduling_choice as '{scheduler}', but "
-                    f"auto-complete-config function for model '{self._name}' tries to set "
-                    "scheduling_choice as 'dynamic_batching'")
-        self._model_config.setdefault("dynamic_batching", {})
-
-    def add_input(self, input: dict) -> None:
-        self._add_tensor("input", input, ("name", "data_type", "dims", "optional"))
-
-    def add_output(self, output: dict) -> None:
-        self._add_tensor("output", output, ("name", "data_type", "dims"))
-
-    def _add_tensor(self, kind: str, tensor: dict, allowed: tuple[str, ...]) -> None:
-        model = self._name
-        label = f"{kind} '{tensor.get('name')}' in auto-complete-config function for model '{model}'"
-        if any(key not in allowed for key in tensor):
-            quoted = [f"'{key}'" for key in allowed]
-            raise ValueError(
-                f"{label} contains property other than {', '.join(quoted[:-1])} and {quoted[-1]}.")
-        if "name" not in tensor:
-            raise ValueError(
-                f"{kind} in auto-complete-config function for model '{model}' is missing 'name' property.")
-        for key in ("data_type", "dims"):
-            if key not in tensor:
-                raise ValueError(f"{label} is missing '{key}' property.")
-
-        name = tensor["name"]
-        for current in self._model_config[kind]:
-            if current.get("name") != name:
-                continue
-            current_type = current.get("data_type", "TYPE_INVALID")
-            if current_type != "TYPE_INVALID" and current_type != tensor["data_type"]:
-                raise ValueError(
-                    f"unable to load model '{model}', configuration expects datatype {current_type} "
-                    f"for {kind} '{name}', model provides {tensor['data_type']}")
-            current_dims = list(current.get("dims") or [])
-            if current_dims and current_dims != list(tensor["dims"]):
-                raise ValueError(
-                    f"model '{model}', tensor '{name}': the model expects dims {list(tensor['dims'])} "
-                    f"but the model configuration specifies dims {current_dims}")
-            if "optional" in current and "optional" in tensor and current["optional"] != tensor["optional"]:
-                raise ValueError(
-                    f"model '{model}', tensor '{name}': the model expects optional {tensor['optional']} "
-                    f"but the model configuration specifies optional {current['optional']}")
-            current.update(tensor)
-            return
-        self._model_config[kind].append(dict(tensor))
-
-    def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:
-        if any(key != "decoupled" for key in transaction_policy_dict):
-            raise ValueError(
-                f"model transaction property in auto-complete-config function for model "
-                f"'{self._name}' contains property other than 'decoupled'.")
-        policy = self._model_config.setdefault("model_transaction_policy", {})
-        if "decoupled" in transaction_policy_dict:
-            wanted = transaction_policy_dict["decoupled"]
-            if "decoupled" in policy and policy["decoupled"] != wanted:
-                raise ValueError(
-                    f"trying to change decoupled property in auto-complete-config for model "
-                    f"'{self._name}', which is already set to '{policy['decoupled']}'.")
-            policy["decoupled"] = wanted
-
-
-# ---------------------------------------------------------------- logging
-
-class LogLevel(enum.IntEnum):
-    INFO = 0
-    WARNING = 1
-    ERROR = 2
-    VERBOSE = 3
-
-
-_PY_LEVELS = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
-              LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
-_logger = logging.getLogger("tritond.model")
-
-
-class Logger:
-    """Model logging, routed to the Python logger 'tritond.model' (VERBOSE is DEBUG)."""
-    LogLevel = LogLevel
-    INFO = LogLevel.INFO
-    WARNING = LogLevel.WARNING
-    ERROR = LogLevel.ERROR
-    VERBOSE = LogLevel.VERBOSE
-
-    @staticmethod
-    def log(message: str, level: int = LogLevel.INFO) -> None:
-        _logger.log(_PY_LEVELS[LogLevel(level)], "%s", message)
-
-    @staticmethod
-    def log_info(message: str) -> None:
-        _logger.info("%s", message)
-
-    @staticmethod
-    def log_warn(message: str) -> None:
-        _logger.warning("%s", message)
-
-    @staticmethod
-    def log_error(message: str) -> None:
-        _logger.error("%s", message)
-
-    @staticmethod
-    def log_verbose(message: str) -> None:
-        _logger.debug("%s", message)

@@ -22,7 +22,7 @@ from tritond.shm.mapping import SegmentMaps
 from tritond.shm.regions import CUDA_PREFIX
 from tritond.wire.errors import TritonError, internal
 from tritond.wire.schema import (
-    INLINE_BUDGET, INLINE_MAX, Block, Device, ExecResult, Inline, OutputSpec, Region, TensorDesc,
+    INLINE_BUDGET, INLINE_MAX, Block, Device, ExecResult, Inline, OutputSpec, Region, TensorDesc, Zeros,
 )
 
 from .cuda_ipc import CudaIpcError, DeviceArray, Exports, Imports, IpcRef, check, cuda_runtime, device_array, export
@@ -37,6 +37,10 @@ def desc_to_array(desc: TensorDesc, maps: SegmentMaps, imports: Imports | None =
     loc = desc.loc
     if isinstance(loc, Inline):
         return bytes_to_array(loc.data, desc.datatype, desc.shape)
+    if isinstance(loc, Zeros):
+        if desc.datatype == "BYTES":
+            return np.full(desc.shape, b"", dtype=object)
+        return np.zeros(desc.shape, WIRE_TO_NUMPY[desc.datatype])
     if isinstance(loc, Device):
         return _open_device(desc, loc, imports, on_device)
     key = loc.key if isinstance(loc, Region) else loc.seg

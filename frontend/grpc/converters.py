@@ -239,6 +239,32 @@ def infer_response(result: InferResult) -> pb.ModelInferResponse:
     return response
 
 
+FINAL_PARAMETER = "triton_final_response"
+
+
+def stream_response(result: InferResult, final: bool) -> pb.ModelStreamInferResponse:
+    """A ModelStreamInfer response; like Triton, every one says whether it is the request's last."""
+    response = infer_response(result)
+    response.parameters[FINAL_PARAMETER].bool_param = final
+    return pb.ModelStreamInferResponse(infer_response=response)
+
+
+def stream_error(request: Any, e: Any, final: bool = True) -> pb.ModelStreamInferResponse:
+    """A failed request on a stream: `error_message`, and the request's id, model and version."""
+    response = pb.ModelInferResponse(id=request.id, model_name=request.model_name,
+                                     model_version=request.model_version)
+    response.parameters[FINAL_PARAMETER].bool_param = final
+    return pb.ModelStreamInferResponse(error_message=e.message, infer_response=response)
+
+
+def stream_empty_final(request: Any) -> pb.ModelStreamInferResponse:
+    """The bare end of a decoupled request, sent only on `triton_enable_empty_final_response`."""
+    response = pb.ModelInferResponse(id=request.id, model_name=request.model_name,
+                                     model_version=request.model_version)
+    response.parameters[FINAL_PARAMETER].bool_param = True
+    return pb.ModelStreamInferResponse(infer_response=response)
+
+
 # ---------------------------------------------------------------- everything else
 
 def model_metadata(doc: dict[str, Any]) -> pb.ModelMetadataResponse:

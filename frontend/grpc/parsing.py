@@ -22,6 +22,8 @@ class _Unparsed:
     """Stands for a request message that did not parse."""
     __slots__ = ()
     id = ""
+    model_name = ""
+    model_version = ""
 
 
 UNPARSED = _Unparsed()

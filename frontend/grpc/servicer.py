@@ -33,7 +33,7 @@ log = logging.getLogger("tritond.grpc")
 
 SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requests."
 DECOUPLED_INFER = "ModelInfer RPC doesn't support models with decoupled transaction policy"
-DECOUPLED_STREAM = "ModelStreamInfer RPC doesn't support models with decoupled transaction policy on this server"
+STREAM_OUTSTANDING = 64     # requests of one ModelStreamInfer stream in flight at once
 RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
 STATUS = {name: grpc.StatusCode[code] for name, code in GRPC_CODE_NAME.items()}
 
@@ -163,13 +163,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # ------------------------------------------------------------- inference
 
-    async def _infer(self, request: pb.ModelInferRequest, decoupled_text: str,
+    async def _infer(self, request: pb.ModelInferRequest,
                      context: grpc.aio.ServicerContext | None = None) -> pb.ModelInferResponse:
         mode = self.client.trace_mode(request.model_name)
         pending = Pending("GRPC", mode, traceparent(context) if mode and context else "") if mode else None
         entry = self.dp.entry(request.model_name, cv.parse_version(request.model_version))
         if entry.view is not None and entry.view.decoupled:
-            raise TritonError(Code.UNSUPPORTED, decoupled_text)
+            raise TritonError(Code.UNSUPPORTED, DECOUPLED_INFER)
         opts = cv.request_options(request.parameters)
         opts.id = request.id
         if request.id:
@@ -191,68 +191,117 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         self.inflight += 1
         try:
-            return await self._infer(request, DECOUPLED_INFER, context)
+            return await self._infer(request, context)
         finally:
             self.inflight -= 1
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext) -> None:
-        """One response per request, written as each completes; requests reach the broker in
-        arrival order. With metadata `triton_grpc_error: true` the first error ends the stream."""
+        """Requests reach the broker in arrival order; each one's responses are written as they
+        come (a decoupled model's 0..N, each with `triton_final_response`). At most
+        STREAM_OUTSTANDING requests of a stream are in flight: beyond that the stream is not
+        read. With metadata `triton_grpc_error: true` the first error ends the stream."""
         await self.admit(context, "inference")
         abort_on_error = any(k == "triton_grpc_error" and v.lower() == "true"
                              for k, v in context.invocation_metadata() or ())
-        queue: asyncio.Queue = asyncio.Queue()
+        lock = asyncio.Lock()
+        slots = asyncio.Semaphore(STREAM_OUTSTANDING)
         tasks: set[asyncio.Task] = set()
+        fatal: list[TritonError] = []
+        ended = asyncio.Event()
 
-        def failed(request: pb.ModelInferRequest, e: TritonError) -> None:
-            queue.put_nowait((e, pb.ModelStreamInferResponse(
-                error_message=e.message, infer_response=pb.ModelInferResponse(id=request.id))))
+        async def write(message: pb.ModelStreamInferResponse) -> None:
+            async with lock:
+                if not fatal:
+                    await context.write(message)
+
+        async def failed(request: pb.ModelInferRequest, e: TritonError) -> None:
+            if abort_on_error:
+                fatal.append(e)
+                ended.set()
+                return
+            await write(cv.stream_error(request, e))
 
         async def answer(request: pb.ModelInferRequest) -> None:
             self.inflight += 1
             try:
-                response = await self._infer(request, DECOUPLED_STREAM)
-                queue.put_nowait((None, pb.ModelStreamInferResponse(infer_response=response)))
+                await self._stream_answer(request, write)
             except TritonError as e:
-                failed(request, e)
+                await failed(request, e)
             except Exception:  # a bug must not take the stream down
                 log.exception("stream request failed")
-                failed(request, TritonError(Code.INTERNAL, "internal error while handling the request"))
+                await failed(request, TritonError(Code.INTERNAL, "internal error while handling the request"))
             finally:
                 self.inflight -= 1
+                slots.release()
 
         async def read() -> None:
             try:
                 async for request in request_iterator:
+                    if fatal:
+                        break
                     if self.stopping:
-                        failed(request, unavailable(SHUTTING_DOWN))
+                        await failed(request, unavailable(SHUTTING_DOWN))
                         continue
                     if request is UNPARSED:
-                        failed(request, invalid(UNPARSABLE))
+                        await failed(request, invalid(UNPARSABLE))
                         continue
+                    await slots.acquire()
                     task = asyncio.create_task(answer(request))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 while tasks:
-                    await asyncio.gather(*tasks, return_exceptions=True)
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
             finally:
-                queue.put_nowait(None)
+                ended.set()
 
         reader = asyncio.create_task(read())
         try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    break
-                err, message = item
-                if err is not None and abort_on_error:
-                    await context.abort(status_of(err), err.message)
-                await context.write(message)
+            await ended.wait()
+            if fatal:
+                await context.abort(status_of(fatal[0]), fatal[0].message)
         finally:
             reader.cancel()
             for task in list(tasks):
                 task.cancel()
+
+    async def _stream_answer(self, request: pb.ModelInferRequest,
+                             write: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]) -> None:
+        """Answer one request of a stream: every response of a decoupled model as it comes,
+        the bare final flag only when asked for (`triton_enable_empty_final_response`)."""
+        entry = self.dp.entry(request.model_name, cv.parse_version(request.model_version))
+        opts = cv.request_options(request.parameters)
+        opts.id = request.id
+        inputs, outputs = cv.parse_inputs(request), cv.parse_outputs(request)
+        if entry.view is None or not entry.view.decoupled:
+            result = await self.dp.infer(entry, inputs, outputs, opts)
+            try:
+                message = cv.stream_response(result, True)
+            finally:
+                self.dp.release(result)
+            await write(message)
+            return
+        # One write in flight while the next response is made ready: a write waits for gRPC
+        # to take the message, which would otherwise add to every response's latency.
+        pending: asyncio.Future | None = None
+        try:
+            async for item in self.dp.infer_stream(entry, inputs, outputs, opts):
+                if item.error is not None:
+                    message = cv.stream_error(request, item.error, item.final)
+                elif item.result is not None:
+                    message = cv.stream_response(item.result, item.final)
+                elif opts.empty_final:
+                    message = cv.stream_empty_final(request)
+                else:
+                    continue
+                if pending is not None:
+                    await pending
+                pending = asyncio.ensure_future(write(message))
+            if pending is not None:
+                await pending
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
 
     # ------------------------------------------------------------- repository
 

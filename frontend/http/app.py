@@ -27,6 +27,8 @@ from ..errors import http_status
 from ..metadata import SERVER_VERSION, model_metadata
 from ..tracing import Pending
 from .codec import parse_infer, parse_json, render_response
+from .disconnect import until_disconnect
+from .generate import generate, generate_stream, parse_generate
 
 
 log = logging.getLogger("tritond.http")
@@ -245,7 +247,7 @@ class HttpApi:
             logs.REQUEST_ID.set(request_id)      # this request's task: its log lines carry the id
         if pending is not None:
             opts.trace = pending.start()
-        result = await self.dp.infer(entry, inputs, outputs, opts)
+        result = await until_disconnect(request, self.dp.infer(entry, inputs, outputs, opts))
         info = result.reply.trace if result.reply is not None else None
         try:
             body_out, json_len = render_response(result, default_binary)
@@ -267,6 +269,19 @@ class HttpApi:
         if info is not None:
             response.trace = (info, pending, entry.name, result.model_version, request_id)
         return response
+
+    async def generate(self, request: Request) -> Response:
+        return await generate(self.dp, request, *await self._generate_request(request))
+
+    async def generate_stream(self, request: Request) -> Response:
+        return await generate_stream(self.dp, request, *await self._generate_request(request))
+
+    async def _generate_request(self, request: Request) -> tuple[S.ModelEntry, list, Any]:
+        entry = self.dp.entry(request.path_params["model"], self.version(request))
+        if request.headers.get("content-encoding", "").strip().lower() not in ("", "identity"):
+            raise invalid("Unsupported content-encoding, only 'identity' is supported.")
+        inputs, opts = parse_generate(await self.body(request), entry, self.opts.max_input_size)
+        return entry, inputs, opts
 
     # ------------------------------------------------------------- repository
 
@@ -437,6 +452,8 @@ class HttpApi:
                 r(base + "/config", self.model_config, ["GET"], "model-config"),
                 r(base + "/stats", self.model_stats, ["GET"], "statistics"),
                 r(base + "/infer", self.infer, ["POST"], "inference"),
+                r(base + "/generate", self.generate, ["POST"], "inference"),
+                r(base + "/generate_stream", self.generate_stream, ["POST"], "inference"),
             ]
         routes.append(r(m + "/trace/setting", self.trace, ["GET", "POST"], "trace"))
 

@@ -169,7 +169,7 @@ def test_an_unparseable_grpc_message_is_invalid_argument_without_internals(hserv
 def test_server_metadata_lists_only_extensions_that_work(hserver):
     for meta in (httpclient.InferenceServerClient(hserver.http_url).get_server_metadata()["extensions"],
                  list(grpcclient.InferenceServerClient(hserver.grpc_url).get_server_metadata().extensions)):
-        assert meta == ["classification", "model_repository", "model_repository(unload_dependents)",
+        assert meta == ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
                         "schedule_policy", "model_configuration", "binary_tensor_data", "parameters", "statistics",
                         "trace", "logging"]
 

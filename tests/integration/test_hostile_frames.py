@@ -29,8 +29,8 @@ def replies(sock, timeout_ms=3000):
     decoder = P.decoder(P.BrokerToFrontend)
     while sock.poll(timeout_ms):
         msg = decoder.decode(sock.recv())
-        if isinstance(msg, (P.ControlReply, P.InferReply)):
-            out.append(msg)
+        if isinstance(msg, (P.ControlReply, P.InferReply, P.Replies)):
+            out.extend(msg.replies if isinstance(msg, P.Replies) else [msg])
             timeout_ms = 300
     return out
 

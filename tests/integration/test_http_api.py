@@ -24,7 +24,7 @@ from conftest import http_get
 # Triton's list less what this server does not do: the sequence batcher, trace and log settings
 # that take effect, CUDA shared memory on a host without a GPU.
 EXTENSIONS = [
-    "classification", "model_repository", "model_repository(unload_dependents)",
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
     "schedule_policy", "model_configuration", "system_shared_memory",
     "binary_tensor_data", "parameters", "statistics", "trace", "logging",
 ]

@@ -272,13 +272,14 @@ def test_two_http_workers_then_sigterm_with_requests_in_flight(example_repo, tmp
 
 
 def disconnect_mid_request(server: TritondServer) -> None:
-    """Send a slow request and hang up before the answer comes."""
+    """Send a slow request and hang up once it executes (batch_reporter's batcher holds it
+    200 ms; hanging up while it is still queued would take it out), before the answer comes."""
     body = json.dumps({"parameters": {"sleep_ms": 500},
                        "inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}).encode()
     sock = socket.create_connection(("127.0.0.1", server.http_port))
     sock.sendall(b"POST /v2/models/batch_reporter/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
                  + str(len(body)).encode() + b"\r\n\r\n" + body)
-    time.sleep(0.2)
+    time.sleep(0.4)
     sock.close()
 
 

@@ -24,6 +24,8 @@ from tritond.shm.regions import cuda_location
 from tritond.workers.backends.base import Backend, InstanceInfo, WorkerResponse
 from tritond.workers.cuda_ipc import CudaIpcError, DeviceArray, Exports, Imports, device_array
 from tritond.workers.main import Worker
+from tritond.workers.responses import Flow
+from tritond.workers.states import SequenceStates
 from tritond.workers.tensors import Leases, desc_to_array, write_outputs
 from tritond.wire import schema as P
 from tritond.wire.errors import internal
@@ -273,6 +275,7 @@ def worker(maps) -> Worker:
     w.maps, w.arena = maps, FakeArena()
     ids = iter(range(1, 1 << 30))
     w.leases, w.exports, w.imports = Leases(w.arena, ids), Exports(ids), Imports()
+    w.decoupled, w.flow, w.states = False, Flow(), SequenceStates([], w.arena, [])
     return w
 
 

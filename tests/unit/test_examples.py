@@ -29,6 +29,8 @@ MODELS = {
     "image_encoder_onnx",
     "search_pipeline_ensemble",
     "bls_router",
+    "toy_llm",
+    "accumulator",
 }
 TORCH_MODELS = {"mlp_torch"}  # built only where torch is importable
 # Built where their framework is importable; left out here to keep the build fast (the

@@ -124,7 +124,7 @@ def test_request_and_response_accessors():
     assert req.is_cancelled() is False
     assert req.trace().get_context() is None
     req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(pb_utils.TritonModelException, match="response sender"):
         req.get_response_sender()
     with pytest.raises(pb_utils.TritonModelException, match="Correlation ID"):
         pb_utils.InferenceRequest(correlation_id=1.5, model_name="m", inputs=[], requested_output_names=[])
@@ -217,7 +217,12 @@ def test_bls_exec_calls_handler():
         calls.append(args)
         return {"OUT": args[2]["IN"] * 2}, None
 
-    pb_utils.set_bls_handler(handler)
+    cancelled = []
+
+    def stream_handler(*args):
+        return iter([({"OUT": args[2]["IN"]}, None), ({}, None)]), lambda: cancelled.append(True)
+
+    pb_utils.set_bls_handler(handler, stream_handler)
     resp = _bls_request(request_id="b1", model_version=3, correlation_id=7, flags=2,
                         timeout=100, parameters={"p": "v"}).exec()
     assert not resp.has_error()
@@ -225,7 +230,10 @@ def test_bls_exec_calls_handler():
     model, version, inputs, outputs, rid, params, corr, flags, timeout = calls[0]
     assert (model, version, list(inputs), outputs, rid) == ("target", 3, ["IN"], ["OUT"], "b1")
     assert (params, corr, flags, timeout) == ({"p": "v"}, 7, 2, 100)
-    assert [r.output_tensors()[0].name() for r in _bls_request().exec(decoupled=True)] == ["OUT"]
+    responses = _bls_request().exec(decoupled=True)
+    assert [[t.name() for t in r.output_tensors()] for r in responses] == [["OUT"], []]
+    responses.cancel()
+    assert cancelled == [True]
 
 
 def test_bls_error_propagation():

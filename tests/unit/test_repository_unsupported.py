@@ -19,13 +19,6 @@ BASE = ('backend: "python" max_batch_size: 4 '
 
 # One config fragment that sets each field of the table.
 EXAMPLES = {
-    "sequence_batching": "sequence_batching { }",
-    "model_transaction_policy.decoupled": "model_transaction_policy { decoupled: true }",
-    "response_cache.enable": "response_cache { enable: true }",
-    "model_warmup": 'model_warmup [{ name: "w" batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 '
-                    'dims: [ 2 ] zero_data: true } } }]',
-    "instance_group.rate_limiter": 'instance_group [{ kind: KIND_CPU rate_limiter { resources [{ name: "r" '
-                                   'count: 1 }] } }]',
     "instance_group.host_policy": 'instance_group [{ kind: KIND_CPU host_policy: "numa0" }]',
     "instance_group.passive": "instance_group [{ kind: KIND_CPU passive: true }]",
     "input.allow_ragged_batch": None,      # replaces BASE's input

@@ -38,6 +38,9 @@ class WorkerRequest:
     correlation_id: int | str = 0
     flags: int = 0
     timeout_us: int = 0
+    # Sends a decoupled model's responses and says whether the request was cancelled
+    # (workers/responses.py); None outside a worker.
+    responder: Any = None
 
 
 @dataclass
@@ -66,7 +69,8 @@ class Backend:
         raise NotImplementedError
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
-        """One response per request, same order. Raising fails the whole batch."""
+        """One response per request, same order. Raising fails the whole batch. A decoupled
+        model answers through each request's `responder` instead and returns nothing."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ InferenceResponses back into numpy outputs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import inspect
 import itertools
@@ -30,6 +31,7 @@ class PythonBackend(Backend):
 
     def __init__(self, config: dict, instance: InstanceInfo) -> None:
         super().__init__(config, instance)
+        self._decoupled = False
         self._module: ModuleType | None = None
         self._model: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -80,6 +82,7 @@ class PythonBackend(Backend):
         return completed.as_dict()
 
     def load(self) -> None:
+        self._decoupled = pb_utils.using_decoupled_model_transaction_policy(self.config)
         self._model = self._import_model().TritonPythonModel()
         if hasattr(self._model, "initialize"):
             info = self.instance
@@ -97,8 +100,16 @@ class PythonBackend(Backend):
         if not hasattr(self._model, "execute"):
             raise pb_utils.TritonModelException(
                 f"Python model {self._model_path} does not implement `execute` method.")
-        pb_requests = [self._to_pb_request(r) for r in requests]
+        if self._decoupled:
+            self._execute_decoupled([self._to_pb_request(r) for r in requests])
+            return []
+        sent: list[pb_utils.InferenceResponse | None] = [None] * len(requests)
+        pb_requests = [self._to_pb_request(r, functools.partial(_keep, sent, i)) for i, r in enumerate(requests)]
         responses = self._call(self._model.execute, pb_requests)
+        if responses is None and all(r is not None for r in sent):
+            responses = sent    # answered through the response sender during execute()
+        for r in pb_requests:
+            r.get_response_sender().close()
         problem = _check_responses(responses, len(pb_requests))
         if problem is not None:
             message = (f"Failed to process the request(s) for model "
@@ -114,10 +125,39 @@ class PythonBackend(Backend):
             self._model = None
             self._stop_loop()
 
-    def _to_pb_request(self, request: WorkerRequest) -> pb_utils.InferenceRequest:
+    def _execute_decoupled(self, pb_requests: list[pb_utils.InferenceRequest]) -> None:
+        """The model answers through the response senders, now or later from its own threads;
+        an async execute() runs on in the background. If it fails, every request it has not
+        finished gets the error as its final response."""
+        def fail(exc: BaseException) -> None:
+            error = pb_utils.TritonError(str(exc) or type(exc).__name__)
+            for r in pb_requests:
+                sender = r.get_response_sender()
+                if not sender.is_closed():
+                    try:
+                        sender.send(pb_utils.InferenceResponse(error=error),
+                                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    except pb_utils.TritonModelException:
+                        pass        # closed meanwhile by the model's own thread
+
+        try:
+            result = self._model.execute(pb_requests)
+            if inspect.iscoroutine(result):
+                future = asyncio.run_coroutine_threadsafe(result, self._event_loop())
+                future.add_done_callback(lambda f: f.cancelled() or f.exception() is None or fail(f.exception()))
+            elif result is not None:
+                raise pb_utils.TritonModelException(
+                    f"Python model '{self.instance.instance_name}' is using the decoupled mode and the execute "
+                    f"function must return None.")
+        except MemoryError:
+            raise
+        except Exception as exc:
+            fail(exc)
+
+    def _to_pb_request(self, request: WorkerRequest, collect: Any = None) -> pb_utils.InferenceRequest:
         # Triton's core treats "no outputs requested" as "every configured output".
         requested = request.requested_outputs or [o["name"] for o in self.config.get("output") or []]
-        return pb_utils.InferenceRequest(
+        pb_request = pb_utils.InferenceRequest(
             request_id=request.request_id,
             correlation_id=request.correlation_id,
             inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
@@ -128,18 +168,28 @@ class PythonBackend(Backend):
             timeout=request.timeout_us,
             parameters=request.parameters,
         )
+        responder = request.responder
+        if responder is not None:
+            pb_request._cancelled = responder.is_cancelled
+        pb_request._response_sender = pb_utils.ResponseSender(
+            collect or _deliver(responder, pb_request), self._decoupled,
+            responder.is_cancelled if responder is not None else (lambda: False))
+        return pb_request
 
     def _call(self, fn: Any, *args: Any) -> Any:
         """Call a model hook; a coroutine result is awaited on the backend's event loop."""
         result = fn(*args)
         if not inspect.iscoroutine(result):
             return result
+        return asyncio.run_coroutine_threadsafe(result, self._event_loop()).result()
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             self._loop_thread = threading.Thread(
                 target=self._loop.run_forever, name=f"{self.instance.instance_name}-asyncio", daemon=True)
             self._loop_thread.start()
-        return asyncio.run_coroutine_threadsafe(result, self._loop).result()
+        return self._loop
 
     def _stop_loop(self) -> None:
         if self._loop is None:
@@ -163,6 +213,24 @@ def _check_responses(responses: Any, count: int) -> str | None:
             return ("Expected an 'InferenceResponse' object in the execute function return list, "
                     f"found type '{type(response)}'.")
     return None
+
+
+def _keep(sent: list, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+    """A non-decoupled model's response sent through the sender during execute() becomes the
+    request's result."""
+    if response is not None:
+        sent[index] = response
+
+
+def _deliver(responder: Any, request: pb_utils.InferenceRequest) -> Any:
+    """A decoupled model's response goes out at once through the worker."""
+    def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if response is None:
+            responder.send(None, None, final)
+            return
+        r = _to_worker_response(response, request)
+        responder.send(None if r.error else r.outputs, r.error, final)
+    return deliver
 
 
 def _to_worker_response(response: pb_utils.InferenceResponse,

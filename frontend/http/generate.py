@@ -1,0 +1,196 @@
+"""Triton's generate extension: POST /v2/models/{m}[/versions/{v}]/generate and /generate_stream.
+
+The body is a flat JSON object: a key naming a model input becomes that input (a scalar or a
+1-D array, shaped after the model's metadata: fixed dimensions divide the element count, the
+innermost variable one takes the rest, other variable ones are 1); any other key, and the keys
+of a nested "parameters" object treated the same way, become request parameters. A response is
+a flat object: id, model_name, model_version, response parameters and outputs by name (a
+single element as a scalar), keys sorted, as Triton writes them. /generate answers exactly one
+response; /generate_stream sends each response as a Server-Sent Event `data: {...}`, errors
+in-stream as `data: {"error": "..."}`.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from tritond.repository.datatypes import ELEMENT_SIZE, WIRE_TO_NUMPY, serialize_bytes
+from tritond.wire import schema as S
+from tritond.wire.errors import Code, TritonError, invalid
+
+from ..dataplane import Dataplane, InferResult, InputTensor, RequestOptions, Streamed
+from ..errors import http_status
+from .disconnect import until_disconnect
+
+ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
+                "generates various number of responses")
+SSE_MEDIA_TYPE = "text/event-stream; charset=utf-8"
+
+
+def _shape(name: str, dims: list[int], count: int) -> list[int]:
+    """Triton's two passes: fixed dimensions divide the element count, the innermost variable
+    dimension takes what is left, other variable ones are 1."""
+    shape = list(dims)
+    for d in reversed(shape):
+        if d != -1:
+            if d == 0 or count % d:
+                raise invalid(f"The schema can not convert input '{name}' to tensor with proper shape")
+            count //= d
+    for i in range(len(shape) - 1, -1, -1):
+        if shape[i] == -1:
+            shape[i], count = count, 1
+    if count != 1:
+        raise invalid(f"The schema can not convert input '{name}' to tensor with proper shape")
+    return shape
+
+
+def _tensor(name: str, view: S.TensorView, batching: bool, value: Any) -> tuple[InputTensor, int]:
+    items = value if isinstance(value, list) else [value]
+    datatype = view.datatype
+    shape = _shape(name, ([-1] if batching else []) + list(view.dims), len(items))
+    try:
+        if datatype == "BYTES":
+            if not all(isinstance(x, str) for x in items):
+                raise ValueError
+            data = serialize_bytes(np.array([x.encode() for x in items], dtype=object))
+        else:
+            if datatype not in WIRE_TO_NUMPY or not ELEMENT_SIZE.get(datatype) or datatype in ("FP16", "BF16"):
+                raise invalid(f"input '{name}' has unsupported datatype {datatype}")
+            if any(isinstance(x, (str, list, dict)) or x is None for x in items):
+                raise ValueError
+            if datatype != "BOOL" and any(isinstance(x, bool) for x in items):
+                raise ValueError
+            data = np.array(items, dtype=WIRE_TO_NUMPY[datatype]).tobytes()
+    except (ValueError, TypeError, OverflowError):
+        raise invalid(f"Unable to parse 'data' of input '{name}': expected {datatype} values") from None
+    return InputTensor(name, datatype, shape, data), len(data)
+
+
+def _parameter(name: str, value: Any) -> Any:
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    raise invalid(f"parameter '{name}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+
+
+def parse_generate(body: bytes, entry: S.ModelEntry, max_input_size: int) -> tuple[list[InputTensor], RequestOptions]:
+    """The inputs and options of a generate request (raises INVALID_ARG with Triton's texts)."""
+    try:
+        doc = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError as e:
+        raise invalid(f"failed to parse the request JSON buffer: {e}") from None
+    if not isinstance(doc, dict):
+        raise invalid("failed to parse the request JSON buffer: the request must be a JSON object")
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise invalid("Unable to parse 'id'")
+    view = entry.view or S.ModelView()
+    batching = view.max_batch_size > 0
+    inputs: list[InputTensor] = []
+    params: dict[str, Any] = {}
+    consumed = [0]
+
+    def convert(obj: dict[str, Any], nested: bool) -> None:
+        for key, value in obj.items():
+            if key == "parameters" and not nested:
+                if key in view.inputs:
+                    raise invalid("Keyword 'parameters' for nested schema also given as input tensor name")
+                if not isinstance(value, dict):
+                    raise invalid("Expected JSON object for keyword: 'parameters'")
+                convert(value, True)
+            elif key in view.inputs:
+                tensor, size = _tensor(key, view.inputs[key], batching, value)
+                if size + consumed[0] > max_input_size:
+                    raise invalid(f"request size of {consumed[0]} bytes with input '{key}' of size {size} bytes "
+                                  f"exceeds the maximum allowed input size of {max_input_size}. Use "
+                                  f"--http-max-input-size to increase the limit.")
+                consumed[0] += size
+                inputs.append(tensor)
+            else:
+                params[key] = _parameter(key, value)
+
+    convert(doc, False)
+    return inputs, RequestOptions(id=request_id, params=params)
+
+
+def render_generate(result: InferResult) -> dict[str, Any]:
+    doc: dict[str, Any] = {"model_name": result.model_name, "model_version": str(result.model_version)}
+    if result.id:
+        doc["id"] = result.id
+    doc.update(result.parameters)
+    for t in result.outputs:
+        if t.data is None:
+            raise TritonError(Code.INTERNAL, f"non-JSON output response type is requested for '{t.name}'")
+        arr = t.as_numpy().reshape(-1)
+        values = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in arr.tolist()]
+        doc[t.name] = values[0] if len(values) == 1 else values
+    return dict(sorted(doc.items()))
+
+
+def error_body(e: TritonError) -> bytes:
+    return orjson.dumps({"error": e.message})
+
+
+def event(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
+
+
+async def events(first: Streamed, rest: AsyncIterator[Streamed]) -> AsyncIterator[bytes]:
+    """The Server-Sent Events of a streamed generate request, starting with its first reply
+    (already taken, to choose the status code)."""
+    item: Streamed | None = first
+    while item is not None:
+        if item.error is not None:
+            yield event(error_body(item.error))
+        elif item.result is not None:
+            yield event(orjson.dumps(render_generate(item.result)))
+        if item.final:
+            return
+        try:
+            item = await rest.__anext__()
+        except TritonError as e:        # the broker went away: the stream ends with the error
+            item = Streamed(None, e, True)
+
+
+async def generate(dp: Dataplane, request: Request, entry: S.ModelEntry, inputs: list[InputTensor],
+                   opts: RequestOptions) -> Response:
+    """/generate: one response as JSON (a decoupled model must send exactly one); as in
+    Triton, the status is the first response's."""
+    if entry.view is None or not entry.view.decoupled:
+        result = await until_disconnect(request, dp.infer(entry, inputs, [], opts))
+        try:
+            return Response(orjson.dumps(render_generate(result)), media_type="application/json")
+        finally:
+            dp.release(result)
+    status = None
+    bodies: list[bytes] = []
+    async for item in dp.infer_stream(entry, inputs, [], opts):
+        if status is None:
+            status = http_status(item.error) if item.error is not None else 200
+        if item.error is not None:
+            bodies.append(error_body(item.error))
+        elif item.result is not None:
+            bodies.append(orjson.dumps(render_generate(item.result)))
+    if len(bodies) != 1:
+        bodies = [error_body(TritonError(Code.INTERNAL, ONE_RESPONSE))]
+    return Response(bodies[0], status_code=status or 200, media_type="application/json")
+
+
+async def generate_stream(dp: Dataplane, request: Request, entry: S.ModelEntry, inputs: list[InputTensor],
+                          opts: RequestOptions) -> Response:
+    """/generate_stream: each response as a Server-Sent Event; the status is the first one's.
+    A client that goes away cancels the request (Starlette stops the event iterator)."""
+    if entry.view is None or not entry.view.decoupled:
+        result = await until_disconnect(request, dp.infer(entry, inputs, [], opts))
+        try:
+            return Response(event(orjson.dumps(render_generate(result))), media_type=SSE_MEDIA_TYPE)
+        finally:
+            dp.release(result)
+    replies = dp.infer_stream(entry, inputs, [], opts)
+    first = await replies.__anext__()
+    status = http_status(first.error) if first.error is not None else 200
+    return StreamingResponse(events(first, replies), status_code=status, media_type=SSE_MEDIA_TYPE)

@@ -1,0 +1,116 @@
+"""Implicit state (`sequence_batching { state [...] }`) of the sequences this worker runs.
+
+Each state tensor of a sequence lives in a block of this worker's shared-memory arena (the
+process that allocates a block frees it): START sets it to zeros or the config's
+`initial_state`; before each request the model gets it as the state input; after it the
+model's state output replaces it (kept as it was when the model does not return one); END,
+or the broker's EndSequences (idle, cancelled), frees it. Clients never see state tensors.
+A padding request of a direct batch gets zeros shaped like its batch's first real request's
+state, and its state output is dropped.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from tritond.repository.datatypes import CONFIG_TO_WIRE, WIRE_TO_NUMPY
+from tritond.shm.arena import Arena, Block
+
+from .backends.base import WorkerRequest, WorkerResponse
+
+FLAG_START = 1
+FLAG_END = 2
+INITIAL_STATE_FOLDER = "initial_state"
+
+
+@dataclass
+class StateSpec:
+    input_name: str
+    output_name: str
+    dtype: np.dtype
+    shape: list[int]                # with the batch dimension for a batching model
+    initial: bytes | None = None    # initial_state data (None: zeros)
+
+
+def state_specs(config: dict, model_dir: str) -> list[StateSpec]:
+    seq = config.get("sequence_batching") or {}
+    batched = int(config.get("max_batch_size", 0) or 0) > 0
+    out = []
+    for s in seq.get("state") or []:
+        dtype = np.dtype(WIRE_TO_NUMPY[CONFIG_TO_WIRE[s["data_type"]]])
+        dims = [int(d) for d in s.get("dims") or []]
+        shape = ([1] if batched else []) + [1 if d == -1 else d for d in dims]
+        initial = None
+        for init in (s.get("initial_state") or [])[:1]:
+            shape = ([1] if batched else []) + [int(d) for d in init.get("dims") or []]
+            nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            if init.get("data_file"):
+                with open(os.path.join(model_dir, INITIAL_STATE_FOLDER, init["data_file"]), "rb") as f:
+                    initial = f.read(nbytes)
+            else:
+                initial = bytes(nbytes)
+        out.append(StateSpec(s["input_name"], s["output_name"], dtype, shape, initial))
+    return out
+
+
+class SequenceStates:
+    def __init__(self, specs: list[StateSpec], arena: Arena, config_outputs: list[str]) -> None:
+        self.specs = specs
+        self.arena = arena
+        self.config_outputs = config_outputs
+        self.held: dict[int, dict[str, tuple[Block, np.ndarray]]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+    def _store(self, seq: int, spec: StateSpec, data: np.ndarray | bytes, shape: list[int]) -> np.ndarray:
+        """Put `data` in the sequence's block for `spec` (a new one when the size changed)."""
+        states = self.held.setdefault(seq, {})
+        raw = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else memoryview(data)
+        current = states.get(spec.input_name)
+        if current is not None and current[0].nbytes != raw.nbytes:
+            self.arena.free(current[0].seg, current[0].offset)
+            current = None
+        block = current[0] if current is not None else self.arena.alloc(raw.nbytes)
+        view = np.frombuffer(block.view, dtype=spec.dtype, count=raw.nbytes // spec.dtype.itemsize).reshape(shape)
+        if raw.nbytes and np.frombuffer(raw, np.uint8).ctypes.data != view.ctypes.data:
+            block.view[:raw.nbytes] = raw
+        states[spec.input_name] = (block, view)
+        return view
+
+    def feed(self, req: WorkerRequest, seq: int, flags: int, pad: bool, like: WorkerRequest | None) -> None:
+        """Give the model the state inputs and ask it for the state outputs."""
+        for spec in self.specs:
+            if pad:
+                shape = list(like.inputs[spec.input_name].shape) if like is not None else spec.shape
+                req.inputs[spec.input_name] = np.zeros(shape, spec.dtype)
+                continue
+            held = self.held.get(seq, {}).get(spec.input_name)
+            if held is None or flags & FLAG_START:
+                data = spec.initial if spec.initial is not None else bytes(
+                    spec.dtype.itemsize * int(np.prod(spec.shape, dtype=np.int64)))
+                req.inputs[spec.input_name] = self._store(seq, spec, data, spec.shape)
+            else:
+                req.inputs[spec.input_name] = held[1]
+        wanted = req.requested_outputs or list(self.config_outputs)
+        req.requested_outputs = wanted + [s.output_name for s in self.specs if s.output_name not in wanted]
+
+    def keep(self, req: WorkerRequest, response: WorkerResponse, seq: int, flags: int, pad: bool) -> None:
+        """Take the state outputs out of the response (the client never sees them) and keep
+        them; at END the state is freed."""
+        for spec in self.specs:
+            value = response.outputs.pop(spec.output_name, None)
+            if value is not None and not pad and response.error is None and not flags & FLAG_END:
+                arr = np.asarray(value)
+                if arr.dtype != spec.dtype:
+                    arr = arr.astype(spec.dtype)
+                self._store(seq, spec, arr, list(arr.shape))
+        if flags & FLAG_END and not pad:
+            self.end([seq])
+
+    def end(self, seqs: list[int]) -> None:
+        for seq in seqs:
+            for block, _ in (self.held.pop(seq, None) or {}).values():
+                self.arena.free(block.seg, block.offset)
