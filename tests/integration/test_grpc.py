@@ -78,7 +78,8 @@ def test_health_and_server_metadata(client, channel):
     assert not client.is_model_ready("no_such_model")
     meta = client.get_server_metadata()
     assert meta.name == "triton" and meta.version == "2.73.0"
-    assert list(meta.extensions)[:3] == ["classification", "model_repository", "model_repository(unload_dependents)"]
+    assert list(meta.extensions)[:4] == ["classification", "sequence", "model_repository",
+                                        "model_repository(unload_dependents)"]
     assert "system_shared_memory" in meta.extensions
     check = channel.unary_unary("/grpc.health.v1.Health/Check")
     assert check(b"") == b"\x08\x01"   # HealthCheckResponse{status: SERVING}

@@ -5,7 +5,6 @@ idle timeouts, and a worker killed in the middle of a sequence."""
 from __future__ import annotations
 
 import concurrent.futures as futures
-import json
 import os
 import signal
 import threading
@@ -16,6 +15,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from conftest import worker_title
 
 
 def value(x: float) -> np.ndarray:
@@ -139,9 +140,7 @@ def test_a_backlogged_sequence_times_out_and_an_idle_one_is_forgotten(streaming_
 
 def _worker_of(server, instance: str) -> int:
     for pid in server.worker_pids("acc_two"):
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-        if json.loads(argv[argv.index(b"tritond.workers.main") + 1])["instance_name"] == instance:
+        if (worker_title(pid) or {}).get("instance") == instance:
             return pid
     raise AssertionError(f"no worker for {instance}")
 
