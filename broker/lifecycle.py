@@ -29,6 +29,7 @@ from .pool import Instance, InstanceState, WorkerProcesses
 from .registry import ModelRegistry
 from .requests import RequestPath
 from .scheduler import BatchPolicy, Scheduler
+from .test_hooks import delay_scheduler
 
 log = logging.getLogger("tritond.broker")
 
@@ -134,6 +135,7 @@ class Lifecycle:
             config=mv.config, instance_name=inst.name, kind=inst.kind, device_id=inst.device_id,
             log_verbose=int(self.opts.get("log_verbose", 0)),
             log=msgspec.convert(self.opts["log"], LogConfig) if self.opts.get("log") else None,
+            index=inst.index,
         )
 
     def _env(self, mv: ModelVersion, inst: Instance) -> dict[str, str] | None:
@@ -206,7 +208,7 @@ class Lifecycle:
             if any(i.state is InstanceState.FAILED for i in mv.instances):
                 return
             if len(serving) == len(mv.instances):
-                mv.scheduler = Scheduler(BatchPolicy.from_view(mv.view))
+                mv.scheduler = Scheduler(BatchPolicy.from_view(mv.view), delay_scheduler(mv.name))
                 self.registry.set_state(mv, READY)
                 self.registry.check_startup()
             return

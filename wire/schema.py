@@ -21,7 +21,7 @@ import msgspec
 
 from .errors import Code, TritonError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 # Inline tensors up to this size ride inside the message; larger ones go through shm.
 INLINE_MAX = 64 * 1024
 # At most this many inline bytes per message a frontend or worker builds; the rest go by shm.
@@ -287,6 +287,7 @@ class TensorView(_S):
     optional: bool = False
     shape_tensor: bool = False
     ragged: bool = False
+    labels: list[str] = []          # an output's label_filename lines (classification)
 
 
 class ModelView(_S):
@@ -371,6 +372,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True):
     device_id: int = 0
     log_verbose: int = 0
     log: LogConfig | None = None
+    index: int = 0                  # the instance's place among the model's instances
 
 
 class ExecRequest(_S):
