@@ -131,7 +131,10 @@ class ControlHandler:
             try:
                 override = config_from_json(json.loads(op.config))
             except (ValueError, TypeError) as e:
-                raise invalid(f"failed to parse the 'config' load parameter: {e}") from None
+                # Triton's words (tests and clients match "failed to load" / "Invalid config override")
+                message = f"failed to load '{op.name}', Invalid config override: {e}"
+                log.error("%s", message)
+                raise invalid(message) from None
         sources = self.lifecycle.scan()
         if op.name not in sources:
             raise TritonError(Code.INTERNAL, f"failed to load '{op.name}', failed to poll from model repository")
@@ -159,7 +162,7 @@ class ControlHandler:
         versions = self.registry.get(op.name)
         if not any(mv.state == READY for mv in versions.values()):
             self.registry.resolve(op.name, op.version)      # Triton's error for the name
-            raise TritonError(Code.NOT_FOUND, f"'{op.name}' has no available versions")
+            raise TritonError(Code.NOT_FOUND, f"Request for unknown model: '{op.name}' has no available versions")
         if op.version >= 0:
             return [self.registry.resolve(op.name, op.version).stats.as_dict()]
         return [mv.stats.as_dict() for _, mv in sorted(versions.items()) if mv.state == READY]

@@ -239,7 +239,9 @@ class Dataplane:
                 raise invalid(f"{pre}inference request batch-size must be <= {mbs} for '{model}'")
             if batch == 0:
                 raise invalid(f"{pre}inference request batch-size must be > 0 for '{model}'")
-        for t in inputs:
+        # Triton checks inputs in its hash map's order, which for a request's few inputs is last to
+        # first: a request with several bad inputs names the one Triton names.
+        for t in reversed(inputs):
             self._validate_input(t, config_inputs[t.name], model, mbs, request_id)
 
     @staticmethod

@@ -19,7 +19,7 @@ def cmd_start(argv: list[str]) -> int:
         opts = server_options(args)
     except UsageError as e:
         start_parser().print_usage(sys.stderr)
-        print(f"tritond start: error: {e}", file=sys.stderr)
+        print(str(e) if str(e).startswith("Error: ") else f"tritond start: error: {e}", file=sys.stderr)
         return 1
     problems = [p for p in map(repository_problem, opts["model_repositories"]) if p]
     if problems:

@@ -34,8 +34,6 @@ FLAGS: dict[str, Flag] = {
     # ---------------------------------------------------------------- features not implemented yet
     "--rate-limit": Flag(REFUSE, "the rate limiter", ("off",)),
     "--rate-limit-resource": Flag(REFUSE, "the rate limiter"),
-    "--trace-file": Flag(REFUSE, "tracing"),
-    "--trace-level": Flag(REFUSE, "tracing", ("off",)),
     "--http-header-forward-pattern": Flag(REFUSE, "forwarding HTTP headers to models"),
     "--grpc-header-forward-pattern": Flag(REFUSE, "forwarding gRPC headers to models"),
     "--model-load-retry-count": Flag(REFUSE, "retrying failed loads", ("0",)),
@@ -52,9 +50,6 @@ FLAGS: dict[str, Flag] = {
     "--vertex-ai-default-model": Flag(REFUSE, "the Vertex AI endpoint"),
     # ---------------------------------------------------------------- tuning and observability: ignored
     "--model-load-thread-count": Flag(WARN, "models load one after another"),
-    "--trace-rate": Flag(WARN, "tracing is off"),
-    "--trace-count": Flag(WARN, "tracing is off"),
-    "--trace-log-frequency": Flag(WARN, "tracing is off"),
     "--http-thread-count": Flag(WARN, "HTTP concurrency is --http-workers processes"),
     "--grpc-infer-thread-count": Flag(WARN, "gRPC concurrency is --grpc-workers processes"),
     "--grpc-infer-allocation-pool-size": Flag(WARN, "tritond pools no request objects"),

@@ -28,6 +28,11 @@ from ..metadata import SERVER_VERSION, model_metadata
 from ..tracing import Pending
 from .codec import parse_infer, parse_json, render_response
 
+_BAD_READY = "Invalid value for 'ready': expected a boolean"
+# A repository index body whose 'ready' is an array or object (checked before parsing, so a
+# deeply nested one is answered as Triton does rather than as a JSON nesting error).
+_NESTED_READY = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
+
 
 log = logging.getLogger("tritond.http")
 
@@ -274,10 +279,12 @@ class HttpApi:
         body = await self.body(request)
         ready = False
         if body.strip():
+            if _NESTED_READY.match(body):       # an array or object is never the boolean asked for
+                raise invalid(_BAD_READY)
             doc = parse_json(body)
             if "ready" in doc:
                 if not isinstance(doc["ready"], bool):
-                    raise invalid("Invalid value for 'ready': expected a boolean")
+                    raise invalid(_BAD_READY)
                 ready = doc["ready"]
         return json_response(await self.client.control(S.RepositoryIndex(ready)))
 

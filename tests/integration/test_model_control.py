@@ -67,7 +67,7 @@ def test_file_overrides_and_bad_configs_are_refused(explicit):
         lambda: explicit.load_model("echo", files={"file:1/model.py": b"x"}))
     assert "not supported" in error_of(
         lambda: explicit.load_model("echo", config="{}", files={"file:1/model.py": b"x"}))
-    assert "failed to parse the 'config' load parameter" in error_of(
+    assert "failed to load 'echo', Invalid config override" in error_of(
         lambda: explicit.load_model("echo", config="{not json"))
     assert "failed to load 'nope', failed to poll from model repository" in error_of(
         lambda: explicit.load_model("nope"))

@@ -20,7 +20,8 @@ def test_a_port_in_use_is_refused_at_startup(example_repo):
         s.http_port = holder.getsockname()[1]
         s.start(wait="exit")
         assert s.returncode == 1
-        assert f"cannot serve HTTPService on 127.0.0.1:{s.http_port}" in s.log
+        assert f"failed to start HTTP service: Unavailable - Socket '127.0.0.1:{s.http_port}' already in use" \
+            in s.log
         s.assert_clean()
     finally:
         holder.close()
@@ -30,7 +31,7 @@ def test_misspelt_restricted_category_is_a_usage_error(example_repo):
     s = TritondServer(example_repo, ["--http-restricted-api=model_repository:admin-key=secret"])
     s.start(wait="exit")
     assert s.returncode == 1
-    assert "unknown restricted API category 'model_repository'" in s.log
+    assert "unknown restricted api 'model_repository'" in s.log
     s.assert_clean()
 
 
