@@ -46,6 +46,7 @@ class HttpOptions:
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (header, value)
     subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
     client_certificate: Callable[[Scope], bytes | None] | None = None   # DER certificate of the client
+    init_failed: bool = False       # started although a repository failed (--exit-on-error=false)
 
 
 def json_response(doc: Any, status: int = 200) -> Response:
@@ -182,11 +183,12 @@ class HttpApi:
 
     async def live(self, request: Request) -> Response:
         """Live means this process serves: a broker restarting makes the server not ready,
-        not dead (an orchestrator would otherwise restart a server that is recovering)."""
-        return Response(status_code=200)
+        not dead (an orchestrator would otherwise restart a server that is recovering). A server
+        whose initialization failed is never live, as Triton's."""
+        return Response(status_code=400 if self.opts.init_failed else 200)
 
     async def ready(self, request: Request) -> Response:
-        ok = self.client.ready(self.opts.strict_readiness)
+        ok = not self.opts.init_failed and self.client.ready(self.opts.strict_readiness)
         return Response(status_code=200 if ok else 400)
 
     async def server_metadata(self, request: Request) -> Response:
