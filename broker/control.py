@@ -110,7 +110,7 @@ class ControlHandler:
         versions = self.registry.get(op.name)
         if not any(mv.state == READY for mv in versions.values()):
             self.registry.resolve(op.name, op.version)      # Triton's error for the name
-            raise TritonError(Code.NOT_FOUND, f"'{op.name}' has no available versions")
+            raise TritonError(Code.NOT_FOUND, f"Request for unknown model: '{op.name}' has no available versions")
         if op.version >= 0:
             return [self.registry.resolve(op.name, op.version).stats.as_dict()]
         return [mv.stats.as_dict() for _, mv in sorted(versions.items()) if mv.state == READY]

@@ -76,6 +76,7 @@ class Lifecycle:
             config=mv.config, instance_name=inst.name, kind=inst.kind, device_id=inst.device_id,
             log_verbose=int(self.opts.get("log_verbose", 0)),
             log=msgspec.convert(self.opts["log"], LogConfig) if self.opts.get("log") else None,
+            index=inst.index,
         )
 
     def _env(self, mv: ModelVersion, inst: Instance) -> dict[str, str] | None:

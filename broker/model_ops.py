@@ -103,7 +103,10 @@ class ModelControl:
                 try:
                     override = config_from_json(json.loads(op.config))
                 except (ValueError, TypeError) as e:
-                    raise invalid(f"failed to parse the 'config' load parameter: {e}") from None
+                    # Triton's words (tests and clients match "failed to load" / "Invalid config override")
+                    message = f"failed to load '{op.name}', Invalid config override: {e}"
+                    log.error("%s", message)
+                    raise invalid(message) from None
         except TritonError as e:
             self._drop_override(op.override_dir)
             answer(error=e)

@@ -50,11 +50,11 @@ class ModelVersion:
     def __post_init__(self) -> None:
         self.stats = ModelStats(self.name, self.version)
         if self.config is not None:
-            self.view = model_view(self.config)
+            self.view = model_view(self.config, self.model_dir)
 
     def set_config(self, config: dict[str, Any]) -> None:
         self.config = config
-        self.view = model_view(config)
+        self.view = model_view(config, self.model_dir)
 
     @property
     def max_batch_size(self) -> int:

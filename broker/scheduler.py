@@ -118,8 +118,9 @@ class BatchPolicy:
 class Scheduler:
     """One per loaded model version. Holds queued requests; never executes anything."""
 
-    def __init__(self, policy: BatchPolicy) -> None:
+    def __init__(self, policy: BatchPolicy, hold_until: int = 0) -> None:
         self.policy = policy
+        self.hold_until = hold_until    # test hook: no batch until this many are queued (once)
         n = max(policy.priority_levels, 1)
         self.queues: list[deque[Pending]] = [deque() for _ in range(n)]
         self.delayed: list[deque[Pending]] = [deque() for _ in range(n)]
@@ -258,6 +259,10 @@ class Scheduler:
         has passed; otherwise wait for the delay or the nearest timeout."""
         if self.count == 0:
             return [], 0
+        if self.hold_until:
+            if self.count < self.hold_until:
+                return [], self.next_deadline()     # an enqueue looks again; so does a timeout
+            self.hold_until = 0
         p = self.policy
         if not p.dynamic:
             return self._take(1), 0

@@ -27,6 +27,7 @@ from tritond.wire.errors import invalid, unavailable
 from tritond.wire.schema import SequenceBatching
 
 from .scheduler import BatchPolicy, Pending, Scheduler
+from .test_hooks import backlog_delay_scheduler, delay_scheduler
 
 if TYPE_CHECKING:
     from .models import ModelVersion
@@ -68,8 +69,11 @@ class Sequence:
 class SequenceBatcher:
     """One per loaded sequence-batched model version."""
 
-    def __init__(self, view: SequenceBatching, max_batch_size: int, instances: Seq[str], model: str = "") -> None:
+    def __init__(self, view: SequenceBatching, max_batch_size: int, instances: Seq[str], model: str = "",
+                 hold_until: int = 0, backlog_hold: int = 0) -> None:
         self.view = view
+        self.hold_until = hold_until        # test hooks: no batch until this many requests are queued,
+        self.backlog_hold = backlog_hold    # or until this many sequences wait in the backlog (once each)
         self.model = model
         self.oldest = view.oldest
         self.max_batch = max(1, max_batch_size)
@@ -176,6 +180,10 @@ class SequenceBatcher:
     def next_batch(self, instance: str, now_ns: int) -> tuple[list[Pending | None], int]:
         """For a free instance: (entries, 0) to run now (None: a padding slot), or ([], wake_ns)
         to look again then (0: nothing to run)."""
+        if self.hold_until or self.backlog_hold:
+            if self.count < self.hold_until or len(self.backlog) < self.backlog_hold:
+                return [], 0                # an enqueue looks again
+            self.hold_until = self.backlog_hold = 0
         if self.oldest:
             batch, wake = self.batchers[instance].next_batch(now_ns)
             self.count -= len(batch)
@@ -387,5 +395,6 @@ def new_scheduler(mv: "ModelVersion") -> Scheduler | SequenceBatcher:
     with `sequence_batching`, else the default or dynamic batcher."""
     seq = mv.view.sequence
     if seq is not None:
-        return SequenceBatcher(seq, mv.max_batch_size, [i.name for i in mv.instances], mv.name)
-    return Scheduler(BatchPolicy.from_view(mv.view))
+        return SequenceBatcher(seq, mv.max_batch_size, [i.name for i in mv.instances], mv.name,
+                               delay_scheduler(mv.name), backlog_delay_scheduler(mv.name))
+    return Scheduler(BatchPolicy.from_view(mv.view), delay_scheduler(mv.name))

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tritond.repository.datatypes import ELEMENT_SIZE, WIRE_TYPES, bytes_to_array, element_count, serialize_bytes
+from tritond.repository.datatypes import ELEMENT_SIZE, WIRE_TYPES, bytes_to_array, element_count
 from tritond.repository.layout import validate_model_name
 from tritond.repository.overrides import write_overrides
 from tritond.repository.remote import RemoteError, mirror_model
@@ -24,6 +24,7 @@ from tritond.wire import schema as S
 from tritond.wire.errors import TritonError, internal, invalid, request_prefix as prefix, unsupported
 
 from .broker_client import BrokerClient
+from .classification import classify, output_labels
 from .tracing import FrontendTracer
 
 RESERVED_PREFIX = "triton_"
@@ -269,7 +270,9 @@ class Dataplane:
                 raise invalid(f"{pre}inference request batch-size must be <= {mbs} for '{model}'")
             if batch == 0:
                 raise invalid(f"{pre}inference request batch-size must be > 0 for '{model}'")
-        for t in inputs:
+        # Triton checks inputs in its hash map's order, which for a request's few inputs is last to
+        # first: a request with several bad inputs names the one Triton names.
+        for t in reversed(inputs):
             self._validate_input(t, config_inputs[t.name], model, mbs, request_id)
 
     @staticmethod
@@ -447,23 +450,12 @@ class Dataplane:
             self.arena.free(block.seg, block.offset)
 
     def _classify(self, outputs: list[OutputTensor], req: OutputRequest, entry: S.ModelEntry) -> None:
-        """Triton's classification extension: top-k "value:index" strings per batch row."""
         for i, t in enumerate(outputs):
-            if t.name != req.name:
-                continue
-            if t.datatype == "BYTES":
-                raise invalid(f"class result not available for output due to unsupported type '{t.datatype}'")
-            arr = t.as_numpy()
-            batching = entry.view is not None and entry.view.max_batch_size > 0
-            rows = arr.reshape(arr.shape[0], -1) if batching else arr.reshape(1, -1)
-            k = min(req.classification, rows.shape[1])
-            labels = []
-            for row in rows:
-                idx = np.argsort(-row.astype(np.float64), kind="stable")[:k]
-                labels.append([f"{float(row[j]):f}:{int(j)}".encode() for j in idx])
-            out = np.array(labels, dtype=object)
-            shape = [rows.shape[0], k] if batching else [k]
-            outputs[i] = OutputTensor(t.name, "BYTES", shape, serialize_bytes(out), "", t.binary)
+            if t.name == req.name:
+                batching = entry.view is not None and entry.view.max_batch_size > 0
+                labels = output_labels(self.client.table.resolve, entry, t.name)
+                shape, data = classify(t.datatype, t.as_numpy(), req.classification, batching, labels)
+                outputs[i] = OutputTensor(t.name, "BYTES", shape, data, "", t.binary)
 
     def release(self, result: InferResult) -> None:
         """Tell the worker its output blocks may be reused (after the response was built)."""

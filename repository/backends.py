@@ -7,11 +7,12 @@ PYTORCH = "pytorch"
 TENSORRT = "tensorrt"
 OPENVINO = "openvino"
 TENSORFLOW = "tensorflow"
+IDENTITY = "identity"           # Triton's test backend: outputs copy inputs (no model file)
 ENSEMBLE_PLATFORM = "ensemble"
 SAVEDMODEL_PLATFORM = "tensorflow_savedmodel"
 GRAPHDEF_PLATFORM = "tensorflow_graphdef"
 
-KNOWN_BACKENDS = (ONNXRUNTIME, PYTHON, PYTORCH, TENSORRT, OPENVINO, TENSORFLOW)
+KNOWN_BACKENDS = (ONNXRUNTIME, PYTHON, PYTORCH, TENSORRT, OPENVINO, TENSORFLOW, IDENTITY)
 
 # Backends whose models carry a platform name; python models have none in config.
 BACKEND_PLATFORM: dict[str, str] = {

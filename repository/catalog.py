@@ -15,7 +15,7 @@ from .backends import ENSEMBLE_PLATFORM
 from .config import OVERRIDE_FILE, config_path, load_model_config, validate_config
 from .ensemble import validate_ensemble
 from .errors import ConfigError
-from .layout import ModelSource, scan, validate_model_name, version_dirs
+from .layout import ModelSource, ignored_version_dirs, scan, validate_model_name, version_dirs
 from .remote import RemoteError, is_remote, mirror_model
 from .spec import ModelSpec
 from .versions import select_versions
@@ -61,7 +61,8 @@ def load_spec(
         return failed(str(e))
     if not versions:
         return failed(NO_VERSION)
-    return ModelSpec(source.name, source.path, cfg, versions, advice=config_advice(cfg))
+    return ModelSpec(source.name, source.path, cfg, versions,
+                     advice=ignored_version_dirs(source.path) + config_advice(cfg))
 
 
 def check_repository(

@@ -61,6 +61,9 @@ def repository_problem(repo: str) -> str | None:
     return None
 
 
+MODEL_FOLDERS = ("configs", "warmup", "initial_state")
+
+
 def version_dirs(model_path: str) -> list[int]:
     """Version numbers of a model: subdirectories named by a positive integer without leading zeros."""
     try:
@@ -69,6 +72,23 @@ def version_dirs(model_path: str) -> list[int]:
     except OSError:
         return []
     return sorted(int(n) for n in names if n.isascii() and n.isdigit() and n[0] != "0")
+
+
+def ignored_version_dirs(model_path: str) -> list[str]:
+    """Triton's warnings for a model's subdirectories that are not versions (its own folders
+    configs/, warmup/ and initial_state/ aside)."""
+    try:
+        with os.scandir(model_path) as entries:
+            names = sorted(e.name for e in entries if e.is_dir() and e.name not in MODEL_FOLDERS)
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        if len(n) > 1 and n[0] == "0":
+            out.append(f"ignore version directory '{n}' which contains leading zeros in its directory name")
+        elif not (n.isascii() and n.isdigit()):
+            out.append(f"ignore version directory '{n}' which fails to convert to integral number")
+    return out
 
 
 MAX_NAME_BYTES = 255    # NAME_MAX: no directory of a longer name exists

@@ -105,6 +105,14 @@ def _complete_max_batch(cfg, tensors: list[GraphTensor], default_max_batch_size:
 def _check_dims(cfg, io, kind: str, t: GraphTensor, field: str, fail: Callable) -> None:
     if t.dims is None:
         return
+    if kind == "input" and io.allow_ragged_batch:
+        # The backend hands a ragged input over as the batch's elements in one 1-D tensor.
+        if t.dims != [-1]:
+            raise fail(field, f"unable to load model '{cfg.name}', configuration expects model provides input "
+                              f"with shape [-1]  for ragged input '{io.name}', model provides {_shape(t.dims)}")
+        return
+    if kind == "output" and any(io.name in b.target_name for b in cfg.batch_output):
+        return          # a batch output's shape comes from its source input, not the model
     configured = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
     if not t.dims:
         if any(d != 1 for d in configured):

@@ -19,9 +19,6 @@ from .errors import ConfigError
 FIELDS: dict[str, str] = {
     "instance_group.host_policy": "host policies",
     "instance_group.passive": "passive instances",
-    "input.allow_ragged_batch": "ragged batching",
-    "batch_input": "ragged batching (batch inputs)",
-    "batch_output": "ragged batching (batch outputs)",
     "model_repository_agents": "repository agents",
     "model_operations": "custom operation libraries",
     "ensemble_scheduling.step.model_namespace": "model namespacing",

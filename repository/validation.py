@@ -23,6 +23,7 @@ from .backends import (
 )
 from .errors import ConfigError
 from .layout import version_dirs
+from .ragged import check_ragged
 from .unsupported import check_supported
 from .sequence_config import check_sequence_batching
 
@@ -204,8 +205,29 @@ def check_model_filenames(cfg: model_config_pb2.ModelConfig, config_file: str = 
     named = [("default_model_filename", cfg.default_model_filename)]
     named += [(f"cc_model_filenames[{k}]", v) for k, v in cfg.cc_model_filenames.items()]
     for field, name in named:
-        if name and (os.path.isabs(name) or ".." in name.replace("\\", "/").split("/") or "\0" in name):
+        if name and _escapes(name):
             raise fail(field, f"'{name}' must name a file inside the model's version directory")
+    for i, out in enumerate(cfg.output):
+        if out.label_filename and _escapes(out.label_filename):
+            raise fail(f"output[{i}].label_filename",
+                       f"'{out.label_filename}' must name a file inside the model's directory")
+
+
+def _escapes(name: str) -> bool:
+    return os.path.isabs(name) or ".." in name.replace("\\", "/").split("/") or "\0" in name
+
+
+def _check_label_files(cfg: model_config_pb2.ModelConfig, model_path: str) -> None:
+    """Triton reads each output's label file when the model loads; one it cannot read fails the load."""
+    for i, out in enumerate(cfg.output):
+        if out.label_filename:
+            path = os.path.join(model_path, out.label_filename)
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as e:
+                raise ConfigError(cfg.name, path, f"output[{i}].label_filename",
+                                  f"unable to read label file '{out.label_filename}': {e.strerror}") from None
 
 
 def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versions: list[int]) -> None:
@@ -265,6 +287,9 @@ def validate_config(
     if cfg.model_transaction_policy.decoupled and cfg.backend not in ("python", ""):
         raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "
                                                          f"only, not '{cfg.backend}'")
+    check_ragged(cfg, fail)
+    if model_path:
+        _check_label_files(cfg, model_path)
     if cfg.platform == ENSEMBLE_PLATFORM:
         _check_ensemble(cfg, fail)
         return

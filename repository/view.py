@@ -2,6 +2,7 @@
 process re-reads raw config JSON on a request's path."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tritond.wire.schema import (
@@ -15,7 +16,21 @@ from .parameters import config_parameter
 DEFAULT_EXEC_TIMEOUT_S = 60.0
 
 
-def _tensor(t: dict[str, Any]) -> TensorView:
+def read_labels(model_dir: str, label_filename: str) -> list[str]:
+    """An output's labels, one per line of `<model dir>/<label_filename>` (Triton reads them
+    once when the model loads; classification results append them as `value:index:label`)."""
+    try:
+        with open(os.path.join(model_dir, label_filename), encoding="utf-8", errors="replace") as f:
+            lines = f.read().split("\n")
+    except OSError:         # removed since validation read it: no labels rather than a broker crash
+        return []
+    if lines and not lines[-1]:
+        lines.pop()
+    return [line.rstrip("\r") for line in lines]
+
+
+def _tensor(t: dict[str, Any], model_dir: str = "") -> TensorView:
+    label_file = t.get("label_filename") or ""
     return TensorView(
         name=t["name"],
         datatype=CONFIG_TO_WIRE.get(t.get("data_type", ""), ""),
@@ -23,6 +38,7 @@ def _tensor(t: dict[str, Any]) -> TensorView:
         optional=bool(t.get("optional", False)),
         shape_tensor=bool(t.get("is_shape_tensor", False)),
         ragged=bool(t.get("allow_ragged_batch", False)),
+        labels=read_labels(model_dir, label_file) if label_file and model_dir else [],
     )
 
 
@@ -95,8 +111,9 @@ def _exec_timeout(config: dict[str, Any]) -> float:
         return DEFAULT_EXEC_TIMEOUT_S
 
 
-def model_view(config: dict[str, Any]) -> ModelView:
-    """The view of a config JSON dict (as GET /config renders it)."""
+def model_view(config: dict[str, Any], model_dir: str = "") -> ModelView:
+    """The view of a config JSON dict (as GET /config renders it); with `model_dir`, outputs
+    carry the labels of their `label_filename` (validation made sure the file is readable)."""
     platform = str(config.get("platform", ""))
     return ModelView(
         max_batch_size=int(config.get("max_batch_size", 0) or 0),
@@ -105,7 +122,7 @@ def model_view(config: dict[str, Any]) -> ModelView:
         ensemble=platform == "ensemble",
         decoupled=bool((config.get("model_transaction_policy") or {}).get("decoupled", False)),
         inputs={t["name"]: _tensor(t) for t in config.get("input") or []},
-        outputs={t["name"]: _tensor(t) for t in config.get("output") or []},
+        outputs={t["name"]: _tensor(t, model_dir) for t in config.get("output") or []},
         batching=_dynamic_batching(config.get("dynamic_batching")),
         exec_timeout_s=_exec_timeout(config),
         idempotent=config_parameter(config, "idempotent").lower() in ("1", "true", "yes"),

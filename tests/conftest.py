@@ -124,7 +124,8 @@ class TritondServer:
         return cmd + self.args
 
     def start(self, wait: str = "ready", timeout: float = 120.0) -> "TritondServer":
-        """Start and wait until `wait` is 'ready', 'live', or 'exit' (a startup expected to fail)."""
+        """Start and wait until `wait` is 'ready', 'live', 'metadata' (it answers /v2), or 'exit'
+        (a startup expected to fail)."""
         import tempfile
         fd, path = tempfile.mkstemp(prefix="tritond-test-", suffix=".log", dir=LOG_DIR)
         self.log_path = Path(path)
@@ -141,7 +142,8 @@ class TritondServer:
                 raise RuntimeError(f"tritond exited with {self.proc.returncode} during startup:\n{self.log}")
             if wait != "exit":
                 scheme = "https" if self.https else "http"
-                status, _ = http_get(f"{scheme}://{self.http_url}/v2/health/{wait}", 1.0, self.https)
+                path = "/v2" if wait == "metadata" else f"/v2/health/{wait}"
+                status, _ = http_get(f"{scheme}://{self.http_url}{path}", 1.0, self.https)
                 if status == 200 and (not self.grpc or self._grpc_listening()):
                     return self
             time.sleep(0.1)

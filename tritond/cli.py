@@ -19,13 +19,21 @@ def cmd_start(argv: list[str]) -> int:
         opts = server_options(args)
     except UsageError as e:
         start_parser().print_usage(sys.stderr)
-        print(f"tritond start: error: {e}", file=sys.stderr)
+        print(str(e) if str(e).startswith("Error: ") else f"tritond start: error: {e}", file=sys.stderr)
         return 1
     problems = [p for p in map(repository_problem, opts["model_repositories"]) if p]
-    if problems:
+    if problems and opts["exit_on_error"]:
         print(f"tritond start: error: {problems[0]}", file=sys.stderr)
         return 1
+    if problems:
+        # As tritonserver with --exit-on-error=false: the server comes up with no models and
+        # answers metadata, but is neither live nor ready.
+        opts["init_failed"] = problems[0]
+        opts["model_repositories"] = []
     setup_logging(opts["log_verbose"], "tritond", opts.get("log"))
+    if problems:
+        logging.getLogger("tritond").error("failed to initialize: %s (serving on: --exit-on-error=false; "
+                                           "the server is neither live nor ready)", problems[0])
     for level, note in opts["startup_notes"]:
         logging.getLogger("tritond").log(logging.getLevelName(level), "%s", note)
     sup = Supervisor(opts)

@@ -32,6 +32,8 @@ def add_flags(p: argparse.ArgumentParser, flag: Any, parse_bool: Any) -> None:
     flag(p, "--allow-cpu-metrics", True, "report nv_cpu_* and the process tree's CPU and memory")
     flag(p, "--allow-gpu-metrics", True, "report nv_gpu_* through NVML when GPUs exist")
     p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE")
+    for flag, _ in DEPRECATED_TRACE_FLAGS:
+        p.add_argument(flag, action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,SETTING=VALUE")
     p.add_argument("--response-cache-byte-size", type=int, default=None, help="deprecated: --cache-config local,size=N")
 
@@ -102,6 +104,34 @@ def metrics_settings(entries: list[str], interval_ms: float) -> dict[str, Any]:
     return cfg
 
 
+# tritonserver's older trace flags, each an alias of one --trace-config setting (repeatable, as
+# --trace-level is in tritonserver; the last value of the others wins).
+DEPRECATED_TRACE_FLAGS = (
+    ("--trace-file", "triton,file"),
+    ("--trace-level", "level"),
+    ("--trace-rate", "rate"),
+    ("--trace-count", "count"),
+    ("--trace-log-frequency", "triton,log-frequency"),
+)
+# tritonserver's words for the trace levels tritond has (TENSORS is refused below).
+TRACE_LEVELS = {"off": "OFF", "false": "OFF", "timestamps": "TIMESTAMPS", "true": "TIMESTAMPS",
+                "on": "TIMESTAMPS", "min": "TIMESTAMPS", "max": "TIMESTAMPS"}
+
+
+def deprecated_trace_entries(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(--trace-config entries, warning lines) for the deprecated trace flags given. They come
+    before the --trace-config entries, so a --trace-config setting wins, as in tritonserver."""
+    entries: list[str] = []
+    warnings: list[str] = []
+    for flag, setting in DEPRECATED_TRACE_FLAGS:
+        values = getattr(args, flag[2:].replace("-", "_"), None) or []
+        for value in values:
+            entries.append(f"{setting}={value}")
+        if values:
+            warnings.append(f"'{flag}' is deprecated (as in tritonserver): read as --trace-config {setting}=<value>")
+    return entries, warnings
+
+
 def _uint(value: str, what: str, minimum: int = 0) -> int:
     try:
         n = int(value)
@@ -128,12 +158,11 @@ def trace_settings(entries: list[str]) -> dict[str, Any]:
             raise FlagError(f"--trace-config: unknown trace mode '{mode}' (expected triton or opentelemetry)")
         if not comma:
             if setting == "level":
-                level = value.upper()
-                if level == "TENSORS":
+                if value.lower() == "tensors":
                     raise FlagError("--trace-config level=TENSORS is not supported by tritond (TIMESTAMPS is)")
-                if level not in ("OFF", "TIMESTAMPS"):
+                if value.lower() not in TRACE_LEVELS:
                     raise FlagError(f"--trace-config level: invalid value '{value}' (OFF or TIMESTAMPS)")
-                levels.append(level)
+                levels.append(TRACE_LEVELS[value.lower()])
             elif setting == "rate":
                 cfg["rate"] = _uint(value, "rate")
             elif setting == "count":

@@ -13,7 +13,8 @@ from . import connection_limits, observe_options, triton_flags
 
 
 class UsageError(Exception):
-    pass
+    """A command line tritond refuses; printed as `tritond start: error: <message>`, or as is when
+    the message is tritonserver's own line (it starts with "Error: ", which scripts grep for)."""
 
 
 def parse_bool(value: str) -> bool:
@@ -111,27 +112,28 @@ API_CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-con
                   "statistics", "trace", "logging")
 
 
-def _categories(text: str, spec: str) -> list[str]:
+def _categories(text: str, spec: str, feature: str = "api") -> list[str]:
     cats = [c.strip() for c in text.split(",")]
     for cat in cats:
         if cat not in API_CATEGORIES:
-            raise UsageError(f"unknown restricted API category '{cat}' in '{spec}'; "
+            raise UsageError(f"unknown restricted {feature} '{cat}' in '{spec}'; "
                              f"expected one of {', '.join(API_CATEGORIES)}")
     return cats
 
 
-def _restrictions(specs: list[str]) -> dict[str, tuple[str, str]]:
+def _restrictions(specs: list[str], feature: str) -> dict[str, tuple[str, str]]:
     """'<cat,...>:<key>=<value>' -> {category: (key, value)}; a misspelt category is an error,
-    not an API silently left open."""
+    not an API silently left open. `feature` ("api" for HTTP, "protocol" for gRPC) words the
+    errors as tritonserver does."""
     out: dict[str, tuple[str, str]] = {}
     for spec in specs:
         cats, sep, kv = spec.partition(":")
         key, eq, value = kv.partition("=")
         if not sep or not eq or not key:
             raise UsageError(f"invalid restricted API specification '{spec}', expected <categories>:<key>=<value>")
-        for cat in _categories(cats, spec):
+        for cat in _categories(cats, spec, feature):
             if cat in out:
-                raise UsageError(f"restricted API category '{cat}' is given more than once")
+                raise UsageError(f"restricted {feature} '{cat}' can not be specified in multiple config groups")
             out[cat] = (key.lower(), value)
     return out
 
@@ -198,7 +200,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
     if refused:
         raise UsageError("; ".join(refused))
     if args.http_max_input_size <= 0:
-        raise UsageError("--http-max-input-size must be greater than 0")
+        raise UsageError("Error: --http-max-input-size must be greater than 0.")
     for repo in args.model_repositories:
         if "://" in repo:
             try:
@@ -212,10 +214,12 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
     default_mbs = _backend_config(args.backend_config)
     _model_loading(args)
     disable_ac = args.disable_auto_complete_config or bool(args.strict_model_config)
+    old_trace, trace_warnings = observe_options.deprecated_trace_entries(args)
+    notes += [("WARNING", line) for line in trace_warnings]
     try:
         observe = {"log": observe_options.log_settings(args),
                    "metrics": observe_options.metrics_settings(args.metrics_config, args.metrics_interval_ms),
-                   "trace": observe_options.trace_settings(args.trace_config),
+                   "trace": observe_options.trace_settings([*old_trace, *args.trace_config]),
                    "cache_size": observe_options.cache_settings(args.cache_config, args.response_cache_byte_size),
                    "cpu_metrics": args.allow_cpu_metrics, "gpu_metrics": args.allow_gpu_metrics}
     except observe_options.FlagError as e:
@@ -246,8 +250,8 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "http_workers": max(1, args.http_workers),
         "grpc_workers": max(1, args.grpc_workers),
         "http_max_input_size": args.http_max_input_size,
-        "http_restricted": _restrictions(args.http_restricted_api),
-        "grpc_restricted": _restrictions(args.grpc_restricted_protocol),
+        "http_restricted": _restrictions(args.http_restricted_api, "api"),
+        "grpc_restricted": _restrictions(args.grpc_restricted_protocol, "protocol"),
         "http_restricted_subjects": http_subjects,
         "grpc_restricted_subjects": grpc_subjects,
         "http_tls": http_tls if args.allow_http else None,

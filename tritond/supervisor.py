@@ -24,6 +24,7 @@ broker once its loop can rescan the repository (poll mode); workers keep it bloc
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -358,7 +359,12 @@ class Supervisor:
                 try:
                     s.bind((host, port))
                 except OSError as e:
-                    raise StartupError(f"cannot serve {name} on {host}:{port}: {e.strerror}") from None
+                    if e.errno != errno.EADDRINUSE:
+                        raise StartupError(f"cannot serve {name} on {host}:{port}: {e.strerror}") from None
+                    # tritonserver's words, which scripts grep for
+                    service = {"HTTPService": "HTTP", "GRPCInferenceService": "GRPC"}.get(name, "Metrics")
+                    raise StartupError(f"failed to start {service} service: Unavailable - Socket '{host}:{port}' "
+                                       f"already in use") from None
 
     def check_tls(self) -> None:
         """Certificate files are checked before anything starts: a bad one is a startup error,

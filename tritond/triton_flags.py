@@ -5,7 +5,7 @@ flag of tritonserver is recognised. The ones below are not implemented: one that
 what the server does (its answers, what it loads, where its output goes) stops startup with
 exit 1; one that only tunes performance or what is observed, so that ignoring it changes no
 answer, is ignored with a warning. A value that asks for nothing beyond what tritond does
-(`--rate-limit=off`, `--model-namespacing=false`) is accepted silently either way.
+(`--model-namespacing=false`, `--allow-sagemaker=false`) is accepted silently either way.
 
 This is data: when a flag is implemented, its entry leaves the table (and the flag joins the
 parser in options.py).
@@ -32,8 +32,6 @@ class Flag:
 
 FLAGS: dict[str, Flag] = {
     # ---------------------------------------------------------------- features not implemented yet
-    "--trace-file": Flag(REFUSE, "tracing"),
-    "--trace-level": Flag(REFUSE, "tracing", ("off",)),
     "--http-header-forward-pattern": Flag(REFUSE, "forwarding HTTP headers to models"),
     "--grpc-header-forward-pattern": Flag(REFUSE, "forwarding gRPC headers to models"),
     "--model-load-retry-count": Flag(REFUSE, "retrying failed loads", ("0",)),
@@ -49,9 +47,6 @@ FLAGS: dict[str, Flag] = {
     "--vertex-ai-thread-count": Flag(REFUSE, "the Vertex AI endpoint"),
     "--vertex-ai-default-model": Flag(REFUSE, "the Vertex AI endpoint"),
     # ---------------------------------------------------------------- tuning and observability: ignored
-    "--trace-rate": Flag(WARN, "tracing is off"),
-    "--trace-count": Flag(WARN, "tracing is off"),
-    "--trace-log-frequency": Flag(WARN, "tracing is off"),
     "--http-thread-count": Flag(WARN, "HTTP concurrency is --http-workers processes"),
     "--grpc-infer-thread-count": Flag(WARN, "gRPC concurrency is --grpc-workers processes"),
     "--grpc-infer-allocation-pool-size": Flag(WARN, "tritond pools no request objects"),

@@ -321,6 +321,7 @@ class TensorView(_S):
     optional: bool = False
     shape_tensor: bool = False
     ragged: bool = False
+    labels: list[str] = []          # an output's label_filename lines (classification)
 
 
 class SequenceControl(_S):
@@ -427,6 +428,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True):
     device_id: int = 0
     log_verbose: int = 0
     log: LogConfig | None = None
+    index: int = 0                  # the instance's place among the model's instances
 
 
 class ExecRequest(_S):

@@ -152,7 +152,7 @@ class Worker:
         info = InstanceInfo(
             model_name=s.model, model_version=s.version, model_dir=s.model_dir,
             version_dir=s.version_dir, instance_name=s.instance_name, kind=s.kind,
-            device_id=s.device_id, model_repository=s.repository,
+            device_id=s.device_id, model_repository=s.repository, index=s.index,
         )
         backend = create(s.config, info)
         completed = backend.auto_complete()

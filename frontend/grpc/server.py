@@ -83,6 +83,7 @@ async def run(opts: dict) -> None:
             extensions=server_extensions(opts),
             restricted={k: tuple(v) for k, v in (opts.get("grpc_restricted") or {}).items()},
             subjects=subject_rules(opts.get("grpc_restricted_subjects")),
+            init_failed=bool(opts.get("init_failed")),
         ))
         limits = [(str(k), v) for k, v in opts.get("grpc_channel_args", [])]   # keepalive, streams
         server = grpc.aio.server(options=SERVER_OPTIONS + limits)

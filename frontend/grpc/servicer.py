@@ -45,6 +45,7 @@ class GrpcOptions:
     extensions: list[str] = field(default_factory=list)
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (key, value)
     subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
+    init_failed: bool = False       # started although a repository failed (--exit-on-error=false)
 
 
 def status_of(e: TritonError) -> grpc.StatusCode:
@@ -115,13 +116,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             await asyncio.sleep(0.05)
 
     def ready(self) -> bool:
-        return self.client.ready(self.opts.strict_readiness)
+        return not self.opts.init_failed and self.client.ready(self.opts.strict_readiness)
 
     # ------------------------------------------------------------- health and metadata
 
     @rpc("health")
     async def ServerLive(self, request, context):
-        return pb.ServerLiveResponse(live=True)     # the process serves; readiness tracks the broker
+        # the process serves (readiness tracks the broker), unless initialization failed
+        return pb.ServerLiveResponse(live=not self.opts.init_failed)
 
     @rpc("health")
     async def ServerReady(self, request, context):

@@ -30,6 +30,11 @@ from .codec import parse_infer, parse_json, render_response
 from .disconnect import until_disconnect
 from .generate import generate, generate_stream, parse_generate
 
+_BAD_READY = "Invalid value for 'ready': expected a boolean"
+# A repository index body whose 'ready' is an array or object (checked before parsing, so a
+# deeply nested one is answered as Triton does rather than as a JSON nesting error).
+_NESTED_READY = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
+
 
 log = logging.getLogger("tritond.http")
 
@@ -43,6 +48,7 @@ class HttpOptions:
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (header, value)
     subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
     client_certificate: Callable[[Scope], bytes | None] | None = None   # DER certificate of the client
+    init_failed: bool = False       # started although a repository failed (--exit-on-error=false)
 
 
 def json_response(doc: Any, status: int = 200) -> Response:
@@ -179,11 +185,12 @@ class HttpApi:
 
     async def live(self, request: Request) -> Response:
         """Live means this process serves: a broker restarting makes the server not ready,
-        not dead (an orchestrator would otherwise restart a server that is recovering)."""
-        return Response(status_code=200)
+        not dead (an orchestrator would otherwise restart a server that is recovering). A server
+        whose initialization failed is never live, as Triton's."""
+        return Response(status_code=400 if self.opts.init_failed else 200)
 
     async def ready(self, request: Request) -> Response:
-        ok = self.client.ready(self.opts.strict_readiness)
+        ok = not self.opts.init_failed and self.client.ready(self.opts.strict_readiness)
         return Response(status_code=200 if ok else 400)
 
     async def server_metadata(self, request: Request) -> Response:
@@ -289,10 +296,12 @@ class HttpApi:
         body = await self.body(request)
         ready = False
         if body.strip():
+            if _NESTED_READY.match(body):       # an array or object is never the boolean asked for
+                raise invalid(_BAD_READY)
             doc = parse_json(body)
             if "ready" in doc:
                 if not isinstance(doc["ready"], bool):
-                    raise invalid("Invalid value for 'ready': expected a boolean")
+                    raise invalid(_BAD_READY)
                 ready = doc["ready"]
         return json_response(await self.client.control(S.RepositoryIndex(ready)))
 

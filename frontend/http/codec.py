@@ -8,12 +8,13 @@ import numpy as np
 import orjson
 
 from tritond.repository.datatypes import ELEMENT_SIZE, WIRE_TO_NUMPY, WIRE_TYPES, array_to_bytes, serialize_bytes
-from tritond.wire.errors import invalid, request_prefix as prefix
+from tritond.wire.errors import Code, TritonError, invalid, request_prefix as prefix
 from tritond.wire.schema import ModelView
 
 from ..dataplane import InferResult, InputTensor, OutputRequest
 
 MAX_JSON_DEPTH = 100
+INT64_MAX = (1 << 63) - 1
 
 
 def _nesting_error() -> Exception:
@@ -104,10 +105,14 @@ def _estimated_elements(text: memoryview, datatype: str) -> int:
     return _count(text, b",") + 1
 
 
-def _uint_list(value: Any, what: str) -> list[int]:
-    if not isinstance(value, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < (1 << 63) for x in value):
-        raise invalid(f"Unable to parse '{what}'")
+def _shape(value: Any) -> list[int]:
+    """A JSON input's shape: uint64 values, as Triton parses them (its error for a negative or
+    non-integer dimension is an INTERNAL one, HTTP 500, which its qa tests pin)."""
+    if not isinstance(value, list):
+        raise invalid("Unable to parse 'shape'")
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < (1 << 64) for x in value):
+        raise TritonError(Code.INTERNAL, "Unable to parse 'shape': attempt to access JSON "
+                                         "non-unsigned-integer as unsigned-integer")
     return value
 
 
@@ -119,15 +124,25 @@ def _too_big(name: str, size: int, max_bytes: int) -> Exception:
 def _json_data(name: str, datatype: str, shape: list[int], raw: msgspec.Raw, max_bytes: int) -> bytes | memoryview:
     """The wire bytes of a JSON `data` field (Triton's checks and messages, but 400 rather than 500).
     The declared size is checked before the values are parsed."""
-    if datatype in ("FP16", "BF16"):
-        raise invalid(f"receiving {datatype} data via JSON is not supported. Please use the binary data format "
-                      f"for input {name}")
     count = 1
     for d in shape:
         count *= d
+    shape_text = "[" + ",".join(map(str, shape)) + "]"
+    if any(d > INT64_MAX for d in shape):
+        raise invalid(f"invalid shape for input '{name}': shape {shape_text} contains one or more invalid dimensions")
+    if count > INT64_MAX:
+        raise invalid(f"invalid shape for input '{name}': shape {shape_text} causes total element count to exceed "
+                      f"maximum size of {INT64_MAX}")
     if count == 0:
         return b""
-    least = 4 * count if datatype == "BYTES" else count * ELEMENT_SIZE[datatype]
+    size = ELEMENT_SIZE[datatype]
+    if datatype != "BYTES" and size > 1 and count > INT64_MAX // size:
+        raise invalid(f"byte size overflow for input '{name}': element count ({count}) * data type size ({size}) "
+                      f"exceeds maximum allowed size ({INT64_MAX})")
+    if datatype in ("FP16", "BF16"):
+        raise invalid(f"receiving {datatype} data via JSON is not supported. Please use the binary data format "
+                      f"for input {name}")
+    least = 4 * count if datatype == "BYTES" else count * size
     if least > max_bytes:
         raise _too_big(name, least, max_bytes)
     text = memoryview(raw)
@@ -199,7 +214,7 @@ def parse_infer(body: bytes, header_len: int | None, model: str, view: ModelView
             raise invalid("Unable to parse 'datatype'")
         if datatype not in WIRE_TYPES:
             raise invalid(f"invalid datatype '{datatype}' for input '{name}'")
-        shape = _uint_list(item.shape, "shape")
+        shape = _shape(item.shape)
         t = InputTensor(name, datatype, shape)
         if has_data:
             t.data = _json_data(name, datatype, shape, item.data, max_bytes)

@@ -4,7 +4,12 @@ one for the body (408, then the connection closes), an idle keep-alive timeout, 
 open connections per process (503 and close, with a log line saying so).
 
 uvicorn's httptools protocol enforces none of the head limits, so its protocol class is
-extended here; all of them cost a counter or a timer handle per request. hypercorn bounds the
+extended here; all of them cost a counter or a timer handle per request. It also caps a chunked
+body at Triton's 65,536 non-empty chunks (400), and takes a request that has both
+`Transfer-Encoding: chunked` and `Content-Length` as Triton does, decoding the chunks and
+ignoring the length, then closes the connection after the response (RFC 9112 section 6.3: such a
+request may be an attempt at request smuggling, so no further request may follow it on the
+same connection). hypercorn bounds the
 head with h11's incomplete-event size and closes a connection that sends no complete head
 within its keep-alive timeout; the header count and the body deadline are ASGI middleware
 there, and its TCP server class is extended for the connection cap.
@@ -24,6 +29,10 @@ import orjson
 log = logging.getLogger("tritond.http")
 
 CAP_LOG_INTERVAL_S = 60.0
+MAX_CHUNKS = 65536          # Triton's kMaxChunkedChunks
+TOO_MANY_CHUNKS = (f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. "
+                   f"Send fewer or larger HTTP chunks.")
+DRAIN_SECS = 5.0            # how long a refused chunked body is still read (and dropped)
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,8 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
 
         _in_head = False
         _unparsed = 0
+        _chunks = 0
+        _framing = 0            # bit 1: Transfer-Encoding chunked, bit 2: Content-Length
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             if len(self.connections) >= limits.max_connections:
@@ -108,6 +119,7 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
                 transport.close()
                 return
             super().connection_made(transport)
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True, lenient_chunked_length=True)
             self._in_head = True
             self._head_bytes = 0
             self._fields = 0
@@ -143,7 +155,13 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
             self._refusal = (status, message)
             self._disarm()
             self.transport.write(raw_response(status, message))
-            self.transport.close()
+            if message == TOO_MANY_CHUNKS and self.transport.can_write_eof():
+                # The client is likely still sending chunks: closing now could reset the
+                # connection before it reads the answer, so the rest is read and dropped.
+                self.transport.write_eof()
+                self.loop.call_later(DRAIN_SECS, self.transport.close)
+            else:
+                self.transport.close()
 
         def send_400_response(self, msg: str) -> None:
             """uvicorn's answer to a parse error; one of the limits caused it when set."""
@@ -162,6 +180,8 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._chunks = 0
+            self._framing = 0
             self._in_head = True
             self._head_bytes = 0
             self._fields = 0
@@ -179,6 +199,11 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
             super().on_url(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
+            lower = name.lower()
+            if lower == b"transfer-encoding" and b"chunked" in value.lower():
+                self._framing |= 1
+            elif lower == b"content-length":
+                self._framing |= 2
             self._fields += 1
             if self._fields > limits.max_headers:
                 self._refuse(431, limits.too_many_headers(self._fields))
@@ -190,6 +215,16 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
             self._unparsed = 0
             self._arm(limits.body_timeout_secs, limits.body_timeout())
             super().on_headers_complete()
+            if self._framing == 3 and self.cycle is not None:
+                self.cycle.keep_alive = False
+
+        def on_chunk_header(self) -> None:
+            self._chunks += 1
+
+        def on_body(self, body: bytes) -> None:
+            if self._chunks > MAX_CHUNKS:       # a data chunk beyond the cap (the last, empty one has no body)
+                self._refuse(400, TOO_MANY_CHUNKS)
+            super().on_body(body)
 
         def on_message_complete(self) -> None:
             self._disarm()
@@ -200,7 +235,9 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
 
 class RequestLimits:
     """ASGI middleware for servers that do not count header fields or time the body read
-    themselves (hypercorn): 431 beyond --http-max-headers, 408 when the body is late."""
+    themselves (hypercorn): 431 beyond --http-max-headers, 408 when the body is late; a request
+    with both Transfer-Encoding and Content-Length (h11 decodes the chunks) is answered with
+    `connection: close`."""
 
     def __init__(self, app: Any, limits: HttpLimits) -> None:
         self.app = app
@@ -233,7 +270,12 @@ class RequestLimits:
                 state["body"] = False
             return message
 
+        names = {name for name, _ in scope["headers"]}
+        close = b"transfer-encoding" in names and b"content-length" in names
+
         async def guarded_send(message: dict) -> None:
+            if close and message["type"] == "http.response.start":
+                message = dict(message, headers=[*message.get("headers", []), (b"connection", b"close")])
             if not state["answered"]:
                 await send(message)
 

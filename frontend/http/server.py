@@ -140,6 +140,7 @@ async def run(opts: dict) -> None:
             restricted={k: tuple(v) for k, v in (opts.get("http_restricted") or {}).items()},
             subjects=subjects,
             client_certificate=peers.certificate if peers else None,
+            init_failed=bool(opts.get("init_failed")),
         ))
         sock = listen_socket(opts["http_address"], opts["http_port"])
         limits = HttpLimits.from_options(opts)

@@ -329,7 +329,7 @@ def test_invalid_ensembles_are_unavailable_with_their_reason(client):
     for name in COMPOSING + ["diamond", "nested", "through_slow", "late_types"]:
         assert index[name].get("state") == "READY", (name, index[name])
     assert index["broken_init"].get("state") == "UNAVAILABLE"
-    with pytest.raises(InferenceServerException, match="'bad_cycle' has no available versions"):
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'bad_cycle' has no available versions"):
         client.infer("bad_cycle", [fp32("IN", np.ones(2, np.float32))])
 
 

@@ -103,7 +103,7 @@ def test_model_metadata_and_config(client):
 
     assert fails("INVALID_ARGUMENT", client.get_model_metadata, "nope") == \
         "Request for unknown model: 'nope' is not found"
-    assert fails("NOT_FOUND", client.get_model_metadata, "mlp_onnx", "3") == "'mlp_onnx' version 3 is not found"
+    assert fails("NOT_FOUND", client.get_model_metadata, "mlp_onnx", "3") == "Request for unknown model: 'mlp_onnx' version 3 is not found"
     assert fails("INVALID_ARGUMENT", client.get_model_config, "mlp_onnx", "x").startswith(
         "failed to get model version from specified version string 'x'")
     assert fails("INVALID_ARGUMENT", client.get_model_config, "nope") == \
@@ -210,7 +210,7 @@ def test_infer_errors_carry_tritons_codes_and_texts(client, stub):
     assert fails("INVALID_ARGUMENT", client.infer, "nope", [fp32_input("INPUT0", x)]) == \
         "Request for unknown model: 'nope' is not found"
     assert fails("NOT_FOUND", client.infer, "identity_fp32", [fp32_input("INPUT0", x)], model_version="2") == \
-        "'identity_fp32' version 2 is not found"
+        "Request for unknown model: 'identity_fp32' version 2 is not found"
 
     wrong = grpcclient.InferInput("INPUT0", [4], "INT32")
     wrong.set_data_from_numpy(np.zeros(4, np.int32))

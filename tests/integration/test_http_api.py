@@ -118,7 +118,7 @@ def test_model_metadata_errors(client):
     expect_error(lambda: client.get_model_metadata("nope"), 400,
                  "Request for unknown model: 'nope' is not found", exact=True)
     expect_error(lambda: client.get_model_metadata("mlp_onnx", "7"), 404,
-                 "'mlp_onnx' version 7 is not found", exact=True)
+                 "Request for unknown model: 'mlp_onnx' version 7 is not found", exact=True)
 
 
 def test_model_config_fields(client):
@@ -426,7 +426,7 @@ F16 = list(range(16))
      400, "[request id: r1] inference input 'INPUT0' data-type is 'INT32', but model 'identity_fp32' expects 'FP32'"),
     ("add_sub_onnx", {"inputs": [{"name": n, "shape": [1, 15], "datatype": "FP32", "data": F16[:15]}
                                  for n in ("INPUT0", "INPUT1")]}, 400,
-     "[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model 'add_sub_onnx'. Expected [-1,16], "
+     "[request id: <id_unknown>] unexpected shape for input 'INPUT1' for model 'add_sub_onnx'. Expected [-1,16], "
      "got [1,15]. NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
      "prepended to each input shape. If you want to specify the full shape including the batch dim in your input "
      "dims config, try setting max_batch_size to zero. See the model configuration docs for more info on "
@@ -452,8 +452,8 @@ F16 = list(range(16))
                                    "parameters": {"binary_data_size": 4}}]}, 400,
      "must specify valid 'Infer-Header-Content-Length' in request header and 'binary_data_size' when passing "
      "inputs in binary data format"),
-    ("identity_fp32", {"inputs": [{"name": "INPUT0", "shape": [-1], "datatype": "FP32", "data": [1]}]}, 400,
-     "Unable to parse 'shape'"),
+    ("identity_fp32", {"inputs": [{"name": "INPUT0", "shape": [-1], "datatype": "FP32", "data": [1]}]}, 500,
+     "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"),
     ("identity_fp32", {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}],
                        "outputs": [{"name": "NOPE"}]}, 400,
      "unexpected inference output 'NOPE' for model 'identity_fp32'"),
@@ -468,7 +468,7 @@ def test_infer_error(server, model, doc, status, message):
 def test_version_errors(server):
     doc = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]}
     status, body = infer_json(server, "identity_fp32/versions/4", doc)
-    assert (status, body) == (404, {"error": "'identity_fp32' version 4 is not found"})
+    assert (status, body) == (404, {"error": "Request for unknown model: 'identity_fp32' version 4 is not found"})
 
 
 def test_byte_size_mismatch(client):

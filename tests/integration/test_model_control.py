@@ -102,7 +102,8 @@ def test_load_and_unload_answer_with_tritons_codes_and_texts(server, client):
              "of model 'empty'\n")
     assert http_error(lambda: client.load_model("echo", files={"file:1/model.py": b"x"})) == (
         400, "Load parameter 'config' must be specified for model file override")
-    assert http_error(lambda: client.load_model("echo", config="{not json"))[0] == 400
+    status, text = http_error(lambda: client.load_model("echo", config="{not json"))
+    assert status == 400 and text.startswith("failed to load 'echo', Invalid config override: ")
     client.unload_model("nope")                        # unloading what is not loaded succeeds
     g.unload_model("broken")
     assert client.is_model_ready("echo") and index(client)[("broken", "1")]["state"] == "UNAVAILABLE"

@@ -172,3 +172,17 @@ def test_cancelled_infer_keeps_inputs_until_the_broker_answers():
     assert arena.freed == []          # a worker may still be reading the input
     client.orphan()                   # the broker's late answer
     assert arena.freed == [("seg", 0)]
+
+
+def test_of_several_bad_inputs_the_one_triton_names_is_reported():
+    """Triton walks a request's inputs in its hash map's order (last to first for a few inputs),
+    so its qa tests expect the error to name the last bad input."""
+    two = entry("two_strings", {
+        "max_batch_size": 8,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_STRING", "dims": [16]},
+                  {"name": "INPUT1", "data_type": "TYPE_STRING", "dims": [16]}],
+        "output": []})
+    short = serialize_bytes(np.array([b"1"] * 14, object))
+    inputs = [InputTensor("INPUT0", "BYTES", [1, 16], short), InputTensor("INPUT1", "BYTES", [1, 16], short)]
+    assert error_of(two, inputs) == ("[request id: <id_unknown>] expected 16 string elements for inference input "
+                                     "'INPUT1' for model 'two_strings', got 14")

@@ -168,7 +168,7 @@ def test_an_ensemble_is_unavailable_while_a_composing_model_is(h):
     (mv,) = h.broker.registry.get("diamond").values()
     assert mv.state is S.ModelState.UNAVAILABLE and "step 0 (model 'split')" in mv.reason
     rid = infer_diamond(h)
-    assert h.replies()[rid].error.message == "'diamond' has no available versions"
+    assert h.replies()[rid].error.message == "Request for unknown model: 'diamond' has no available versions"
 
 
 def test_a_step_refused_at_once_ends_the_request(tmp_path):

@@ -210,3 +210,20 @@ def test_bf16_output_needs_binary():
         "sending BF16 data via JSON is not supported. Please use the binary data format for output"
     body, json_len = render_response(InferResult("m", 1, "", [t]), True)
     assert body[json_len:] == b"\x80\x3f"
+
+
+def test_shape_overflow_errors_are_tritons():
+    """Triton's JSON-input checks: an element count past INT64_MAX, then a byte size past it, each
+    named; a negative or non-integer dimension is its (HTTP 500) parse error."""
+    def shape_error(shape):
+        with pytest.raises(TritonError) as info:
+            parse({"inputs": [{"name": "INPUT0", "shape": shape, "datatype": "FP32", "data": [1.0]}]})
+        return http_status(info.value), info.value.message
+    assert shape_error([2**4, 2**60 + 2]) == (
+        400, "invalid shape for input 'INPUT0': shape [16,1152921504606846978] causes total element count to "
+             "exceed maximum size of 9223372036854775807")
+    assert shape_error([2**2, 2**60 + 2]) == (
+        400, "byte size overflow for input 'INPUT0': element count (4611686018427387912) * data type size (4) "
+             "exceeds maximum allowed size (9223372036854775807)")
+    assert shape_error([2, -5]) == (
+        500, "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer")

@@ -195,7 +195,7 @@ def test_unload_lets_queued_and_executing_requests_finish(repo):
     assert reply(h, send(h, S.UnloadModel("m"))).error is None
     assert table(h)[1].state is S.ModelState.UNLOADING and table(h)[1].unloaded
     refused = h.infer("m", X=X)
-    assert h.replies()[refused].error.message == "'m' has no available versions"
+    assert h.replies()[refused].error.message == "Request for unknown model: 'm' has no available versions"
     finish(h, "m")
     finish(h, "m")
     assert h.replies()[executing].error is None and h.replies()[queued].error is None

@@ -52,3 +52,12 @@ def test_empty_names_are_refused(name):
 @pytest.mark.parametrize("name", ["...", "model..1", "simple", "model.onnx", "a-b_c"])
 def test_ordinary_names_are_accepted(name):
     assert validate_model_name(name) is None
+
+
+def test_subdirectories_that_are_not_versions_are_named_as_triton_names_them(tmp_path):
+    from tritond.repository.layout import ignored_version_dirs
+    for d in ("1", "003", "abc", "0", "configs", "warmup"):
+        (tmp_path / d).mkdir()
+    assert ignored_version_dirs(str(tmp_path)) == [
+        "ignore version directory '003' which contains leading zeros in its directory name",
+        "ignore version directory 'abc' which fails to convert to integral number"]

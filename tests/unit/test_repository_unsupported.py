@@ -21,17 +21,10 @@ BASE = ('backend: "python" max_batch_size: 4 '
 EXAMPLES = {
     "instance_group.host_policy": 'instance_group [{ kind: KIND_CPU host_policy: "numa0" }]',
     "instance_group.passive": "instance_group [{ kind: KIND_CPU passive: true }]",
-    "input.allow_ragged_batch": None,      # replaces BASE's input
-    "batch_input": 'batch_input [{ kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 '
-                   'source_input: "x" }]',
-    "batch_output": 'batch_output [{ target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" }]',
     "model_repository_agents": 'model_repository_agents { agents [{ name: "checksum" }] }',
     "model_operations": 'model_operations { op_library_filename: "libops.so" }',
     "ensemble_scheduling.step.model_namespace": None,   # an ensemble of its own
 }
-RAGGED = ('backend: "python" max_batch_size: 4 '
-          'input [{ name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }] '
-          'output [{ name: "y" data_type: TYPE_FP32 dims: [ -1 ] }]')
 NAMESPACED = ('platform: "ensemble" max_batch_size: 4 '
               'input [{ name: "x" data_type: TYPE_FP32 dims: [ 2 ] }] '
               'output [{ name: "y" data_type: TYPE_FP32 dims: [ 2 ] }] '
@@ -53,8 +46,6 @@ def model(root, config: str, name: str = "m", source: str = "") -> ModelSource:
 
 
 def config_setting(field: str) -> str:
-    if field == "input.allow_ragged_batch":
-        return RAGGED
     if field == "ensemble_scheduling.step.model_namespace":
         return NAMESPACED
     return BASE + EXAMPLES[field]

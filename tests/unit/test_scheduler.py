@@ -368,3 +368,29 @@ def test_least_busy_free_instance_is_picked():
     s.note_busy("c", 200)
     assert s.pick_instance([a, b, c]) is a
     assert s.pick_instance([b]) is b
+
+
+def test_delay_scheduler_hook_holds_the_first_batch_until_enough_are_queued(monkeypatch):
+    """TRITONSERVER_DELAY_SCHEDULER=<n> (Triton's test hook): no batch until n requests wait,
+    then batching as configured, and the hold does not come back."""
+    from tritond.broker import test_hooks
+    monkeypatch.setenv(test_hooks.DELAY_SCHEDULER, "3")
+    s = Scheduler(policy_of({"max_batch_size": 8, "input": [{"name": "x", "dims": [4]}],
+                             "dynamic_batching": {"preferred_batch_size": [2]}}), test_hooks.delay_scheduler("m"))
+    add(s, "a", 0)
+    add(s, "b", 1)
+    assert s.next_batch(2) == ([], 0)           # 2 queued, preferred size reached, still held
+    add(s, "c", 3)
+    batch, _ = s.next_batch(4)
+    assert [p.key for p in batch] == ["a", "b"]
+    add(s, "d", 5)
+    assert [p.key for p in s.next_batch(6)[0]] == ["c", "d"]
+
+
+@pytest.mark.parametrize("raw, count", [(None, 0), ("4", 4), ("x", 0), ("-2", 0)])
+def test_delay_scheduler_hook_reads_the_environment_like_atoi(monkeypatch, raw, count):
+    from tritond.broker import test_hooks
+    monkeypatch.delenv(test_hooks.DELAY_SCHEDULER, raising=False)
+    if raw is not None:
+        monkeypatch.setenv(test_hooks.DELAY_SCHEDULER, raw)
+    assert test_hooks.delay_scheduler("m") == count

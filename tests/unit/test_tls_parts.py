@@ -67,7 +67,7 @@ def test_tls_flags_follow_tritonserver(pki):
       "--http-restricted-api-subject=model-repository:CN=a"], "needs --http-use-ssl-mutual=true"),
     (["--http-use-ssl-mutual", "--http-server-cert=c", "--http-server-key=k", "--http-root-cert=r",
       "--http-server=hypercorn", "--http-restricted-api-subject=model-repository:CN=a"], "uvicorn only"),
-    (["--grpc-restricted-protocol-subject=model_repository:CN=a"], "unknown restricted API category"),
+    (["--grpc-restricted-protocol-subject=model_repository:CN=a"], "unknown restricted api"),
     (["--grpc-restricted-protocol-subject=model-repository"], "expected <categories>:<name>"),
     (["--grpc-restricted-protocol-subject=model-repository:admin"], "is not an RFC 4514 name"),
 ])

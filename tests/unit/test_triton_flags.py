@@ -130,3 +130,34 @@ def test_a_repository_that_is_not_a_directory_is_one_line_not_a_traceback(capsys
     err = capsys.readouterr().err.strip()
     what = "does not exist" if kind == "missing" else "is not a directory"
     assert err == f"tritond start: error: model repository '{path}' {what}"
+
+
+def test_tritonservers_deprecated_trace_flags_are_aliases_of_trace_config():
+    opts = options("--trace-file=/tmp/t.json", "--trace-level=MIN", "--trace-rate=1", "--trace-count=5",
+                   "--trace-log-frequency=2")
+    trace = opts["trace"]
+    assert (trace["file"], trace["level"], trace["rate"], trace["count"], trace["log_frequency"]) == \
+        ("/tmp/t.json", "TIMESTAMPS", 1, 5, 2)
+    assert ("WARNING", "'--trace-file' is deprecated (as in tritonserver): read as --trace-config "
+                       "triton,file=<value>") in opts["startup_notes"]
+    # --trace-config wins over the deprecated flag, as in tritonserver
+    assert options("--trace-rate=1", "--trace-config=rate=7")["trace"]["rate"] == 7
+    assert options("--trace-level=OFF")["trace"]["level"] == "OFF"
+    with pytest.raises(UsageError, match="level=TENSORS is not supported"):
+        options("--trace-level=TENSORS")
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--http-restricted-api", "restricted api 'health' can not be specified in multiple config groups"),
+    ("--grpc-restricted-protocol", "restricted protocol 'health' can not be specified in multiple config groups"),
+])
+def test_a_restricted_category_in_two_groups_is_refused_with_tritonservers_words(flag, message):
+    with pytest.raises(UsageError, match=message):
+        options(f"{flag}=model-repository,health:k1=v1", f"{flag}=metadata,health:k2=v2")
+    with pytest.raises(UsageError, match="unknown restricted api 'model-reposit'"):
+        options("--http-restricted-api=model-reposit,health:k1=v1")
+
+
+def test_a_usage_error_in_tritonservers_words_is_printed_as_tritonserver_prints_it(capsys, tmp_path):
+    assert cli.main(["--model-repository", str(tmp_path), "--http-max-input-size=0"]) == 1
+    assert "\nError: --http-max-input-size must be greater than 0.\n" in capsys.readouterr().err

@@ -22,6 +22,9 @@ def create(config: dict, instance: InstanceInfo) -> Backend:
     if backend == "openvino":
         from .openvino import OpenVINOBackend
         return OpenVINOBackend(config, instance)
+    if backend == "identity":
+        from .identity import IdentityBackend
+        return IdentityBackend(config, instance)
     if platform == "tensorflow_savedmodel":
         from .tensorflow import TensorFlowBackend
         return TensorFlowBackend(config, instance)

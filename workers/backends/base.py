@@ -26,6 +26,7 @@ class InstanceInfo:
     kind: str = "CPU"       # CPU | GPU | MODEL
     device_id: int = 0
     model_repository: str = ""
+    index: int = 0          # this instance's place among the model's instances (creation order)
 
 
 @dataclass

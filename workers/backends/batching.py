@@ -1,4 +1,5 @@
-"""Gathering a batch (one copy per input) and splitting its outputs (views, no copy)."""
+"""Gathering a batch (one copy per input) and splitting its outputs (views, no copy); a model
+that uses ragged batching gathers and splits by its RaggedPlan (ragged.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -6,6 +7,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .base import WorkerRequest, WorkerResponse
+from .ragged import RaggedPlan
 
 
 def concat_inputs(requests: list[WorkerRequest]) -> tuple[dict[str, np.ndarray], list[int]]:
@@ -32,10 +34,14 @@ def execute_batch(
     run: Callable[[dict[str, Any]], dict[str, Any]],
     batching: bool,
     concat: Callable[[list[WorkerRequest]], tuple[dict[str, Any], list[int]]] = concat_inputs,
+    ragged: RaggedPlan | None = None,
 ) -> list[WorkerResponse]:
     """Run a framework once per batch (batching models) or once per request, and hand each
     request the outputs it asked for."""
-    if batching:
+    if batching and ragged is not None:
+        inputs, sizes = ragged.gather(requests, concat)
+        per_request = ragged.split(run(inputs), requests, sizes)
+    elif batching:
         if len(requests) > 1:
             inputs, sizes = concat(requests)
         else:

@@ -11,6 +11,7 @@ from tritond.repository.parameters import config_parameter
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
 from .batching import Reshapes, execute_batch
+from .ragged import RaggedPlan
 
 
 class OnnxBackend(Backend):
@@ -42,6 +43,7 @@ class OnnxBackend(Backend):
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.reshapes = Reshapes(self.config)
         self.batching = self.reshapes.batching
+        self.ragged = RaggedPlan.from_config(self.config)
 
     def _feed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {}
@@ -53,7 +55,7 @@ class OnnxBackend(Backend):
         return feed
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
-        return execute_batch(requests, self._run, self.batching)
+        return execute_batch(requests, self._run, self.batching, ragged=self.ragged)
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = self.session.run(self.output_names, self._feed(inputs))

@@ -31,6 +31,7 @@ from tritond.repository.parameters import config_parameter
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
 from .batching import concat_inputs, execute_batch
+from .ragged import RaggedPlan
 
 log = logging.getLogger("tritond.worker.pytorch")
 
@@ -124,7 +125,10 @@ class TorchBackend(Backend):
             raise FileNotFoundError(f"unable to find '{path}' for model instance '{self.instance.instance_name}'")
         self.exported = is_pt2(path)
         forward_args, self.dict_input = self._load_module(path)
-        names = [t["name"] for t in self.inputs]
+        # A batch input is a model input too (its values come from the batch, not the request).
+        batch_inputs = [(target, b.get("data_type", "TYPE_INT32")) for b in cfg.get("batch_input") or []
+                        for target in b.get("target_name") or []]
+        names = [t["name"] for t in self.inputs] + [target for target, _ in batch_inputs]
         if not self.dict_input and len(forward_args) != len(names):
             raise ValueError(f"unable to load model '{name}', configuration expects {len(names)} inputs, "
                              f"model provides {len(forward_args)}")
@@ -132,6 +136,8 @@ class TorchBackend(Backend):
         self.output_pos = output_positions([t["name"] for t in self.outputs])
         self.output_types = {t["name"]: CONFIG_TO_WIRE[t["data_type"]] for t in self.outputs}
         self.input_types = {t["name"]: CONFIG_TO_WIRE[t["data_type"]] for t in self.inputs}
+        self.input_types.update({target: CONFIG_TO_WIRE[dtype] for target, dtype in batch_inputs})
+        self.ragged = RaggedPlan.from_config(cfg)
 
     def _device(self):
         torch = self.torch
@@ -187,7 +193,7 @@ class TorchBackend(Backend):
     # ------------------------------------------------------------------ execute
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
-        return execute_batch(requests, self._run, self.batching, self._concat)
+        return execute_batch(requests, self._run, self.batching, self._concat, self.ragged)
 
     def _concat(self, requests: list[WorkerRequest]) -> tuple[dict[str, Any], list[int]]:
         """One batch from several requests: numpy inputs through concat_inputs (one host copy);

@@ -1,0 +1,15 @@
+"""The suites qa_run.py knows, in the order it runs them."""
+from __future__ import annotations
+
+from suites_http import l0_http, l0_input_validation, l0_shared_memory
+from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
+
+SUITES = {
+    "L0_http": l0_http,
+    "L0_input_validation": l0_input_validation,
+    "L0_shared_memory": l0_shared_memory,
+    "L0_infer": l0_infer,
+    "L0_batcher": l0_batcher,
+    "L0_batch_input": l0_batch_input,
+    "L0_lifecycle": l0_lifecycle,
+}
