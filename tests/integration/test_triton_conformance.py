@@ -98,13 +98,14 @@ def test_classification_results_carry_labels(conformance, model, label):
 
 
 def test_requests_of_different_shapes_batch_into_one_ragged_execution(conformance):
-    h = httpclient.InferenceServerClient(conformance.http_url, concurrency=2)
     results = {}
 
     def send(n: int) -> None:
         inp = httpclient.InferInput("INPUT0", [1, n], "FP32")
         inp.set_data_from_numpy(np.full((1, n), n, np.float32))
-        results[n] = h.infer("ragged", [inp])
+        client = httpclient.InferenceServerClient(conformance.http_url)   # one per thread (gevent)
+        results[n] = client.infer("ragged", [inp])
+        client.close()
     threads = [threading.Thread(target=send, args=(n,)) for n in (3, 5)]
     for t in threads:
         t.start()
@@ -113,6 +114,7 @@ def test_requests_of_different_shapes_batch_into_one_ragged_execution(conformanc
     for n in (3, 5):
         np.testing.assert_array_equal(results[n].as_numpy("OUTPUT0"), np.full((1, n), 2 * n, np.float32))
         np.testing.assert_array_equal(results[n].as_numpy("COUNTS"), [[n]])
+    h = httpclient.InferenceServerClient(conformance.http_url)
     stats = h.get_inference_statistics("ragged")["model_stats"][0]
     assert (stats["inference_count"], stats["execution_count"]) == (2, 1)
 
