@@ -80,19 +80,24 @@ def zmq_worker(run_dir: str) -> None:
         s.send(s.recv())
 
 
-def zmq_client(run_dir: str, concurrency: int, seconds: float) -> int:
-    s = zmq.Context().socket(zmq.DEALER)
-    s.connect(f"ipc://{run_dir}/fe")
+def closed_loop(send, recv, concurrency: int, seconds: float) -> int:
+    """Keep `concurrency` frames in flight for `seconds`; the number of round trips."""
     time.sleep(0.3)
     for _ in range(concurrency):
-        s.send(FRAME)
+        send(FRAME)
     done = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        s.recv()
+        recv()
         done += 1
-        s.send(FRAME)
+        send(FRAME)
     return done
+
+
+def zmq_client(run_dir: str, concurrency: int, seconds: float) -> int:
+    s = zmq.Context().socket(zmq.DEALER)
+    s.connect(f"ipc://{run_dir}/fe")
+    return closed_loop(s.send, s.recv, concurrency, seconds)
 
 
 # ---------------------------------------------------------------- plain unix sockets
@@ -144,16 +149,7 @@ def unix_worker(run_dir: str) -> None:
 
 def unix_client(run_dir: str, concurrency: int, seconds: float) -> int:
     s = unix_connect(f"{run_dir}/fe.sock")
-    time.sleep(0.3)
-    for _ in range(concurrency):
-        s.send(FRAME)
-    done = 0
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        s.recv(65536)
-        done += 1
-        s.send(FRAME)
-    return done
+    return closed_loop(s.send, lambda: s.recv(65536), concurrency, seconds)
 
 
 ROLES = {"zmq": (zmq_broker, zmq_worker, zmq_client), "unix": (unix_broker, unix_worker, unix_client)}
