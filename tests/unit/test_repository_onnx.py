@@ -187,7 +187,8 @@ def test_sequence_control_and_state_inputs_count_as_configured(tmp_path):
     model.ir_version = 10
     onnx.save(model, str(version / "model.onnx"))
     (tmp_path / "m" / "config.pbtxt").write_text(
-        'input [{ name: "a" data_type: TYPE_INT64 dims: [2] }]\noutput [{ name: "c" data_type: TYPE_INT64 dims: [2] }]\n'
+        'input [{ name: "a" data_type: TYPE_INT64 dims: [2] }]\n'
+        'output [{ name: "c" data_type: TYPE_INT64 dims: [2] }]\n'
         'sequence_batching { control_input [{ name: "START" control [{ kind: CONTROL_SEQUENCE_START '
         'int32_false_true: [0, 1] }] }, { name: "CORRID" control [{ kind: CONTROL_SEQUENCE_CORRID '
         'data_type: TYPE_UINT64 }] }]\n'
