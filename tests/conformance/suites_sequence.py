@@ -5,7 +5,8 @@ L0_sequence_batcher's test.sh runs every case of five repositories (models0/1/2/
 count and batch size trials, and modelsv, the variable-shape one) with one server per case;
 `QA_SEQUENCE_TRIALS` (default test.sh's "0 1 2 4 v") picks the trials, as test.sh's MODEL_TRIALS.
 Left out, with the reason printed: the custom C++ sequence backend (ragged and request timeout
-cases), plan models, and the ensembles (not generated here).
+cases), plan models, and the ensembles (not generated here). On a host without GPUs the models'
+KIND_GPU instance groups run on KIND_CPU (printed as a deviation).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from suites_http import BACKEND_DIR, _append, _copytree, _fresh, _note, _sed
+from suites_models import _gpu_count
 
 SEQUENCE_BACKENDS = "onnx libtorch python"
 NO_DELAY_TESTS = ("test_simple_sequence", "test_length1_sequence", "test_batch_size", "test_no_sequence_start",
@@ -52,10 +54,12 @@ def _place(qa, src: Path, dest_root: Path) -> Path:
     return dest
 
 
-def _shape(cfg: Path, batch: int | None, count: int) -> None:
+def _shape(cfg: Path, batch: int | None, count: int, cpu_only: bool) -> None:
     if batch is not None:
         _sed(cfg, r"(?m)^max_batch_size:.*", f"max_batch_size: {batch}")
     _sed(cfg, r"kind: (KIND_GPU|KIND_CPU)", rf"kind: \1\ncount: {count}")
+    if cpu_only:
+        _sed(cfg, "KIND_GPU", "KIND_CPU")
 
 
 def _repositories(qa, d: Path, implicit: bool, trials: list[str]) -> None:
@@ -63,6 +67,10 @@ def _repositories(qa, d: Path, implicit: bool, trials: list[str]) -> None:
     var = qa.data / ("qa_variable_sequence_implicit_model_repository" if implicit
                      else "qa_variable_sequence_model_repository")
     backends = SEQUENCE_BACKENDS.split()
+    cpu_only = _gpu_count() == 0
+    if cpu_only:
+        print("  (deviation: the sequence models' KIND_GPU instance groups run on KIND_CPU, no GPU on this host)",
+              flush=True)
     for trial in trials:
         repo_name, batch, count = TRIALS[trial]
         repo = _fresh(d / repo_name)
@@ -72,7 +80,7 @@ def _repositories(qa, d: Path, implicit: bool, trials: list[str]) -> None:
                 name = f"{backend}_nobatch_sequence_{dtype}" if trial == "0" else f"{backend}_sequence_{dtype}"
                 if backend == "libtorch" and dtype == "object" and trial != "0":
                     continue
-                _shape(_place(qa, source / name, repo) / "config.pbtxt", batch, count)
+                _shape(_place(qa, source / name, repo) / "config.pbtxt", batch, count, cpu_only)
     queue = _fresh(d / "queue_delay_models")
     for backend in backends:
         for dtype in _dtypes(backend, implicit):
@@ -80,7 +88,7 @@ def _repositories(qa, d: Path, implicit: bool, trials: list[str]) -> None:
                 continue
             model = _place(qa, fixed / f"{backend}_sequence_{dtype}", queue)
             cfg = model / "config.pbtxt"
-            _shape(cfg, 4, 1)
+            _shape(cfg, 4, 1, cpu_only)
             _sed(cfg, r"sequence_batching \{",
                  "sequence_batching {\ndirect {\nmax_queue_delay_microseconds: 3000000\nminimum_slot_utilization: 0\n}",
                  count=1)
