@@ -191,11 +191,17 @@ def autocomplete_onnx(
     _check_entries(cfg, cfg.input, inputs, "input", fail)
     _check_entries(cfg, cfg.output, outputs, "output", fail)
 
-    configured = {io.name for io in cfg.input} | {name for b in cfg.batch_input for name in b.target_name}
+    # As the ONNX Runtime backend: a sequence model's control inputs and implicit states are
+    # model inputs too, fed by the sequence batcher rather than listed under `input`.
+    seq = cfg.sequence_batching
+    sequence_inputs = [ci.name for ci in seq.control_input] + [s.input_name for s in seq.state]
+    configured = ({io.name for io in cfg.input} | {name for b in cfg.batch_input for name in b.target_name}
+                  | set(sequence_inputs))
     missing = [t.name for t in inputs if t.name not in configured]
     if missing:
+        expected = len(cfg.input) + len(cfg.batch_input) + len(sequence_inputs)
         raise fail(
             "input",
-            f"configuration expects {len(cfg.input) + len(cfg.batch_input)} inputs, model provides {len(inputs)}; "
+            f"configuration expects {expected} inputs, model provides {len(inputs)}; "
             f"not configured: {', '.join(missing)}",
         )

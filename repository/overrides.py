@@ -15,7 +15,7 @@ import shutil
 import stat
 import tempfile
 
-from tritond.wire.errors import invalid
+from tritond.wire.errors import internal, invalid
 
 OVERRIDES = "overrides"
 DEFAULT_MAX_BYTES = 256 << 20
@@ -100,7 +100,8 @@ def _write(top: int, key: str, data: bytes) -> None:
 
 def write_overrides(run_dir: str, model: str, files: dict[str, bytes], limit: int = DEFAULT_MAX_BYTES) -> str:
     """Write `files` into a new private model directory named `model`; returns its path.
-    Raises INVALID_ARG (and leaves nothing behind) when a name or the size is refused."""
+    Raises INVALID_ARG (and leaves nothing behind) when a name or the size is refused, INTERNAL
+    when the file system refuses a file (as Triton, which answers 500 there)."""
     check_overrides(files, limit)
     os.makedirs(override_root(run_dir), mode=0o700, exist_ok=True)
     root = os.path.realpath(override_root(run_dir))
@@ -111,7 +112,11 @@ def write_overrides(run_dir: str, model: str, files: dict[str, bytes], limit: in
         top = os.open(model_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             for key, data in files.items():
-                _write(top, key, data)
+                try:
+                    _write(top, key, data)
+                except OSError as e:     # e.g. a name over NAME_MAX: Triton's status and words
+                    raise internal(f"failed to poll from model repository: cannot write file parameter "
+                                   f"'{_shown(key)}': {e.strerror}") from None
         finally:
             os.close(top)
     except BaseException:

@@ -11,6 +11,7 @@ in-stream as `data: {"error": "..."}`.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,23 +50,40 @@ def _shape(name: str, dims: list[int], count: int) -> list[int]:
     return shape
 
 
+# Triton reads generate values with TritonJson; a value of the wrong JSON type fails with its words.
+_JSON_KIND = {"BOOL": "boolean", "FP32": "double", "FP64": "double",
+              **{t: "unsigned-integer" for t in ("UINT8", "UINT16", "UINT32", "UINT64")},
+              **{t: "signed-integer" for t in ("INT8", "INT16", "INT32", "INT64")}}
+
+
+def _json_kind_ok(kind: str, x: Any) -> bool:
+    if kind == "boolean":
+        return isinstance(x, bool)
+    if isinstance(x, bool):
+        return False
+    if kind == "double":
+        return isinstance(x, (int, float))
+    if not isinstance(x, int):
+        return False
+    return 0 <= x < 1 << 64 if kind == "unsigned-integer" else -(1 << 63) <= x < 1 << 63
+
+
 def _tensor(name: str, view: S.TensorView, batching: bool, value: Any) -> tuple[InputTensor, int]:
     items = value if isinstance(value, list) else [value]
     datatype = view.datatype
+    if datatype == "BYTES" and not all(isinstance(x, str) for x in items):
+        raise invalid("Unable to parse JSON bytes array: attempt to access JSON non-string as string")
     shape = _shape(name, ([-1] if batching else []) + list(view.dims), len(items))
+    if datatype == "BYTES":
+        data = serialize_bytes(np.array([x.encode() for x in items], dtype=object))
+        return InputTensor(name, datatype, shape, data), len(data)
+    kind = _JSON_KIND.get(datatype)
+    if kind is None or not ELEMENT_SIZE.get(datatype):
+        raise invalid(f"input '{name}' has unsupported datatype {datatype}")
+    if not all(_json_kind_ok(kind, x) for x in items):
+        raise invalid(f"Unable to parse 'data': attempt to access JSON non-{kind} as {kind}")
     try:
-        if datatype == "BYTES":
-            if not all(isinstance(x, str) for x in items):
-                raise ValueError
-            data = serialize_bytes(np.array([x.encode() for x in items], dtype=object))
-        else:
-            if datatype not in WIRE_TO_NUMPY or not ELEMENT_SIZE.get(datatype) or datatype in ("FP16", "BF16"):
-                raise invalid(f"input '{name}' has unsupported datatype {datatype}")
-            if any(isinstance(x, (str, list, dict)) or x is None for x in items):
-                raise ValueError
-            if datatype != "BOOL" and any(isinstance(x, bool) for x in items):
-                raise ValueError
-            data = np.array(items, dtype=WIRE_TO_NUMPY[datatype]).tobytes()
+        data = np.array(items, dtype=WIRE_TO_NUMPY[datatype]).tobytes()
     except (ValueError, TypeError, OverflowError):
         raise invalid(f"Unable to parse 'data' of input '{name}': expected {datatype} values") from None
     return InputTensor(name, datatype, shape, data), len(data)
@@ -77,32 +95,51 @@ def _parameter(name: str, value: Any) -> Any:
     raise invalid(f"parameter '{name}' has invalid type. It should be either 'int', 'bool', or 'string'.")
 
 
+class _Object(dict):
+    """A JSON object that also keeps its members in order, repeated keys included (Triton adds
+    each input as it reads it, so a repeated one is an error, not the last value)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.pairs = pairs
+
+
 def parse_generate(body: bytes, entry: S.ModelEntry, max_input_size: int) -> tuple[list[InputTensor], RequestOptions]:
     """The inputs and options of a generate request (raises INVALID_ARG with Triton's texts)."""
+    view = entry.view or S.ModelView()
     try:
         doc = orjson.loads(body) if body.strip() else {}
     except orjson.JSONDecodeError as e:
         raise invalid(f"failed to parse the request JSON buffer: {e}") from None
     if not isinstance(doc, dict):
         raise invalid("failed to parse the request JSON buffer: the request must be a JSON object")
+    if any(body.count(b'"%s"' % name.encode()) > 1 for name in view.inputs):
+        doc = json.loads(body, object_pairs_hook=_Object)     # keeps every key, duplicates too
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise invalid("Unable to parse 'id'")
-    view = entry.view or S.ModelView()
     batching = view.max_batch_size > 0
     inputs: list[InputTensor] = []
     params: dict[str, Any] = {}
     consumed = [0]
 
+    seen: set[str] = set()
+
     def convert(obj: dict[str, Any], nested: bool) -> None:
-        for key, value in obj.items():
+        for key, value in (obj.pairs if isinstance(obj, _Object) else obj.items()):
             if key == "parameters" and not nested:
                 if key in view.inputs:
                     raise invalid("Keyword 'parameters' for nested schema also given as input tensor name")
                 if not isinstance(value, dict):
                     raise invalid("Expected JSON object for keyword: 'parameters'")
-                convert(value, True)
+                try:
+                    convert(value, True)
+                except TritonError as e:
+                    raise TritonError(e.code, f"Converting keyword: 'parameters': {e.message}") from None
             elif key in view.inputs:
+                if key in seen:
+                    raise invalid(f"input '{key}' already exists in request")
+                seen.add(key)
                 tensor, size = _tensor(key, view.inputs[key], batching, value)
                 if size + consumed[0] > max_input_size:
                     raise invalid(f"request size of {consumed[0]} bytes with input '{key}' of size {size} bytes "

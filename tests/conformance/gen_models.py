@@ -8,8 +8,10 @@ IR version to one it reads (onnx >= 1.21 writes newer ones by default); nothing 
 """
 from __future__ import annotations
 
+import glob
 import os
 import runpy
+import shutil
 import sys
 
 ONNX_IR_VERSION = 10
@@ -21,6 +23,11 @@ JOBS: list[tuple[str, str, list[str]]] = [
     ("qa_variable_model_repository", "gen_qa_models.py", ["--onnx", "--libtorch", "--variable"]),
     ("qa_identity_model_repository", "gen_qa_identity_models.py", ["--onnx", "--libtorch"]),
     ("qa_ragged_model_repository", "gen_qa_ragged_models.py", ["--onnx", "--libtorch"]),
+    ("qa_sequence_model_repository", "gen_qa_sequence_models.py", ["--onnx", "--libtorch"]),
+    ("qa_variable_sequence_model_repository", "gen_qa_sequence_models.py", ["--onnx", "--libtorch", "--variable"]),
+    ("qa_sequence_implicit_model_repository", "gen_qa_implicit_models.py", ["--onnx", "--libtorch"]),
+    ("qa_variable_sequence_implicit_model_repository", "gen_qa_implicit_models.py",
+     ["--onnx", "--libtorch", "--variable"]),
     ("qa_ensemble_model_repository/qa_model_repository", "gen_qa_models.py", ["--ensemble"]),
     ("qa_ensemble_model_repository/qa_variable_model_repository", "gen_qa_models.py",
      ["--ensemble", "--variable"]),
@@ -57,6 +64,10 @@ def main(qa_dir: str, data_dir: str) -> int:
         sys.argv = [script, f"--models_dir={target}", *args, *opset]
         runpy.run_path(os.path.join(common, script), run_name="__main__")
         open(done, "w").close()
+    # gen_qa_models.py makes BF16 models for every framework it is given when --onnx is one;
+    # Triton's gen_qa_model_repository runs --libtorch alone, so its data has no libtorch BF16.
+    for model in glob.glob(os.path.join(os.path.abspath(data_dir), "qa_*model_repository", "libtorch_*bf16*")):
+        shutil.rmtree(model)
     return 0
 
 

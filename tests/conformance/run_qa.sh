@@ -9,8 +9,10 @@
 # are built with the checkout's own generators (qa/common/gen_qa_*.py) for onnx and libtorch.
 # Work files go under $QA_WORK (default /tmp/tritond-qa); the generated models are kept there
 # between runs. Suites: L0_http L0_input_validation L0_shared_memory L0_infer L0_batcher L0_batch_input
-# L0_lifecycle (default: all). Options: --drop MODEL[,MODEL] leaves models out of every
-# repository (each printed in the summary). The suites need ports 8000-8002 free.
+# L0_lifecycle L0_http_generate L0_sequence_batcher L0_sequence_batcher_implicit (default: all).
+# Options: --drop MODEL[,MODEL] leaves models out of every repository (each printed in the
+# summary). QA_SEQUENCE_TRIALS picks L0_sequence_batcher's trials (default "0 1 2 4 v").
+# The suites need ports 8000-8002 free.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,7 +21,7 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 WORK="${QA_WORK:-/tmp/tritond-qa}"
 
 if [ $# -lt 1 ]; then
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 SRC="$(cd "$1" && pwd)"
@@ -27,7 +29,8 @@ shift
 
 missing=$("$PY" - <<'PY'
 import importlib.util
-need = ["tritonclient.http", "tritonclient.grpc", "numpy", "onnx", "torch", "psutil", "requests", "ml_dtypes"]
+need = ["tritonclient.http", "tritonclient.grpc", "numpy", "onnx", "torch", "psutil", "requests", "ml_dtypes",
+        "sseclient"]
 print(" ".join(m for m in need if importlib.util.find_spec(m.split(".")[0]) is None))
 PY
 )

@@ -3,8 +3,7 @@ backends tritond runs (onnx, libtorch, python, python_dlpack): build the model r
 start the server with the test.sh flags, run the python test cases, check what test.sh checks.
 
 Left out, per suite, with the reason printed: C++ client programs and example clients that live
-in the client repository, nginx, GPU/TensorRT/OpenVINO/TensorFlow models, and the generate and
-sequence tests (acceptance of the stateful/streaming work).
+in the client repository, C++ test backends, nginx, GPU/TensorRT/OpenVINO/TensorFlow models.
 """
 from __future__ import annotations
 
@@ -84,13 +83,7 @@ def l0_http(qa) -> None:
     for m in ("simple", "simple_dyna_sequence", "simple_identity", "simple_sequence", "simple_string"):
         _copytree(qa.examples / m, models / m)
     _note(qa, "densenet_onnx and the image client: the model is downloaded by Triton's Dockerfile.QA")
-    # test.sh: simple_string_dyna_sequence (custom C++ backend 'dyna_sequence', a Triton test library)
-    _copytree(models / "simple_dyna_sequence", models / "simple_string_dyna_sequence")
-    cfg = models / "simple_string_dyna_sequence" / "config.pbtxt"
-    _sed(cfg, "simple_dyna_sequence", "simple_string_dyna_sequence")
-    _sed(cfg, r"(?m)^platform: .*", 'backend: "dyna_sequence"')
-    _sed(cfg, r"(CONTROL_SEQUENCE_CORRID[^\n]*\n[^\n]*?)data_type:[^\n]*", r"\1data_type: TYPE_STRING")
-    (models / "simple_string_dyna_sequence" / "1" / "model.onnx").unlink()
+    _note(qa, "simple_string_dyna_sequence: its backend is Triton's C++ test library libtriton_dyna_sequence.so")
 
     args = f"--backend-directory={BACKEND_DIR} --model-repository={models} --allow-client-shm=true"
     s = qa.start(d, args, "server.log")
@@ -168,7 +161,7 @@ def l0_http(qa) -> None:
     qa.unittest(d, "http_test.py", server=s)
     if s:
         s.stop()
-    _note(qa, "generate_endpoint_test.py (acceptance of the generate/streaming work)")
+    _note(qa, "generate_endpoint_test.py here: it is the suite L0_http_generate")
 
     # Restricted APIs: start-up refusals, then the python test
     qa.refused(d, f"--model-repository={models} --http-restricted-api=model-repository,health:k1=v1 "
@@ -295,9 +288,10 @@ def l0_shared_memory(qa) -> None:
     models = _fresh(d / "models")
     _copytree(qa.examples / "simple", models / "simple")
 
-    def one(args: str, test: str, client: str, log: str) -> None:
+    def one(args: str, test: str, client: str, log: str, env: dict[str, str] | None = None) -> None:
         s = qa.start(d, args, log)
-        qa.unittest(d, "shared_memory_test.py", [test], variant=client, env={"CLIENT_TYPE": client}, server=s)
+        qa.unittest(d, "shared_memory_test.py", [test], variant=client, env={"CLIENT_TYPE": client, **(env or {})},
+                    server=s)
         if s:
             code = s.stop()
             qa.check(f"{test}[{client}]: graceful shutdown", code == 0, f"exit {code}")
@@ -337,4 +331,4 @@ def l0_shared_memory(qa) -> None:
     _note(qa, "plan and openvino add_sub models of test_large_shm_register_offset")
     for client in ("http", "grpc"):
         one(f"--model-repository={models} --log-verbose=1 {extra}", "SharedMemoryTest.test_large_shm_register_offset",
-            client, f"large_offset.{client}.server.log")
+            client, f"large_offset.{client}.server.log", env={"BACKENDS": "python onnx libtorch"})

@@ -235,6 +235,15 @@ def test_override_names_that_could_leave_the_directory_are_refused(server, clien
     assert list(outside.iterdir()) == [] and tag(client, "echo") != 7
 
 
+def test_override_name_the_file_system_refuses_is_an_internal_error(server, client):
+    """A component over NAME_MAX: Triton answers 500 'failed to poll from model repository'
+    (qa/L0_http http_test.py test_load_oversized_file_parameter) and stays up."""
+    status, text = http_error(lambda: client.load_model(
+        "echo", config=override_config(client), files={"file:" + "A" * 256: b"a"}))
+    assert status == 500 and "failed to poll from model repository" in text, text
+    assert client.is_server_ready() and not any((run_dir(server) / "overrides").iterdir())
+
+
 # ---------------------------------------------------------------------- concurrency
 
 def test_models_load_side_by_side_while_the_broker_serves(server, client, markers):

@@ -33,24 +33,35 @@ def test_a_count_that_does_not_fit_the_shape_is_refused():
 def test_inputs_by_name_and_everything_else_as_parameters():
     e = entry(1, text_input=("BYTES", [1]), max_tokens=("INT32", [1]))
     inputs, opts = parse_generate(b'{"id": "r1", "text_input": "hi", "max_tokens": 4, "temperature": 0.5, '
-                                  b'"parameters": {"stream": true, "max_tokens": 2}}', e, 1 << 20)
+                                  b'"parameters": {"stream": true}}', e, 1 << 20)
     by_name = {t.name: t for t in inputs}
     assert opts.id == "r1" and opts.params == {"id": "r1", "temperature": 0.5, "stream": True}
     assert by_name["text_input"].shape == [1, 1] and bytes(by_name["text_input"].data) == serialize_bytes(
         np.array([b"hi"], dtype=object))
-    assert [t.shape for t in inputs if t.name == "max_tokens"] == [[1, 1], [1, 1]]
+    assert by_name["max_tokens"].shape == [1, 1]
 
 
 @pytest.mark.parametrize("body,message", [
     (b'{"id": 5}', "Unable to parse 'id'"),
     (b'{"parameters": 3}', "Expected JSON object for keyword: 'parameters'"),
-    (b'{"x": "text"}', "Unable to parse 'data' of input 'x'"),
+    (b'{"x": "text"}', "Unable to parse 'data': attempt to access JSON non-double as double"),
+    (b'{"x": 1, "n": 1.5}', "Unable to parse 'data': attempt to access JSON non-signed-integer as signed-integer"),
+    (b'{"x": 1, "b": "false"}', "Unable to parse 'data': attempt to access JSON non-boolean as boolean"),
+    (b'{"s": 123, "b": 1}', "Unable to parse JSON bytes array: attempt to access JSON non-string as string"),
+    (b'{"b": 1, "s": 123}', "attempt to access JSON non-boolean as boolean"),
+    (b'{"s": {"USER": "hi"}}', "attempt to access JSON non-string as string"),
+    (b'{"parameters": {"nested": {"twice": 1}}}',
+     "^Converting keyword: 'parameters': parameter 'nested' has invalid type"),
+    (b'{"x": 1, "s": "a", "x": 2}', "input 'x' already exists in request"),
+    (b'{"x": 1, "s": "a", "s": "b", "x": 2}', "input 's' already exists in request"),
+    (b'{"x": 1, "parameters": {"x": 2}}', "input 'x' already exists in request"),
     (b'{"flag": [1]}', "parameter 'flag' has invalid type"),
     (b'[1]', "the request must be a JSON object"),
 ])
 def test_errors(body, message):
     with pytest.raises(TritonError, match=message):
-        parse_generate(body, entry(0, x=("FP32", [-1])), 1 << 20)
+        parse_generate(body, entry(0, x=("FP32", [-1]), n=("INT32", [1]), b=("BOOL", [1]), s=("BYTES", [1])),
+                       1 << 20)
 
 
 def test_the_input_size_limit():

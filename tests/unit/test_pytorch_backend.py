@@ -58,6 +58,11 @@ class Upper(torch.nn.Module):
         return [w.upper() for w in words]
 
 
+class Sequence(torch.nn.Module):
+    def forward(self, value: torch.Tensor, start: torch.Tensor, ready: torch.Tensor):
+        return value + start + ready
+
+
 class InPlace(torch.nn.Module):
     def forward(self, x: torch.Tensor):
         x.add_(1)
@@ -78,7 +83,7 @@ def tensor(name: str, dtype: str, dims: list[int]) -> dict:
 
 
 def make(tmp_path, module, inputs, outputs, *, max_batch_size=0, filename="model.pt", kind="CPU", params=None,
-         export_args=None, dynamic=None):
+         export_args=None, dynamic=None, extra=None):
     version = tmp_path / "m" / "1"
     version.mkdir(parents=True, exist_ok=True)
     if filename.endswith(".pt2"):
@@ -88,7 +93,7 @@ def make(tmp_path, module, inputs, outputs, *, max_batch_size=0, filename="model
         torch.jit.save(torch.jit.script(module), str(version / filename))
     config = {"name": "m", "platform": "pytorch_libtorch", "backend": "pytorch", "max_batch_size": max_batch_size,
               "input": inputs, "output": outputs, "default_model_filename": filename,
-              "parameters": {k: {"string_value": v} for k, v in (params or {}).items()}}
+              "parameters": {k: {"string_value": v} for k, v in (params or {}).items()}, **(extra or {})}
     info = InstanceInfo("m", 1, str(tmp_path / "m"), str(version), "m_0_0", kind=kind)
     backend = create(config, info)
     return backend
@@ -220,6 +225,18 @@ def test_exported_program_pt2(tmp_path):
     with torch.no_grad():
         for p, out in zip(parts, outs):
             np.testing.assert_allclose(out["OUTPUT__0"], module(torch.from_numpy(p)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_sequence_control_inputs_are_model_inputs(tmp_path):
+    """qa's libtorch_sequence_*: forward(input, start, ready) with only INPUT__0 under `input`."""
+    controls = [{"name": name, "control": [{"kind": kind, "int32_false_true": [0, 1]}]}
+                for name, kind in (("START__1", "CONTROL_SEQUENCE_START"), ("READY__2", "CONTROL_SEQUENCE_READY"))]
+    backend = make(tmp_path, Sequence(), [tensor("INPUT__0", "TYPE_INT32", [1])],
+                   [tensor("OUTPUT__0", "TYPE_INT32", [1])], extra={"sequence_batching": {"control_input": controls}})
+    backend.load()
+    one = np.array([1], dtype=np.int32)
+    (out,) = run(backend, {"INPUT__0": np.array([5], dtype=np.int32), "START__1": one, "READY__2": one})
+    assert out["OUTPUT__0"].tolist() == [7]
 
 
 # ------------------------------------------------------------------ errors

@@ -172,3 +172,27 @@ def test_missing_onnx_file_is_reported_by_validation(tmp_path):
     cfg = load_model_config(src)
     with pytest.raises(ConfigError, match="version 1 has no model file 'model.onnx'"):
         validate_config(cfg, model_path=src.path)
+
+
+def test_sequence_control_and_state_inputs_count_as_configured(tmp_path):
+    """A sequence model's graph takes its control inputs and implicit state, which the config
+    names under sequence_batching, not `input` (qa's simple_dyna_sequence, L0_http)."""
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True)
+    names = ("a", "START", "CORRID", "STATE_IN")
+    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, [2]) for n in names]
+    c = helper.make_tensor_value_info("c", TensorProto.INT64, [2])
+    graph = helper.make_graph([helper.make_node("Sum", list(names), ["c"])], "g", ins, [c])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(version / "model.onnx"))
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        'input [{ name: "a" data_type: TYPE_INT64 dims: [2] }]\n'
+        'output [{ name: "c" data_type: TYPE_INT64 dims: [2] }]\n'
+        'sequence_batching { control_input [{ name: "START" control [{ kind: CONTROL_SEQUENCE_START '
+        'int32_false_true: [0, 1] }] }, { name: "CORRID" control [{ kind: CONTROL_SEQUENCE_CORRID '
+        'data_type: TYPE_UINT64 }] }]\n'
+        'state [{ input_name: "STATE_IN" output_name: "c" data_type: TYPE_INT64 dims: [2] }] }'
+    )
+    cfg = load_model_config(ModelSource("m", str(tmp_path / "m"), str(tmp_path)))
+    assert [io.name for io in cfg.input] == ["a"]

@@ -128,7 +128,11 @@ class TorchBackend(Backend):
         # A batch input is a model input too (its values come from the batch, not the request).
         batch_inputs = [(target, b.get("data_type", "TYPE_INT32")) for b in cfg.get("batch_input") or []
                         for target in b.get("target_name") or []]
-        names = [t["name"] for t in self.inputs] + [target for target, _ in batch_inputs]
+        # So are a sequence model's control inputs and implicit states (fed by the sequence batcher).
+        seq = cfg.get("sequence_batching") or {}
+        sequence_inputs = ([c["name"] for c in seq.get("control_input") or []]
+                           + [st["input_name"] for st in seq.get("state") or []])
+        names = [t["name"] for t in self.inputs] + [target for target, _ in batch_inputs] + sequence_inputs
         if not self.dict_input and len(forward_args) != len(names):
             raise ValueError(f"unable to load model '{name}', configuration expects {len(names)} inputs, "
                              f"model provides {len(forward_args)}")
