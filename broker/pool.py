@@ -80,6 +80,7 @@ class Instance:
     served: bool = False           # this generation completed a batch
     exit_reason: str = ""          # why this generation is expected to end (killed, failed to load)
     batch_started: float = 0.0
+    batch_padding: int = 0         # the in-flight sequence batch's padding slots (counted in its size)
     last_heartbeat: float = 0.0
     crashes: list[float] = field(default_factory=list)
     restarts: int = 0

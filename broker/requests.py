@@ -169,6 +169,7 @@ class RequestPath:
             for r in reqs
         ])
         inst.batch = bid
+        inst.batch_padding = sum(1 for r in requests if r.pad) if requests is not None else 0
         inst.state = InstanceState.BUSY
         inst.batch_started = self.clock.now()
         self._send_exec(inst, exec_msg)
@@ -191,7 +192,8 @@ class RequestPath:
         # Triton's onnxruntime backend reports no execution when every request of it failed;
         # its Python backend reports every execution.
         if mv.view.backend == "python" or any(res.error is None for res in msg.results):
-            mv.stats.record_execution(sum(r.pending.batch_size for r in reqs), *times)
+            # as Triton's, a sequence batch's size counts its padding slots
+            mv.stats.record_execution(sum(r.pending.batch_size for r in reqs) + inst.batch_padding, *times)
         if mv.view.decoupled:       # answered by the worker's Respond messages
             self.released(msg.bid, mv)
             return

@@ -72,8 +72,8 @@ class SequenceBatcher:
     def __init__(self, view: SequenceBatching, max_batch_size: int, instances: Seq[str], model: str = "",
                  hold_until: int = 0, backlog_hold: int = 0) -> None:
         self.view = view
-        self.hold_until = hold_until        # test hooks: no batch until this many requests are queued,
-        self.backlog_hold = backlog_hold    # or until this many sequences wait in the backlog (once each)
+        self.hold_until = hold_until        # test hooks, as Triton's: no batch until this many requests
+        self.backlog_hold = backlog_hold    # wait in slots and (with hold_until) this many in the backlog
         self.model = model
         self.oldest = view.oldest
         self.max_batch = max(1, max_batch_size)
@@ -180,10 +180,11 @@ class SequenceBatcher:
     def next_batch(self, instance: str, now_ns: int) -> tuple[list[Pending | None], int]:
         """For a free instance: (entries, 0) to run now (None: a padding slot), or ([], wake_ns)
         to look again then (0: nothing to run)."""
-        if self.hold_until or self.backlog_hold:
-            if self.count < self.hold_until or len(self.backlog) < self.backlog_hold:
+        if self.hold_until:
+            in_slots = sum(len(s.seq.queue) for slots in self.slots.values() for s in slots if s.seq is not None)
+            if in_slots < self.hold_until or sum(len(q.queue) for q in self.backlog) < self.backlog_hold:
                 return [], 0                # an enqueue looks again
-            self.hold_until = self.backlog_hold = 0
+            self.hold_until = 0
         if self.oldest:
             batch, wake = self.batchers[instance].next_batch(now_ns)
             self.count -= len(batch)

@@ -4,8 +4,8 @@ Neither is meant for production; each is logged when set.
 - TRITONSERVER_DELAY_SCHEDULER=<n>: a model's scheduler forms no batch until <n> requests are
   queued (once; it then batches as configured), so a test can queue requests and know how the
   batcher will group them.
-- TRITONSERVER_BACKLOG_DELAY_SCHEDULER=<n>: the sequence batcher's counterpart (hold until <n>
-  sequences wait in its backlog for a slot).
+- TRITONSERVER_BACKLOG_DELAY_SCHEDULER=<n>: with the first, the sequence batcher also holds
+  until <n> requests of sequences without a slot wait in its backlog.
 """
 from __future__ import annotations
 

@@ -84,6 +84,7 @@ def streaming_repository(dest: Path) -> Path:
     accumulator(repo, "acc_oldest", strategy="oldest { max_candidate_sequences: 16 preferred_batch_size: [ 4 ] }")
     accumulator(repo, "acc_two", max_batch_size=2, count=2)
     accumulator(repo, "acc_one", max_batch_size=1, idle_us=400_000)
+    accumulator(repo, "acc_pad", max_batch_size=2)
     stream_model(repo)
     bls_llm(repo)
     llm_ensemble(repo)

@@ -138,6 +138,21 @@ def test_a_backlogged_sequence_times_out_and_an_idle_one_is_forgotten(streaming_
     client.close()
 
 
+def test_a_direct_batch_counts_its_padding_slots_in_its_size(streaming_server):
+    """As Triton's: a batch whose lower slots have nothing queued is padded, and the batch
+    statistics count the padding (L0_sequence_batcher's backlog and queue-delay cases)."""
+    client = grpcclient.InferenceServerClient(streaming_server.grpc_url)
+    assert step(client, "acc_pad", 21, 1.0, start=True) == 1.0     # slot 0, alone: size 1
+    assert step(client, "acc_pad", 22, 2.0, start=True) == 2.0     # slot 1 behind an empty slot 0: size 2
+    assert step(client, "acc_pad", 22, 2.0, end=True) == 4.0
+    assert step(client, "acc_pad", 21, 1.0, end=True) == 2.0       # slot 0 alone again
+    stats = client.get_inference_statistics("acc_pad", as_json=True)["model_stats"][0]
+    sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats["batch_stats"]}
+    assert sizes == {1: 2, 2: 2}
+    assert (int(stats["inference_count"]), int(stats["execution_count"])) == (4, 4)
+    client.close()
+
+
 def _worker_of(server, instance: str) -> int:
     for pid in server.worker_pids("acc_two"):
         if (worker_title(pid) or {}).get("instance") == instance:

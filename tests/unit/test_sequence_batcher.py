@@ -189,3 +189,17 @@ def test_oldest_frees_a_slot_when_the_end_is_issued_and_reuses_it_once_done():
     assert b.next_batch("a", 0)[0] == []          # the slot's request is still in flight
     b.done(end, 1)
     assert names(b.next_batch("a", 1)[0]) == [2]
+
+
+def test_the_delay_hooks_hold_until_slots_and_backlog_hold_enough_requests():
+    """TRITONSERVER_DELAY_SCHEDULER counts requests in slots, ..._BACKLOG_... requests of
+    sequences waiting for a slot; both must be reached, once."""
+    b = SequenceBatcher(SequenceBatching(), 1, ["a"], "m", hold_until=2, backlog_hold=2)
+    req(b, 1, FLAG_START)
+    req(b, 1)
+    assert b.next_batch("a", 0) == ([], 0)           # 2 in the slot, none in the backlog
+    req(b, 2, FLAG_START)
+    assert b.next_batch("a", 0) == ([], 0)           # 1 in the backlog
+    req(b, 2, FLAG_END)
+    assert names(b.next_batch("a", 0)[0]) == [1]     # 2 and 2: released for good
+    assert names(b.next_batch("a", 0)[0]) == [1]
