@@ -212,10 +212,13 @@ def test_report_renders_in_headless_chromium(sweep_run, tmp_path):
 def test_ctrl_c_still_writes_the_report_and_stops_its_server(mlp_repo, tmp_path):
     """Analyze starts its own server (no -u); SIGINT after the first trial."""
     out = tmp_path / "out"
+    # Ctrl-C as at a terminal, also when the test run itself was started in the background
+    # (a non-interactive shell starts background jobs with SIGINT ignored, and children inherit it)
     proc = analyze("-m", "mlp_onnx", "--repository", str(mlp_repo), "--output-dir", str(out),
                    "--memory-budget-mb", "100000", "--config-out", str(tmp_path / "cfg"),
                    "--instances", "1,2,3", "--dynamic-batching", "on", "--concurrency", "1,2",
-                   "-p", "300", "-r", "3", "-s", "1000")
+                   "-p", "300", "-r", "3", "-s", "1000",
+                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in proc.stderr:
         lines.append(line)

@@ -241,7 +241,8 @@ def test_override_name_the_file_system_refuses_is_an_internal_error(server, clie
     status, text = http_error(lambda: client.load_model(
         "echo", config=override_config(client), files={"file:" + "A" * 256: b"a"}))
     assert status == 500 and "failed to poll from model repository" in text, text
-    assert client.is_server_ready() and not any((run_dir(server) / "overrides").iterdir())
+    assert client.is_server_live() and client.is_model_ready("echo")
+    assert not any((run_dir(server) / "overrides").iterdir())
 
 
 # ---------------------------------------------------------------------- concurrency

@@ -18,18 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import signal
 import ssl
 import struct
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
-
-T = TypeVar("T")
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_OPTIONS = [
@@ -539,49 +534,9 @@ def run(
     tls: ClientTls | None = None,
 ) -> Result:
     """Blocking wrapper around run_async, on uvloop when it is installed (cheaper client)."""
-    return run_blocking(run_async(target, protocol, model, inputs, concurrency, duration, warmup, binary, tls=tls))
-
-
-def run_blocking(coro: Awaitable[T]) -> T:
-    """Run `coro` to the end on a new event loop (uvloop when installed: a cheaper client).
-
-    Ctrl-C cancels the coroutine and then always raises KeyboardInterrupt: asyncio's own runner
-    (3.11) returns normally when the cancelled coroutine absorbed its cancellation on the way
-    out, and a caller that writes what was measured on Ctrl-C would carry on measuring."""
+    coro = run_async(target, protocol, model, inputs, concurrency, duration, warmup, binary, tls=tls)
     try:
         import uvloop
-        factory = uvloop.new_event_loop
     except ImportError:
-        factory = None
-    interrupted = False
-    main: asyncio.Task | None = None
-
-    async def wrapper() -> T:
-        nonlocal main
-        main = asyncio.current_task()
-        return await coro
-
-    with asyncio.Runner(loop_factory=factory) as runner:
-        loop = runner.get_loop()
-
-        def on_sigint(signum: int, frame: object) -> None:
-            nonlocal interrupted
-            if interrupted or main is None or main.done():
-                raise KeyboardInterrupt
-            interrupted = True
-            loop.call_soon_threadsafe(main.cancel)
-
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, on_sigint) if in_main_thread else None
-        try:
-            result = runner.run(wrapper())
-        except asyncio.CancelledError:
-            if interrupted:
-                raise KeyboardInterrupt from None
-            raise
-        finally:
-            if in_main_thread:
-                signal.signal(signal.SIGINT, previous)
-    if interrupted:
-        raise KeyboardInterrupt
-    return result
+        return asyncio.run(coro)
+    return uvloop.run(coro)
