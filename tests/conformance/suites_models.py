@@ -152,6 +152,17 @@ def _ragged_identity(qa, var: Path) -> None:
                      f'source_input: "{inp}" }}] {dyn}')
 
 
+def _custom_zero(qa, d: Path, max_batch_size: int) -> Path:
+    """test.sh's fresh custom_models/custom_zero_1_float32 with a variable dim; its config."""
+    model = _fresh(d / "custom_models") / "custom_zero_1_float32"
+    _copytree(qa.qa / "custom_models" / "custom_zero_1_float32", model)
+    (model / "1").mkdir(exist_ok=True)
+    cfg = model / "config.pbtxt"
+    _sed(cfg, r"dims:.*\[.*\]", "dims: [ -1 ]")
+    _sed(cfg, r"max_batch_size:.*", f"max_batch_size: {max_batch_size}")
+    return cfg
+
+
 def _one(qa, d: Path, repo: str, test: str, variant: str, env: dict[str, str], log: str, extra: str = "") -> None:
     s = qa.start(d, f"{extra}--model-repository={d / repo} --backend-directory={BACKEND_DIR}", log, env=env)
     qa.unittest(d, "batcher_test.py", [f"BatcherTest.{test}"], variant=variant, env=env, server=s)
@@ -186,13 +197,7 @@ def l0_batcher(qa) -> None:
         _one(qa, d, "preferred_batch_only_models", test, "FIXED", dict(env, TRITONSERVER_DELAY_SCHEDULER=str(delay)),
              f"{test}.PREFERRED_BATCH_ONLY.server.log")
 
-    custom = _fresh(d / "custom_models")
-    model = custom / "custom_zero_1_float32"
-    _copytree(qa.qa / "custom_models" / "custom_zero_1_float32", model)
-    (model / "1").mkdir(exist_ok=True)
-    cfg = model / "config.pbtxt"
-    _sed(cfg, r"dims:.*\[.*\]", "dims: [ -1 ]")
-    _sed(cfg, r"max_batch_size:.*", "max_batch_size: 100")
+    cfg = _custom_zero(qa, d, 100)
     _append(cfg, "dynamic_batching { max_queue_delay_microseconds: 0}\ninstance_group [ { kind: KIND_GPU } ]\n"
                  'parameters [\n{ key: "execute_delay_ms"; value: { string_value: "100" }}\n]')
     _cpu_kind(qa, cfg)
@@ -202,12 +207,7 @@ def l0_batcher(qa) -> None:
              f"{test}.MAX_QUEUE_DELAY_ONLY.server.log")
 
     # preserve_ordering, checked from the trace file's timestamps
-    model = _fresh(d / "custom_models") / "custom_zero_1_float32"
-    _copytree(qa.qa / "custom_models" / "custom_zero_1_float32", model)
-    (model / "1").mkdir(exist_ok=True)
-    cfg = model / "config.pbtxt"
-    _sed(cfg, r"dims:.*\[.*\]", "dims: [ -1 ]")
-    _sed(cfg, r"max_batch_size:.*", "max_batch_size: 4")
+    cfg = _custom_zero(qa, d, 4)
     _append(cfg, "dynamic_batching { preferred_batch_size: [ 4 ] }\ninstance_group [ { kind: KIND_GPU count: 2 }]\n"
                  'parameters [\n{ key: "execute_delay_ms"; value: { string_value: "100" }},\n'
                  '{ key: "instance_wise_delay_multiplier"; value: { string_value: "4" }}\n]')
