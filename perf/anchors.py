@@ -26,7 +26,7 @@ class Triton:
         libdir = subprocess.run([str(venv / "bin" / "python"), "-c",
                                  "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
                                 capture_output=True, text=True, check=True).stdout.strip()
-        env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}",
+        env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", ORT_THREADS="1",
                    LD_LIBRARY_PATH=":".join(filter(None, [str(site / "nvidia_pytriton.libs"), libdir,
                                                           os.environ.get("LD_LIBRARY_PATH")])))
         dist = anchors / "triton_dist"

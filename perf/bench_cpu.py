@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritond.frontend.metrics import tree
 from tritond.perf import loadgen
 from bench_core import READY_TIMEOUT_S, Server, build_repository
 
@@ -43,20 +44,6 @@ CASES = {
     "identity-grpc": Case("identity-grpc", "identity_fp32", "grpc", True, (16,)),
     "mlp-grpc": Case("mlp-grpc", "mlp_onnx", "grpc", True, (1, 256)),
 }
-
-
-def tree(root: int) -> list[int]:
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        try:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except OSError:
-            continue
-    return out
 
 
 def role(pid: int) -> str:

@@ -35,6 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from anchors import Triton
+from tritond.frontend.metrics import tree
+
 ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 600.0
 MB = 1 << 20
@@ -124,20 +127,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def tree(root: int) -> list[int]:
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        try:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except OSError:
-            continue
-    return out
 
 
 def memory(pid: int) -> tuple[int, int]:
@@ -249,37 +238,18 @@ def run_tritond(kind: str, n: int, fork: bool) -> Result:
 
 
 def run_triton(kind: str, n: int, anchors: Path) -> Result:
-    tv = anchors / "triton-venv"
-    sp = next((tv / "lib").glob("python3*/site-packages"))
-    libdir = subprocess.run([str(tv / "bin" / "python"), "-c",
-                             "import sysconfig;print(sysconfig.get_config_var('LIBDIR'))"],
-                            capture_output=True, text=True, check=True).stdout.strip()
-    env = dict(os.environ, LD_LIBRARY_PATH=f"{sp / 'nvidia_pytriton.libs'}:{libdir}",
-               PATH=f"{tv / 'bin'}:{os.environ['PATH']}")
     with tempfile.TemporaryDirectory(prefix="density-triton-") as tmp:
         repo = Path(tmp) / "models"
         names = build(repo, kind, n, for_triton=True)
-        port = free_port()
-        dist = anchors / "triton_dist"
-        cmd = [str(dist / "bin" / "tritonserver"), f"--model-repository={repo}",
-               f"--backend-directory={dist / 'backends'}", f"--cache-directory={dist / 'caches'}",
-               "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--allow-metrics=false",
-               f"--http-port={port}", f"--grpc-port={free_port()}", "--exit-timeout-secs=10"]
-        log = open(Path(tmp) / "triton.log", "w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        triton = Triton(anchors, repo, Path(tmp) / "triton.log", ["--allow-metrics=false"])
+        port = int(triton.http.rsplit(":", 1)[1])
         try:
-            ready = wait_ready(port, proc, READY_TIMEOUT_S, Path(tmp) / "triton.log")
+            ready = wait_ready(port, triton.proc, READY_TIMEOUT_S, triton.log_path)
             ok = infer_each(port, names, "INPUT0")
             time.sleep(1.0)
-            total, workers, _ = measure(proc.pid, lambda line: "triton_python_backend_stub" in line)
+            total, workers, _ = measure(triton.proc.pid, lambda line: "triton_python_backend_stub" in line)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
+            triton.stop()
         return Result("Triton 2.51 (python backend)", kind, n, ready, ok, total, workers, 0)
 
 

@@ -23,12 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
-import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from tritond.perf import loadgen
-from bench_core import ROOT, Server, free_port, is_ready
+from anchors import Triton
+from bench_core import ROOT, Server
 
 MODEL_SOURCE = ROOT / "tests" / "fixtures" / "fault_model.py"
 MODEL = "reloaded"
@@ -76,47 +73,6 @@ def build(repo: Path) -> None:
 
 
 # ---------------------------------------------------------------------- servers
-
-class Triton:
-    """Real tritonserver from run_anchors.sh's ANCHORS_DIR (triton-venv + triton_dist)."""
-
-    def __init__(self, anchors: Path, repo: Path, log_path: Path, extra: list[str]) -> None:
-        venv = anchors / "triton-venv"
-        site = glob.glob(str(venv / "lib" / "python3*" / "site-packages"))[0]
-        libdir = subprocess.run([str(venv / "bin" / "python"), "-c",
-                                 "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        port = free_port()
-        self.http = f"127.0.0.1:{port}"
-        env = dict(os.environ, LD_LIBRARY_PATH=f"{site}/nvidia_pytriton.libs:{libdir}",
-                   PATH=f"{venv / 'bin'}:{os.environ['PATH']}")
-        dist = anchors / "triton_dist"
-        argv = [str(dist / "bin" / "tritonserver"), f"--model-repository={repo}",
-                f"--backend-directory={dist / 'backends'}", f"--cache-directory={dist / 'caches'}",
-                "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
-                f"--http-port={port}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
-                "--exit-timeout-secs=10", *extra]
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not is_ready(self.http):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"tritonserver did not start:\n{self.log_path.read_text()[-3000:]}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-
 
 # ---------------------------------------------------------------------- 1. reloads under load
 

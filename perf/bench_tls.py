@@ -24,19 +24,17 @@ repository's identity_fp32.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tritond.perf import loadgen
-from bench_core import (READY_TIMEOUT_S, ROOT, STOP_TIMEOUT_S, Server, ServerStartError, build_repository,
-                        free_port, is_ready)
+from anchors import Triton
+from bench_core import (READY_TIMEOUT_S, ROOT, Server, ServerStartError, build_repository)
 
 MODEL = "identity_fp32"
 
@@ -53,51 +51,6 @@ class Target:
     @property
     def case(self) -> tuple[str, str]:
         return self.server, self.protocol
-
-
-class Triton:
-    """Real tritonserver from a prepared bench-anchors folder, started the way
-    run_anchors.sh starts it (its libraries and the Triton venv first on the paths)."""
-
-    def __init__(self, anchors: Path, repository: Path, log_path: Path, tls_args: list[str]):
-        venv = anchors / "triton-venv"
-        site = Path(glob.glob(str(venv / "lib" / "python3*" / "site-packages"))[0])
-        libdir = subprocess.run([str(venv / "bin" / "python"), "-c",
-                                 "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", ORT_THREADS="1",
-                   LD_LIBRARY_PATH=":".join(filter(None, [str(site / "nvidia_pytriton.libs"), libdir,
-                                                          os.environ.get("LD_LIBRARY_PATH")])))
-        dist = anchors / "triton_dist"
-        self.http, self.grpc = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        argv = [str(dist / "bin" / "tritonserver"), f"--model-repository={repository}",
-                f"--backend-directory={dist / 'backends'}", f"--cache-directory={dist / 'caches'}",
-                "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
-                f"--http-port={self.http.rsplit(':', 1)[1]}", f"--grpc-port={self.grpc.rsplit(':', 1)[1]}",
-                f"--metrics-port={free_port()}", "--model-control-mode=explicit", f"--load-model={MODEL}",
-                "--exit-timeout-secs=10", *tls_args]
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not is_ready(self.http):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
-                raise ServerStartError(f"tritonserver did not become ready:\n{tail}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 def anchors_ready(anchors: Path) -> bool:
@@ -179,8 +132,9 @@ def main() -> None:
             if with_triton:
                 grpc_tls = ["--grpc-use-ssl=true", f"--grpc-server-cert={pki / 'server.crt'}",
                             f"--grpc-server-key={pki / 'server.key'}"]
-                t_clear = Triton(args.anchors_dir, repository, tmp / "triton-clear.log", [])
-                t_tls = Triton(args.anchors_dir, repository, tmp / "triton-tls.log", grpc_tls)
+                served = ["--model-control-mode=explicit", f"--load-model={MODEL}"]
+                t_clear = Triton(args.anchors_dir, repository, tmp / "triton-clear.log", served)
+                t_tls = Triton(args.anchors_dir, repository, tmp / "triton-tls.log", served + grpc_tls)
                 servers += [t_clear, t_tls]
                 targets += [Target("Triton", "grpc", t_clear.grpc, None), Target("Triton", "grpc", t_tls.grpc, client)]
             for s in servers:

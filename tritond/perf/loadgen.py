@@ -23,8 +23,11 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_OPTIONS = [
@@ -533,8 +536,12 @@ def run(
     binary: bool = False,
     tls: ClientTls | None = None,
 ) -> Result:
-    """Blocking wrapper around run_async, on uvloop when it is installed (cheaper client)."""
-    coro = run_async(target, protocol, model, inputs, concurrency, duration, warmup, binary, tls=tls)
+    """Blocking wrapper around run_async."""
+    return run_blocking(run_async(target, protocol, model, inputs, concurrency, duration, warmup, binary, tls=tls))
+
+
+def run_blocking(coro: Awaitable[T]) -> T:
+    """Run `coro` on a new event loop: uvloop when it is installed (a cheaper client)."""
     try:
         import uvloop
     except ImportError:

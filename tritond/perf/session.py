@@ -3,7 +3,6 @@ the request bytes once (inline tensors, or tensors in registered system shared m
 measures a list of concurrency levels or request rates with the engine."""
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from tritond.repository.datatypes import byte_size
 from .control import Control, ControlError
 from .engine import Driver, LevelResult, MeasureError, MeasureOptions, WindowCallback, measure_level
 from .inputs import request_data
-from .loadgen import Input, ShmRef, grpc_request, http_request, raw_bytes, split_target
+from .loadgen import Input, ShmRef, grpc_request, http_request, raw_bytes, run_blocking, split_target
 
 
 @dataclass(frozen=True)
@@ -153,13 +152,8 @@ class PerfSession:
         return results
 
     def run(self, mode: str, levels: Sequence[float], **callbacks) -> list[LevelResult]:
-        """Blocking run_async, on uvloop when it is installed (a cheaper client)."""
-        coro = self.run_async(mode, levels, **callbacks)
-        try:
-            import uvloop
-        except ImportError:
-            return asyncio.run(coro)
-        return uvloop.run(coro)
+        """Blocking run_async."""
+        return run_blocking(self.run_async(mode, levels, **callbacks))
 
     def close(self) -> None:
         if self.regions is not None:
