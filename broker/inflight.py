@@ -28,6 +28,7 @@ class Req:
     pending: Pending
     dispatch_ns: int = 0
     order: int = -1                  # preserve_ordering sequence number (-1: not ordered)
+    responded: bool = False          # a decoupled request's first response went out
     retried: bool = False
     regions: list = field(default_factory=list)
     trace: Any = None                # broker/tracing.py Trace, when this request is traced

@@ -75,7 +75,10 @@ class Latencies:
         self.summaries = {name: Summary() for name in SUMMARIES} if summaries else None
         self.first_response = Histogram(FIRST_RESPONSE_BUCKETS_MS) if histogram else None
 
-    def success(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+    def success(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int,
+                first_response: bool = True) -> None:
+        """A request answered; `first_response` is False for a decoupled one (timed at its first
+        response instead)."""
         s = self.summaries
         if s is not None:
             s["request"].observe(total_ns / NS_PER_US)
@@ -83,7 +86,7 @@ class Latencies:
             s["compute_input"].observe(input_ns / NS_PER_US)
             s["compute_infer"].observe(infer_ns / NS_PER_US)
             s["compute_output"].observe(output_ns / NS_PER_US)
-        if self.first_response is not None:
+        if self.first_response is not None and first_response:
             self.first_response.observe(total_ns / 1e6)
 
     def cache_hit(self, total_ns: int, queue_ns: int, lookup_ns: int) -> None:

@@ -227,7 +227,7 @@ class RequestPath:
             self.streams.discard(req.key)
         if ok:
             mv.stats.record_success(req.pending.batch_size, now - req.arrival_ns,
-                                    req.dispatch_ns - req.arrival_ns, *times)
+                                    req.dispatch_ns - req.arrival_ns, *times, first_response=not mv.view.decoupled)
         else:
             mv.stats.record_failure(now - req.arrival_ns, reason)
         self.regions.release(req.regions)

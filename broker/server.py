@@ -97,7 +97,7 @@ class Broker:
         self.inflight = InflightTable()
         self.regions = ClientRegions(self.unmap)
         self.live = LiveRequests()
-        self.streams = Streams(self.to_worker, self.route_release)
+        self.streams = Streams(self.to_worker, self.route_release, self.clock.now_ns)
         self.requests = RequestPath(self.inflight, self.regions, self.send_exec, self.clock, self.to_worker,
                                     self.streams)
         self.sequences = SequencePath(self.requests, self.registry, self.to_worker, self.clock)

@@ -82,7 +82,7 @@ class ModelStats:
         self.last_inference_ms = max(self.last_inference_ms, int(time.time() * 1000))
 
     def record_success(self, batch_size: int, total_ns: int, queue_ns: int,
-                       input_ns: int, infer_ns: int, output_ns: int) -> None:
+                       input_ns: int, infer_ns: int, output_ns: int, first_response: bool = True) -> None:
         """One request answered with outputs; compute times are its batch's."""
         self.inference_count += batch_size
         self.success.add(total_ns)
@@ -91,7 +91,7 @@ class ModelStats:
         self.compute_infer.add(infer_ns)
         self.compute_output.add(output_ns)
         if self.latency is not None:
-            self.latency.success(total_ns, queue_ns, input_ns, infer_ns, output_ns)
+            self.latency.success(total_ns, queue_ns, input_ns, infer_ns, output_ns, first_response)
 
     def record_cache_hit(self, total_ns: int, queue_ns: int, lookup_ns: int) -> None:
         """One request answered from the response cache, without executing."""

@@ -18,8 +18,10 @@ from .pool import Instance
 
 
 class Streams:
-    def __init__(self, send_worker: Callable[[bytes, Any], None], route_release: Callable[[Release], None]) -> None:
+    def __init__(self, send_worker: Callable[[bytes, Any], None], route_release: Callable[[Release], None],
+                 now_ns: Callable[[], int]) -> None:
         self._send_worker = send_worker
+        self._now_ns = now_ns
         self._route_release = route_release
         self.open: dict[int, Req] = {}
 
@@ -40,6 +42,10 @@ class Streams:
             if leases:
                 self._route_release(Release(inst.identity, leases))
             return
+        if not req.responded:           # the first-response histogram times the first one only
+            req.responded = True
+            if req.mv.stats.latency is not None:
+                req.mv.stats.latency.first_response_ms((self._now_ns() - req.arrival_ns) / 1e6)
         reply = InferReply(req.msg.rid, req.mv.version, msg.outputs, msg.error, inst.identity,
                            more=not msg.final, empty=msg.empty)
         if msg.final:

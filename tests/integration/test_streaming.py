@@ -262,3 +262,27 @@ def test_a_client_that_disconnects_takes_its_queued_request_out(streaming_server
     stats = httpclient.InferenceServerClient(streaming_server.http_url).get_inference_statistics("slow_echo")
     assert stats["model_stats"][0]["execution_count"] == 1
     assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 2      # both answered CANCELLED
+
+
+def test_the_first_response_histogram_times_a_decoupled_requests_first_response(tmp_path):
+    """As Triton's: for a decoupled model nv_inference_first_response_histogram_ms times the
+    first response, not the whole request."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from conftest import TritondServer, build_example_repository, http_get
+    repo = build_example_repository(tmp_path / "models", ("toy_llm",))
+    with open(repo / "toy_llm" / "config.pbtxt", "a") as f:
+        f.write('\nparameters { key: "token_delay_ms" value: { string_value: "100" } }\n')
+    s = TritondServer(repo, ["--metrics-config=histogram_latencies=true"]).start()
+    try:
+        status, _, data = post(s, "/v2/models/toy_llm/generate_stream", {"text_input": "x", "max_tokens": 6})
+        assert status == 200 and len(events(data)) == 6
+        _, body = http_get(f"http://127.0.0.1:{s.metrics_port}/metrics")
+        samples = {sm.name: sm.value for f in text_string_to_metric_families(body.decode()) for sm in f.samples
+                   if sm.labels.get("model") == "toy_llm"}
+        assert samples["nv_inference_first_response_histogram_ms_count"] == 1
+        request_ms = samples["nv_inference_request_duration_us_total"] / 1000
+        assert request_ms >= 500 and samples["nv_inference_first_response_histogram_ms_sum"] < request_ms - 300
+    finally:
+        assert s.stop() == 0
+        s.assert_clean()
