@@ -130,30 +130,36 @@ class Arena:
             return self._alloc(nbytes)
 
     def _alloc(self, nbytes: int) -> Block:
-        for seg in self.segments.values():
-            off = seg.alloc(nbytes)
-            if off is not None:
-                return Block(seg.name, off, nbytes, seg.view[off:off + nbytes])
+        block = self._fit(nbytes)
+        if block is not None:
+            return block
         size = _align(self.segment_bytes)
         while size < _align(max(nbytes, 1)):
             size *= 2
-        seg = _Segment(segment_name(self.server_id, self.owner), size)
-        self.segments[seg.name] = seg
-        off = seg.alloc(nbytes)
-        assert off is not None
-        return Block(seg.name, off, nbytes, seg.view[off:off + nbytes])
+        self._add_segment(size)
+        block = self._fit(nbytes)
+        assert block is not None
+        return block
 
     def alloc_bounded(self, nbytes: int) -> Block | None:
         """A block from one segment of `segment_bytes` at most (created on first use), or None
         when it has no room: for a bounded store that evicts to make room."""
-        if not self.segments:
-            seg = _Segment(segment_name(self.server_id, self.owner), _align(self.segment_bytes))
-            self.segments[seg.name] = seg
+        with self.lock:
+            if not self.segments:
+                self._add_segment(_align(self.segment_bytes))
+            return self._fit(nbytes)
+
+    def _fit(self, nbytes: int) -> Block | None:
+        """First fit over the existing segments."""
         for seg in self.segments.values():
             off = seg.alloc(nbytes)
             if off is not None:
                 return Block(seg.name, off, nbytes, seg.view[off:off + nbytes])
         return None
+
+    def _add_segment(self, size: int) -> None:
+        seg = _Segment(segment_name(self.server_id, self.owner), size)
+        self.segments[seg.name] = seg
 
     def free(self, seg: str, offset: int) -> None:
         """Return a block; unknown blocks are ignored (a release may arrive twice)."""

@@ -58,7 +58,7 @@ def probe(kind: str) -> dict[str, int]:
                           "probe", 1, "", "", "", {}, "probe")
         worker = Worker(spec)          # the real worker's sockets, mappings and BLS client
         stop = threading.Event()
-        threading.Thread(target=heartbeat, args=(worker.ctx, spec, stop), daemon=True).start()
+        threading.Thread(target=heartbeat, args=(worker.ctx, spec, stop, worker.flow), daemon=True).start()
         time.sleep(0.2)
         gc.collect()
         os.write(w, str(_uss()).encode())

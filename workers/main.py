@@ -217,7 +217,7 @@ class Worker:
         if decoupled:
             if batch_error is not None:     # the backend could not run the batch at all
                 for w in requests:
-                    if isinstance(w.responder, Responder) and w.responder.key in self.flow.live:
+                    if isinstance(w.responder, Responder) and self.flow.is_open(w.responder.key):
                         w.responder.send(None, batch_error, True)
             self.close_imports()
             return P.BatchDone(msg.bid, [], t1 - t0, t2 - t1, time.monotonic_ns() - t2)

@@ -34,6 +34,10 @@ class Flow:
             self.live.pop(key, None)
             self.cancelled.discard(key)
 
+    def is_open(self, key: int) -> bool:
+        with self.cond:
+            return key in self.live
+
     def cancel(self, keys: list[int]) -> None:
         with self.cond:
             for key in keys:
