@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import MappingError, SegmentMaps
@@ -47,14 +47,12 @@ ARENA_OWNER = "b"           # segments tritond.<server>.b.*: the broker's
 
 @dataclass(eq=False)
 class Entry:
-    key: tuple
     mv: ModelVersion
     outputs: list[tuple[str, str, list[int], str, int, int]]   # name, datatype, shape, seg, offset, nbytes
     nbytes: int
     inline: bool                    # small enough to answer inline
     leases: int = 0
     evicted: bool = False
-    blocks: list[tuple[str, int]] = field(default_factory=list)
 
 
 class ResponseCache:
@@ -128,7 +126,7 @@ class ResponseCache:
             entry = None
         if entry is None:
             msg.outputs = []        # compute every output: the entry serves any later choice
-            return self._filling(reply, key, mv, start, self.clock.now_ns() - start)
+            return self._filling(reply, key, mv, self.clock.now_ns() - start)
         self.entries.move_to_end(key)
         self.hits += 1
         outputs, lease = self._outputs(entry)
@@ -148,7 +146,7 @@ class ResponseCache:
         return [TensorDesc(n, dt, shape, Block(seg, off, nb, lease))
                 for n, dt, shape, seg, off, nb in entry.outputs], lease
 
-    def _filling(self, reply: ReplyTo, key: tuple, mv: ModelVersion, start_ns: int, lookup_ns: int) -> ReplyTo:
+    def _filling(self, reply: ReplyTo, key: tuple, mv: ModelVersion, lookup_ns: int) -> ReplyTo:
         def store(r: InferReply) -> None:
             if r.error is None:
                 t = self.clock.now_ns()
@@ -186,9 +184,8 @@ class ResponseCache:
             block.view[:] = src
             blocks.append((block.seg, block.offset))
         inline = total <= INLINE_BUDGET and all(len(s) <= INLINE_MAX for s in sources)
-        entry = Entry(key, mv, [(d.name, d.datatype, list(d.shape), seg, off, len(src))
+        entry = Entry(mv, [(d.name, d.datatype, list(d.shape), seg, off, len(src))
                                 for d, (seg, off), src in zip(outputs, blocks, sources)], total, inline)
-        entry.blocks = blocks
         self.entries[key] = entry
         self.used += total
         self.insertions += 1
@@ -213,9 +210,9 @@ class ResponseCache:
             self._free(entry)
 
     def _free(self, entry: Entry) -> None:
-        for seg, off in entry.blocks:
+        """Once per entry: when it is evicted and no hit holds it."""
+        for _, _, _, seg, off, _ in entry.outputs:
             self.arena.free(seg, off)
-        entry.blocks = []
 
     def release(self, leases: list[int]) -> None:
         """A frontend is done with a hit's outputs."""

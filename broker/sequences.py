@@ -377,9 +377,6 @@ class SequenceBatcher:
         self.count -= len(out)
         return out
 
-    def sequence_of(self, item: Pending) -> Sequence | None:
-        return self.owner.get(item)
-
     def note_busy(self, instance: str, ns: int) -> None:
         """Which instance runs a batch is decided by the slots, not by how busy it was."""
 

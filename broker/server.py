@@ -109,7 +109,7 @@ class Broker:
             log.warning("--rate-limit-resource is ignored with --rate-limit=off (as tritonserver ignores it)")
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
                                    self.clock, opts.get("model_config_name", ""), self.requests.cancel)
-        self.bls = BlsCalls(self.registry, self.instances, self.reply_worker, self.route_release)
+        self.bls = BlsCalls(self.registry, self.instances, self.to_worker, self.route_release)
         self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests, self.clock)
         self.retirement = Retirement(self.registry, self.requests, self.pool, self.send_stop, self.clock,
                                      float(opts.get("model_unload_timeout_secs", DEFAULT_TIMEOUT_S)))
@@ -147,14 +147,11 @@ class Broker:
             frame = S.encode(replies[0] if len(replies) == 1 else S.Replies(replies))
             self.sockets.to_frontend(ident, frame)
 
-    def reply_worker(self, ident: bytes, reply: S.InferReply) -> None:
-        self.sockets.to_worker(ident, S.encode(reply))
-
     def send_exec(self, inst: Instance, msg: S.Exec) -> None:
-        self.sockets.to_worker(inst.identity, S.encode(msg))
+        self.to_worker(inst.identity, msg)
 
     def send_stop(self, inst: Instance) -> None:
-        self.sockets.to_worker(inst.identity, S.encode(S.Stop()))
+        self.to_worker(inst.identity, S.Stop())
 
     def to_worker(self, ident: bytes, msg: Any) -> None:
         self.sockets.to_worker(ident, S.encode(msg))
@@ -328,7 +325,7 @@ class Broker:
         elif isinstance(msg, S.Respond):
             self.streams.on_respond(inst, msg, self.requests.finish)
         elif isinstance(msg, S.Infer):
-            self.on_infer(functools.partial(self.reply_worker, ident), msg, caller=ident)
+            self.on_infer(functools.partial(self.to_worker, ident), msg, caller=ident)
         elif isinstance(msg, S.Release):
             self.route_release(msg)
         elif isinstance(msg, S.Cancel):

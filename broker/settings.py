@@ -11,9 +11,8 @@ from typing import Any
 import msgspec
 
 from tritond.wire.errors import Code, TritonError, invalid
-from tritond.wire.schema import LogConfig
+from tritond.wire.schema import LOG_FORMATS, LogConfig
 
-LOG_FORMATS = ("default", "ISO8601", "json")
 TRACE_LEVELS = ("OFF", "TIMESTAMPS")
 
 

@@ -135,9 +135,6 @@ class Tracer:
         """Per model with settings of its own (and "" for the rest): the mode to stamp for."""
         return {scope: s.mode_if_active() for scope, s in self.scopes.items()}
 
-    def otel_config(self) -> bool:
-        return any(s.mode == "opentelemetry" for s in self.scopes.values())
-
     # ---------------------------------------------------------------- requests
 
     def start(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> tuple[Trace | None, ReplyTo]:

@@ -82,6 +82,7 @@ class ReplyStream:
         self.client = client
         self.rid = rid
         self.window = window
+        self.credit_every = max(1, window // 4)     # replies taken before a Credit goes back
         self.replies: deque[S.InferReply] = deque()
         self.event = asyncio.Event()
         self.error: TritonError | None = None
@@ -109,7 +110,7 @@ class ReplyStream:
 
     def written(self) -> None:
         self.unacked += 1
-        if self.window and self.unacked >= max(1, self.window // 4) and not self.finished:
+        if self.window and self.unacked >= self.credit_every and not self.finished:
             self.client._send_quietly(S.encode(S.Credit(self.rid, self.unacked)))
             self.unacked = 0
 

@@ -7,6 +7,7 @@ from typing import Callable
 
 from tritonclient.grpc import model_config_pb2
 
+from .datatypes import CONFIG_TO_WIRE, ELEMENT_SIZE
 from .errors import ConfigError
 
 Fail = Callable[[str, str], ConfigError]
@@ -65,11 +66,8 @@ def _controls(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
 
 
 def _element_size(datatype: int) -> int:
-    sizes = {DataType.TYPE_BOOL: 1, DataType.TYPE_UINT8: 1, DataType.TYPE_INT8: 1, DataType.TYPE_UINT16: 2,
-             DataType.TYPE_INT16: 2, DataType.TYPE_FP16: 2, DataType.TYPE_BF16: 2, DataType.TYPE_UINT32: 4,
-             DataType.TYPE_INT32: 4, DataType.TYPE_FP32: 4, DataType.TYPE_UINT64: 8, DataType.TYPE_INT64: 8,
-             DataType.TYPE_FP64: 8}
-    return sizes.get(datatype, 0)
+    """Bytes per element of a config data type (0: STRING or not a type)."""
+    return ELEMENT_SIZE.get(CONFIG_TO_WIRE.get(DataType.Name(datatype), ""), 0)
 
 
 def _states(cfg: model_config_pb2.ModelConfig, fail: Fail, model_path: str) -> None:

@@ -284,7 +284,7 @@ def validate_config(
     if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
         raise fail("response_cache", "the response cache does not support decoupled models")
     check_supported(cfg, config_file)
-    if cfg.model_transaction_policy.decoupled and cfg.backend not in ("python", ""):
+    if cfg.model_transaction_policy.decoupled and cfg.backend not in (PYTHON, ""):
         raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "
                                                          f"only, not '{cfg.backend}'")
     check_ragged(cfg, fail)

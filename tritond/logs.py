@@ -27,7 +27,6 @@ import orjson
 from tritond.wire.schema import LogConfig
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("tritond_request_id", default="")
-FORMATS = ("default", "ISO8601", "json")
 _LETTERS = {logging.ERROR: "E", logging.WARNING: "W"}
 
 
@@ -139,10 +138,6 @@ def setup(role: str, cfg: LogConfig | None = None) -> None:
     root.addHandler(handler)
     root.setLevel(_root_level(cfg))
     _state.update(handler=handler, gate=gate, role=role, cfg=cfg)
-
-
-def current() -> LogConfig:
-    return _state.get("cfg") or LogConfig()
 
 
 def apply(cfg: LogConfig) -> None:

@@ -9,9 +9,8 @@ from typing import Any
 
 import msgspec
 
-from tritond.wire.schema import LogConfig
+from tritond.wire.schema import LOG_FORMATS, LogConfig
 
-LOG_FORMATS = ("default", "ISO8601", "json")
 TRACE_MODES = ("triton", "opentelemetry")
 DEFAULT_QUANTILES = [(0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001)]
 OTEL_DEFAULT_URL = "http://localhost:4318/v1/traces"
@@ -21,7 +20,7 @@ class FlagError(ValueError):
     """A flag value tritonserver would refuse, or one tritond does not implement."""
 
 
-def add_flags(p: argparse.ArgumentParser, flag: Any, parse_bool: Any) -> None:
+def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--log-file", default="", metavar="PATH", help="append every process's log lines to PATH")
     p.add_argument("--log-format", default="default", help="default | ISO8601 | json (one object per line)")
     flag(p, "--log-info", True, "log INFO lines")
@@ -32,8 +31,8 @@ def add_flags(p: argparse.ArgumentParser, flag: Any, parse_bool: Any) -> None:
     flag(p, "--allow-cpu-metrics", True, "report nv_cpu_* and the process tree's CPU and memory")
     flag(p, "--allow-gpu-metrics", True, "report nv_gpu_* through NVML when GPUs exist")
     p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE")
-    for flag, _ in DEPRECATED_TRACE_FLAGS:
-        p.add_argument(flag, action="append", default=[], help=argparse.SUPPRESS)
+    for name, _ in DEPRECATED_TRACE_FLAGS:
+        p.add_argument(name, action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,SETTING=VALUE")
     p.add_argument("--response-cache-byte-size", type=int, default=None, help="deprecated: --cache-config local,size=N")
 

@@ -100,7 +100,7 @@ def start_parser() -> argparse.ArgumentParser:
     _flag(p, "--mps", False, "run GPU workers under a private NVIDIA MPS daemon")
     p.add_argument("--mps-active-thread-percentage", type=int, default=None, metavar="PCT",
                    help="share of a GPU's SMs each GPU worker may use under --mps (1-100)")
-    observe_options.add_flags(p, _flag, parse_bool)
+    observe_options.add_flags(p, _flag)
     _flag(p, "--worker-templates", True,
           "fork CPU workers from one warm process per backend that imported the framework once")
     connection_limits.add_arguments(p, parse_bool)

@@ -386,6 +386,9 @@ class Ping(_S, tag="ping"):
     boot: int = 0
 
 
+LOG_FORMATS = ("default", "ISO8601", "json")
+
+
 class LogConfig(msgspec.Struct, frozen=True, omit_defaults=True):
     """The log settings every process applies (Triton's logging API keys)."""
     info: bool = True

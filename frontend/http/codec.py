@@ -121,18 +121,22 @@ def _too_big(name: str, size: int, max_bytes: int) -> Exception:
                    f"{max_bytes} bytes. Use --http-max-input-size to increase the limit.")
 
 
+def _shape_text(shape: list[int]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
 def _json_data(name: str, datatype: str, shape: list[int], raw: msgspec.Raw, max_bytes: int) -> bytes | memoryview:
     """The wire bytes of a JSON `data` field (Triton's checks and messages, but 400 rather than 500).
     The declared size is checked before the values are parsed."""
     count = 1
     for d in shape:
         count *= d
-    shape_text = "[" + ",".join(map(str, shape)) + "]"
     if any(d > INT64_MAX for d in shape):
-        raise invalid(f"invalid shape for input '{name}': shape {shape_text} contains one or more invalid dimensions")
+        raise invalid(f"invalid shape for input '{name}': shape {_shape_text(shape)} contains one or more invalid "
+                      f"dimensions")
     if count > INT64_MAX:
-        raise invalid(f"invalid shape for input '{name}': shape {shape_text} causes total element count to exceed "
-                      f"maximum size of {INT64_MAX}")
+        raise invalid(f"invalid shape for input '{name}': shape {_shape_text(shape)} causes total element count to "
+                      f"exceed maximum size of {INT64_MAX}")
     if count == 0:
         return b""
     size = ELEMENT_SIZE[datatype]
