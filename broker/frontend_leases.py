@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import KeysView
 
 from tritond.wire.schema import InferReply, Release, lease_of
 
@@ -31,8 +32,9 @@ class FrontendLeases:
             return
         self._fds[fd] = ident
 
-    def pidfds(self) -> set[int]:
-        return set(self._fds)
+    def pidfds(self) -> KeysView[int]:
+        """A live view, no copy (the broker's loop reads it every turn)."""
+        return self._fds.keys()
 
     def sent(self, ident: bytes, reply: InferReply) -> Release | None:
         """Note the leases of a reply sent to `ident`; for a frontend that is gone, the

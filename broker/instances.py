@@ -8,7 +8,7 @@ carries the worker's generation, so a frame from a dead incarnation finds nothin
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, KeysView
 from typing import TYPE_CHECKING
 
 from tritond.wire.schema import heartbeat_identity, stream_identity
@@ -65,8 +65,9 @@ class InstanceTable:
         """Every instance whose worker process was started and not yet reaped."""
         return list(self._by_pidfd.values())
 
-    def pidfds(self) -> set[int]:
-        return set(self._by_pidfd)
+    def pidfds(self) -> KeysView[int]:
+        """A live view, no copy (the broker's loop reads it every turn)."""
+        return self._by_pidfd.keys()
 
     def worker_identities(self) -> Iterator[bytes]:
         return iter(list(self._workers))

@@ -102,7 +102,7 @@ class RequestPath:
             self.regions.release(regions)
             reply(InferReply(msg.rid, error=unavailable(f"model '{mv.name}' is not ready")))
             return None
-        if mv.restarting and self.clock.now() - mv.restarting_since > RESTART_WAIT_S:
+        if self.restart_is_overdue(mv):
             self.regions.release(regions)
             reply(InferReply(msg.rid, error=self.restart_overdue(mv)))
             return None
@@ -259,9 +259,12 @@ class RequestPath:
     def restart_overdue(mv: ModelVersion) -> TritonError:
         return unavailable(f"{mv.reason}; it did not serve again within {RESTART_WAIT_S:g} s")
 
+    def restart_is_overdue(self, mv: ModelVersion) -> bool:
+        return mv.restarting and self.clock.now() - mv.restarting_since > RESTART_WAIT_S
+
     def expire_restart_wait(self, mv: ModelVersion) -> None:
         """Fail what waits for a restart that is taking too long."""
-        if mv.restarting and self.clock.now() - mv.restarting_since > RESTART_WAIT_S:
+        if self.restart_is_overdue(mv):
             self.fail_queued(mv, self.restart_overdue(mv))
 
     def fail_queued(self, mv: ModelVersion, err: TritonError) -> None:
