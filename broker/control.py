@@ -14,14 +14,15 @@ from tritond.repository.devices import gpu_count
 from tritond.shm.regions import CUDA, CUDA_HANDLE_BYTES, SYSTEM
 from tritond.wire.errors import Code, TritonError, invalid
 from tritond.wire import schema as S
+from tritond.wire.options import ServerOptions
 
-from .client_regions import ClientRegions
-from .drain import Drain
-from .ensembles import Ensembles
-from .model_ops import ModelControl
-from .models import READY
-from .registry import ModelRegistry
-from .settings import Settings
+from tritond.broker.tables.client_regions import ClientRegions
+from tritond.broker.drain import Drain
+from tritond.broker.ensembles.submission import Ensembles
+from tritond.broker.lifecycle.operations import ModelControl
+from tritond.broker.tables.model_version import READY
+from tritond.broker.tables.registry import ModelRegistry
+from tritond.broker.settings import Settings
 
 log = logging.getLogger("tritond.broker")
 
@@ -36,11 +37,11 @@ DEFERRED = _Deferred()
 
 
 class ControlHandler:
-    def __init__(self, opts: dict[str, Any], registry: ModelRegistry, model_ops: ModelControl,
+    def __init__(self, opts: ServerOptions, registry: ModelRegistry, model_ops: ModelControl,
                  ensembles: Ensembles, regions: ClientRegions, drain: Drain, settings: Settings,
                  begin_drain: Callable[[], None], stop: Callable[[], None],
                  snapshot: Callable[[], dict] = dict) -> None:
-        self.allow_client_shm = bool(opts.get("allow_client_shm", False))
+        self.allow_client_shm = opts.allow_client_shm
         self.registry = registry
         self.model_ops = model_ops
         self.ensembles = ensembles
@@ -116,7 +117,7 @@ class ControlHandler:
         return [mv.stats.as_dict() for _, mv in sorted(versions.items()) if mv.state == READY]
 
     def metrics(self, op: S.ModelMetrics, answer: Answer) -> dict:
-        """What one /metrics scrape reports (broker/metrics.py)."""
+        """What one /metrics scrape reports (broker/observe/metrics.py)."""
         return self._snapshot()
 
     # ---------------------------------------------------------------- shared memory

@@ -1,7 +1,6 @@
 """Entry point of the broker process: `python -m tritond.broker.main <options-json>`."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -9,17 +8,18 @@ import sys
 
 from tritond.process import become_subreaper, die_with_parent, setup_logging
 from tritond.shm.naming import PREFIX, sweep
+from tritond.wire import options as wire_options
 
-from .pool import WorkerProcesses
-from .server import Broker
-from .sockets import BrokerSockets
-from .templates import Templates
+from tritond.broker.supervision.pool import WorkerProcesses
+from tritond.broker.server import Broker
+from tritond.broker.sockets import BrokerSockets
+from tritond.broker.supervision.templates import Templates
 
 
 def main(argv: list[str]) -> int:
-    opts = json.loads(argv[1])
-    die_with_parent(opts["supervisor_pid"], signal.SIGTERM)
-    setup_logging(int(opts.get("log_verbose", 0)), "broker", opts.get("log"))
+    opts = wire_options.decode(argv[1])
+    die_with_parent(opts.supervisor_pid, signal.SIGTERM)
+    setup_logging(opts.log_verbose, "broker", opts.log)
     sig_r, sig_w = os.pipe()
     os.set_blocking(sig_w, False)
     signal.set_wakeup_fd(sig_w)
@@ -29,17 +29,17 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)      # log reopening comes by message
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})   # started blocked (supervisor.py)
     become_subreaper()
-    sockets = BrokerSockets(opts["run_dir"])
-    pool = WorkerProcesses(Templates(enabled=bool(opts.get("worker_templates", True))))
+    sockets = BrokerSockets(opts.run_dir)
+    pool = WorkerProcesses(Templates(enabled=opts.worker_templates))
     try:
         code = Broker(opts, sockets, pool).run(sig_r)
     finally:
         pool.close()
         sockets.close()
-    if os.getppid() != opts["supervisor_pid"]:
+    if os.getppid() != opts.supervisor_pid:
         # The supervisor was killed and cannot clean up: the last process of the server does.
-        sweep(f"{PREFIX}{opts['server_id']}.")
-        shutil.rmtree(opts["run_dir"], ignore_errors=True)
+        sweep(f"{PREFIX}{opts.server_id}.")
+        shutil.rmtree(opts.run_dir, ignore_errors=True)
     return code
 
 

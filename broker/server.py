@@ -23,35 +23,36 @@ import zmq
 from tritond import logs
 from tritond.shm.naming import PREFIX, sweep
 from tritond.wire import schema as S
+from tritond.wire.options import ServerOptions
 from tritond.wire.errors import Code, TritonError, unavailable
 
-from . import stats
-from .bls import BlsCalls
-from .cache import OWNER as CACHE_OWNER, ResponseCache
-from .client_regions import ClientRegions
-from .clock import Clock
-from .control import ControlHandler
-from .drain import Drain
-from .ensembles import Ensembles
-from .frontend_leases import FrontendLeases
-from .inflight import InflightTable, ReplyTo, Req
-from .instances import InstanceTable
-from .jobs import Jobs
-from .lifecycle import Lifecycle
-from .live import LiveRequests
-from .metrics import latency_factory, snapshot
-from .model_ops import ModelControl
-from .pool import Instance, InstanceState, WorkerProcesses
-from .rate_limiter import RateLimiter, parse_resources
-from .registry import ModelRegistry
-from .requests import CANCELLED, RequestPath, untrusted
-from .retire import DEFAULT_TIMEOUT_S, Retirement
-from .sequence_path import SequencePath
-from .settings import Settings
-from .sockets import BrokerSockets
-from .streams import Streams
-from .supervision import Supervision
-from .tracing import Tracer
+from tritond.broker.scheduling.bls import BlsCalls
+from tritond.broker.scheduling.cache import OWNER as CACHE_OWNER, ResponseCache
+from tritond.broker.tables.client_regions import ClientRegions
+from tritond.broker.clock import Clock
+from tritond.broker.control import ControlHandler
+from tritond.broker.drain import Drain
+from tritond.broker.ensembles.submission import Ensembles
+from tritond.broker.tables.frontend_leases import FrontendLeases
+from tritond.broker.tables.inflight import InflightTable, ReplyTo, Req
+from tritond.broker.tables.instances import InstanceTable
+from tritond.broker.lifecycle.jobs import Jobs
+from tritond.broker.lifecycle.version_state import Lifecycle
+from tritond.broker.tables.live_requests import LiveRequests
+from tritond.broker.observe.metrics import latency_factory, snapshot
+from tritond.broker.lifecycle.operations import ModelControl
+from tritond.broker.supervision.pool import Instance, InstanceState, WorkerProcesses
+from tritond.broker.scheduling.rate_limiter import RateLimiter, parse_resources
+from tritond.broker.tables.registry import ModelRegistry
+from tritond.broker.scheduling.path import RequestPath, untrusted
+from tritond.broker.scheduling.policy import CANCELLED
+from tritond.broker.lifecycle.runner import OpRunner
+from tritond.broker.supervision.restart_wait import RestartWait
+from tritond.broker.settings import Settings
+from tritond.broker.sockets import BrokerSockets
+from tritond.broker.scheduling.streams import Streams
+from tritond.broker.supervision.watch import Supervision
+from tritond.broker.observe.tracing import Tracer
 
 log = logging.getLogger("tritond.broker")
 
@@ -69,14 +70,14 @@ class Sockets(Protocol):
 
 
 class Broker:
-    def __init__(self, opts: dict[str, Any], sockets: Sockets, pool: WorkerProcesses | None = None,
+    def __init__(self, opts: ServerOptions, sockets: Sockets, pool: WorkerProcesses | None = None,
                  clock: Clock | None = None, jobs: Jobs | None = None) -> None:
         self.opts = opts
         self.sockets = sockets
         self.clock = clock or Clock()
         self.pool = pool or WorkerProcesses()
-        self.jobs = jobs or Jobs(int(opts.get("model_load_thread_count", 4) or 4))
-        self.server_id: str = opts["server_id"]
+        self.jobs = jobs or Jobs(opts.model_load_thread_count)
+        self.server_id: str = opts.server_id
         self.own_prefix = f"/{PREFIX}{self.server_id}."
         self.boot = os.getpid()
         self.running = True
@@ -89,8 +90,7 @@ class Broker:
         self.fe_decoder = S.decoder(S.FrontendMsg)
         self.wk_decoder = S.decoder(S.WorkerMsg)
         self.peers: dict[bytes, tuple[str, int]] = {}     # frontend identity -> (kind, pid)
-        stats.latency_factory = latency_factory(opts.get("metrics") or {})
-        self.settings = Settings(opts.get("log"), opts.get("trace"), self.observe_changed)
+        self.settings = Settings(opts.log, opts.trace, self.observe_changed)
 
         self.registry = ModelRegistry()
         self.instances = InstanceTable()
@@ -98,28 +98,29 @@ class Broker:
         self.regions = ClientRegions(self.unmap)
         self.live = LiveRequests()
         self.streams = Streams(self.to_worker, self.route_release, self.clock.now_ns)
-        self.requests = RequestPath(self.inflight, self.regions, self.send_exec, self.clock, self.to_worker,
-                                    self.streams)
-        self.sequences = SequencePath(self.requests, self.registry, self.to_worker, self.clock)
-        self.cache = ResponseCache(int(opts.get("cache_size") or 0), self.server_id, self.registry, self.clock)
-        self.tracer = Tracer(self.settings, self.clock, self.observe_changed)
-        if opts.get("rate_limit", "off") == "execution_count":
-            self.requests.limiter = RateLimiter(parse_resources(opts.get("rate_limit_resources") or []))
-        elif opts.get("rate_limit_resources"):
+        limiter = None
+        if opts.rate_limit == "execution_count":
+            limiter = RateLimiter(parse_resources(opts.rate_limit_resources))
+        elif opts.rate_limit_resources:
             log.warning("--rate-limit-resource is ignored with --rate-limit=off (as tritonserver ignores it)")
+        self.restart_wait = RestartWait(self.clock)
+        self.requests = RequestPath(self.inflight, self.regions, self.to_worker, self.clock, self.streams,
+                                    self.restart_wait.overdue, limiter)
+        self.cache = ResponseCache(opts.cache_size, self.server_id, self.registry, self.clock)
+        self.tracer = Tracer(self.settings, self.clock, self.observe_changed)
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
-                                   self.clock, opts.get("model_config_name", ""), self.requests.cancel)
+                                   self.clock, opts.model_config_name, self.requests.cancel)
         self.bls = BlsCalls(self.registry, self.instances, self.to_worker, self.route_release)
-        self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests, self.clock)
-        self.retirement = Retirement(self.registry, self.requests, self.pool, self.send_stop, self.clock,
-                                     float(opts.get("model_unload_timeout_secs", DEFAULT_TIMEOUT_S)))
-        self.model_ops = ModelControl(opts, self.registry, self.lifecycle, self.ensembles, self.retirement,
-                                      self.jobs, self.clock, self.requests.limiter)
+        runner = OpRunner(self.jobs, opts.model_load_thread_count)
+        self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests, self.clock,
+                                   on_settle=runner.tick, latency=latency_factory(opts.metrics))
+        self.model_ops = ModelControl(opts, self.registry, self.lifecycle, self.ensembles, runner, self.clock,
+                                      limiter, opts.model_unload_timeout_secs,
+                                      self.send_stop, publish=self.publish_if_changed, fatal=self.fail)
         self.supervision = Supervision(self.server_id, self.registry, self.instances, self.pool,
-                                       self.lifecycle, self.requests, self.announce_gone, self.publish_if_changed)
-        self.drain = Drain(float(opts.get("exit_timeout_secs", 30)))
-        self.model_ops.publish = self.publish_if_changed
-        self.model_ops.fatal = self.fail
+                                       self.lifecycle, self.requests, self.announce_gone, self.publish_if_changed,
+                                       self.restart_wait)
+        self.drain = Drain(opts.exit_timeout_secs)
         self.control = ControlHandler(opts, self.registry, self.model_ops, self.ensembles, self.regions,
                                       self.drain, self.settings, self.begin_drain, self.stop,
                                       snapshot=lambda: snapshot(self))
@@ -137,8 +138,8 @@ class Broker:
         self.outbox.setdefault(ident, []).append(reply)
 
     def end_turn(self) -> None:
-        """What waits for the end of a loop turn: sequence batches, then the replies."""
-        self.sequences.end_turn()
+        """What waits for the end of a loop turn: batches left for it, then the replies."""
+        self.requests.end_turn()
         self.flush_replies()
 
     def flush_replies(self) -> None:
@@ -146,9 +147,6 @@ class Broker:
         for ident, replies in outbox.items():
             frame = S.encode(replies[0] if len(replies) == 1 else S.Replies(replies))
             self.sockets.to_frontend(ident, frame)
-
-    def send_exec(self, inst: Instance, msg: S.Exec) -> None:
-        self.to_worker(inst.identity, msg)
 
     def send_stop(self, inst: Instance) -> None:
         self.to_worker(inst.identity, S.Stop())
@@ -187,6 +185,7 @@ class Broker:
             self.sockets.to_worker(msg.owner, S.encode(msg))
 
     def publish_table(self) -> None:
+        self.ensembles.settle()
         self.cache.mark()
         self.to_frontends(self.registry.publish(self.drain.stopping, self.boot))
 
@@ -360,16 +359,16 @@ class Broker:
             sched = mv.scheduler
             if sched is None or not len(sched):
                 continue
-            self.requests.expire_queued(mv, now_ns)
-            self.requests.expire_restart_wait(mv)
+            sched.expire(mv, now_ns)
+            self.supervision.expire_restart_wait(mv)
             deadline = sched.next_deadline()
             if mv.wake_ns and mv.wake_ns <= now_ns:
                 mv.wake_ns = 0
-                self.requests.dispatch(mv)
+                sched.dispatch(mv)
             for t in (deadline, mv.wake_ns):
                 if t:
                     next_s = min(next_s, max(0.0, (t - now_ns) / 1e9))
-        idle_at = self.sequences.timers(now_ns)
+        idle_at = self.requests.reap(now_ns, self.registry.versions())
         if idle_at:
             next_s = min(next_s, max(0.0, (idle_at - now_ns) / 1e9))
         if 0.0 < next_s < 0.001:
@@ -384,7 +383,7 @@ class Broker:
         self.model_ops.tick(now)
         self.tracer.tick(now_ns)
         idle = not self.inflight and not self.streams.open and self.registry.idle()
-        cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.get("supervisor_pid"))
+        cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.supervisor_pid)
         if cancel:
             self.requests.cancel_all(list(self.registry.all_versions()),
                                      unavailable("Server is shutting down: the exit timeout expired"))
@@ -465,7 +464,7 @@ class Broker:
                 self.pool.kill(inst)
             else:
                 self.send_stop(inst)
-            inst.state = InstanceState.STOPPING
+            inst.move_to(InstanceState.STOPPING)
         deadline = self.clock.now() + STOP_WAIT_S
         for inst in live:
             if not self.pool.wait(inst, deadline - self.clock.now()):

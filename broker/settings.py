@@ -11,18 +11,17 @@ from typing import Any
 import msgspec
 
 from tritond.wire.errors import Code, TritonError, invalid
+from tritond.wire.options import TraceConfig
 from tritond.wire.schema import LOG_FORMATS, LogConfig
 
 TRACE_LEVELS = ("OFF", "TIMESTAMPS")
 
 
-def trace_values(cfg: dict[str, Any] | None) -> dict[str, Any]:
+def trace_values(cfg: TraceConfig) -> dict[str, Any]:
     """The API's view (strings, as Triton answers) of the `--trace-config` options."""
-    cfg = cfg or {}
     return {
-        "trace_file": cfg.get("file", ""), "trace_level": [cfg.get("level", "OFF")],
-        "trace_rate": str(cfg.get("rate", 1000)), "trace_count": str(cfg.get("count", -1)),
-        "log_frequency": str(cfg.get("log_frequency", 0)), "trace_mode": cfg.get("mode", "triton"),
+        "trace_file": cfg.file, "trace_level": [cfg.level], "trace_rate": str(cfg.rate),
+        "trace_count": str(cfg.count), "log_frequency": str(cfg.log_frequency), "trace_mode": cfg.mode,
     }
 
 
@@ -37,11 +36,8 @@ def _uint_setting(key: str, value: Any, minimum: int = 0) -> str:
 
 
 class Settings:
-    def __init__(self, log: LogConfig | dict | None = None, trace: dict[str, Any] | None = None,
-                 on_change: Callable[[], None] = lambda: None) -> None:
-        if isinstance(log, dict):
-            log = msgspec.convert(log, LogConfig)
-        self.log_config = log or LogConfig()
+    def __init__(self, log: LogConfig, trace: TraceConfig, on_change: Callable[[], None] = lambda: None) -> None:
+        self.log_config = log
         self.trace: dict[str, Any] = trace_values(trace)
         self.model_trace: dict[str, dict[str, Any]] = {}
         self.on_change = on_change

@@ -186,7 +186,7 @@ class Dataplane:
         self.arena = arena
         self.maps = maps
         self.remote_repositories = remote_repositories or []
-        self.tracer = tracer or FrontendTracer(client, None)
+        self.tracer = tracer or FrontendTracer(client)
         self.overrides = overrides      # (run directory, size limit) where file overrides may be written
 
     async def load_model(self, op: S.LoadModel, files: dict[str, bytes] | None = None) -> None:

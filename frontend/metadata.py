@@ -5,6 +5,7 @@ from typing import Any
 
 from tritond.repository.datatypes import CONFIG_TO_WIRE
 from tritond.repository.devices import gpu_count
+from tritond.wire.options import ServerOptions
 
 SERVER_VERSION = "2.73.0"
 # Triton's extensions, in Triton's order.
@@ -16,11 +17,11 @@ EXTENSIONS = [
 SHARED_MEMORY = frozenset({"system_shared_memory", "cuda_shared_memory"})
 
 
-def server_extensions(opts: dict[str, Any]) -> list[str]:
+def server_extensions(opts: ServerOptions) -> list[str]:
     """The extensions this server serves: client shared memory only when allowed, CUDA
     shared memory only where there is a GPU."""
     off: set[str] = set()
-    if not opts.get("allow_client_shm", False):
+    if not opts.allow_client_shm:
         off |= SHARED_MEMORY
     elif gpu_count() == 0:
         off.add("cuda_shared_memory")

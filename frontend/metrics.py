@@ -1,6 +1,6 @@
 """Prometheus metrics with Triton's names, labels, types and units, from the broker's snapshot.
 
-Each scrape asks the broker for one snapshot of its counters (broker/metrics.py: the one
+Each scrape asks the broker for one snapshot of its counters (broker/observe/metrics.py: the one
 source of truth across processes) and builds prometheus_client metric families from it:
 Triton's per-model families (labels `model`, `version` and `_<tag>` for each config
 `metric_tags` entry), the latency counters, summaries and first-response histogram that
@@ -29,6 +29,7 @@ from typing import Any, Iterable
 from prometheus_client import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from tritond.wire.options import MetricsConfig, ServerOptions
 from tritond.wire.schema import ModelMetrics
 
 log = logging.getLogger("tritond.metrics")
@@ -132,7 +133,7 @@ class Families:
 
 # ---------------------------------------------------------------------------- per model
 
-def model_families(f: Families, m: dict[str, Any], cfg: dict[str, Any]) -> None:
+def model_families(f: Families, m: dict[str, Any], cfg: MetricsConfig) -> None:
     labels = {"model": m["name"], "version": str(m["version"])}
     labels.update({"_" + k: v for k, v in m["tags"].items()})
     c = "counter"
@@ -145,7 +146,7 @@ def model_families(f: Families, m: dict[str, Any], cfg: dict[str, Any]) -> None:
           labels, m["inference_count"])
     f.add("nv_inference_exec_count", c, "Number of model executions performed (does not include cached requests)",
           labels, m["execution_count"])
-    if cfg.get("counter_latencies", True):
+    if cfg.counter_latencies:
         for name, key, doc in LATENCY_COUNTERS:
             f.add(name, c, doc, labels, m[key] // NS)
         if m["cache"]:
@@ -406,16 +407,15 @@ class _Snapshot(Collector):
 class MetricsEndpoint:
     """GET /metrics of the first HTTP frontend process."""
 
-    def __init__(self, client: Any, opts: dict[str, Any]) -> None:
+    def __init__(self, client: Any, opts: ServerOptions) -> None:
         self.client = client
-        self.cfg = opts.get("metrics") or {}
-        self.server_id = opts.get("server_id", "")
-        self.sampler = HostSampler(int(opts.get("supervisor_pid") or os.getppid()),
-                                   bool(opts.get("cpu_metrics", True)), bool(opts.get("gpu_metrics", True)))
+        self.cfg = opts.metrics
+        self.server_id = opts.server_id
+        self.sampler = HostSampler(opts.supervisor_pid or os.getppid(), opts.cpu_metrics, opts.gpu_metrics)
         self.task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self.sampler.run(float(self.cfg.get("interval_ms", 2000)) / 1000.0))
+        self.task = asyncio.create_task(self.sampler.run(self.cfg.interval_ms / 1000.0))
 
     async def render(self) -> bytes:
         """One scrape: raises TritonError when the broker does not answer."""

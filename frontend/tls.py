@@ -21,6 +21,8 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
+from tritond.wire.options import TlsConfig
+
 log = logging.getLogger("tritond.tls")
 
 
@@ -39,10 +41,10 @@ class TlsFiles:
     mutual: bool         # require and verify a client certificate
 
     @classmethod
-    def from_options(cls, flag: str, spec: dict | None) -> "TlsFiles | None":
-        if not spec:
+    def from_options(cls, flag: str, spec: TlsConfig | None) -> "TlsFiles | None":
+        if spec is None:
             return None
-        return cls(flag, spec["cert"], spec["key"], spec.get("root"), bool(spec.get("mutual")))
+        return cls(flag, spec.cert, spec.key, spec.root, spec.mutual)
 
     @property
     def protocol(self) -> str:

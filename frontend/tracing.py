@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from tritond.wire import schema as S
+from tritond.wire.options import OtelConfig
 
 log = logging.getLogger("tritond.frontend")
 
@@ -42,9 +43,9 @@ class Pending:
 
 
 class FrontendTracer:
-    def __init__(self, client: Any, otel: dict[str, Any] | None) -> None:
+    def __init__(self, client: Any, otel: OtelConfig = OtelConfig()) -> None:
         self.client = client
-        self.otel_cfg = otel or {}
+        self.otel_cfg = otel
         self._provider = None
         self._tracer = None
         self._offset = time.time_ns() - time.monotonic_ns()    # monotonic -> epoch, as Triton's spans use
@@ -70,13 +71,11 @@ class FrontendTracer:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         cfg = self.otel_cfg
-        resource = Resource.create({"service.name": "triton-inference-server", **cfg.get("resource", {})})
+        resource = Resource.create({"service.name": "triton-inference-server", **cfg.resource})
         self._provider = TracerProvider(resource=resource)
         self._provider.add_span_processor(BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=cfg.get("url", "http://localhost:4318/v1/traces")),
-            max_queue_size=cfg.get("bsp_max_queue_size", 2048),
-            schedule_delay_millis=cfg.get("bsp_schedule_delay", 5000),
-            max_export_batch_size=cfg.get("bsp_max_export_batch_size", 512)))
+            OTLPSpanExporter(endpoint=cfg.url), max_queue_size=cfg.bsp_max_queue_size,
+            schedule_delay_millis=cfg.bsp_schedule_delay, max_export_batch_size=cfg.bsp_max_export_batch_size))
         self._tracer = self._provider.get_tracer("triton-server")
 
     def _export(self, info: S.TraceInfo, pending: Pending, model: str, version: int, request_id: str,

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from tritond.broker.clock import Clock
-from tritond.broker.jobs import InlineJobs
-from tritond.broker.pool import Instance, InstanceState, WorkerProcesses
+from tritond.broker.lifecycle.jobs import InlineJobs
+from tritond.broker.supervision.pool import Instance, InstanceState, WorkerProcesses
 from tritond.broker.server import Broker
-from tritond.wire import schema as S
+from tritond.wire import options as wire_options, schema as S
 
 SERVER_ID = "0" * 32
 
@@ -111,8 +111,8 @@ def ensemble_model(repo: Path, name: str, text: str) -> None:
 
 class Harness:
     def __init__(self, repo: Path, **opts: Any) -> None:
-        self.opts = {"model_repositories": [str(repo)], "server_id": SERVER_ID, "run_dir": str(repo),
-                     "supervisor_pid": -1, "exit_timeout_secs": 30, **opts}
+        self.opts = wire_options.build({"model_repositories": [str(repo)], "server_id": SERVER_ID,
+                                        "run_dir": str(repo), "supervisor_pid": -1, **opts})
         self.clock = FakeClock()
         self.sockets = FakeSockets()
         self.pool = FakePool()

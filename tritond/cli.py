@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+import msgspec
+
 from tritond.repository.layout import repository_problem
 
 from .options import UsageError, server_options, start_parser
@@ -21,20 +23,19 @@ def cmd_start(argv: list[str]) -> int:
         start_parser().print_usage(sys.stderr)
         print(str(e) if str(e).startswith("Error: ") else f"tritond start: error: {e}", file=sys.stderr)
         return 1
-    problems = [p for p in map(repository_problem, opts["model_repositories"]) if p]
-    if problems and opts["exit_on_error"]:
+    problems = [p for p in map(repository_problem, opts.model_repositories) if p]
+    if problems and opts.exit_on_error:
         print(f"tritond start: error: {problems[0]}", file=sys.stderr)
         return 1
     if problems:
         # As tritonserver with --exit-on-error=false: the server comes up with no models and
         # answers metadata, but is neither live nor ready.
-        opts["init_failed"] = problems[0]
-        opts["model_repositories"] = []
-    setup_logging(opts["log_verbose"], "tritond", opts.get("log"))
+        opts = msgspec.structs.replace(opts, init_failed=problems[0], model_repositories=[])
+    setup_logging(opts.log_verbose, "tritond", opts.log)
     if problems:
         logging.getLogger("tritond").error("failed to initialize: %s (serving on: --exit-on-error=false; "
                                            "the server is neither live nor ready)", problems[0])
-    for level, note in opts["startup_notes"]:
+    for level, note in opts.startup_notes:
         logging.getLogger("tritond").log(logging.getLevelName(level), "%s", note)
     sup = Supervisor(opts)
     try:

@@ -10,16 +10,21 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from tritond.wire.options import HttpLimitsConfig
+
+_HTTP = HttpLimitsConfig()
 # (flag, default, metavar, help); every one must be a positive number
 HTTP_LIMITS = (
-    ("--http-max-header-size", 64 * 1024, "BYTES",
+    ("--http-max-header-size", _HTTP.max_header_size, "BYTES",
      "largest request head (request line and headers) an HTTP client may send; more is answered 431"),
-    ("--http-max-headers", 100, "N", "most header fields in one HTTP request; more is answered 431"),
-    ("--http-header-timeout-secs", 10.0, "SECS",
+    ("--http-max-headers", _HTTP.max_headers, "N", "most header fields in one HTTP request; more is answered 431"),
+    ("--http-header-timeout-secs", _HTTP.header_timeout_secs, "SECS",
      "a request head must arrive within this long of the connection opening or the request starting (408)"),
-    ("--http-body-timeout-secs", 60.0, "SECS", "a request body must arrive within this long of its head (408)"),
-    ("--http-keepalive-timeout-secs", 5.0, "SECS", "an idle keep-alive HTTP connection is closed after this long"),
-    ("--http-max-connections", 1024, "N",
+    ("--http-body-timeout-secs", _HTTP.body_timeout_secs, "SECS",
+     "a request body must arrive within this long of its head (408)"),
+    ("--http-keepalive-timeout-secs", _HTTP.keepalive_timeout_secs, "SECS",
+     "an idle keep-alive HTTP connection is closed after this long"),
+    ("--http-max-connections", _HTTP.max_connections, "N",
      "open HTTP connections per frontend process; a new one beyond this is answered 503 and closed"),
 )
 GRPC_KEEPALIVE = (

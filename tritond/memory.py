@@ -16,15 +16,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from tritond.broker.templates import template_kind
+from tritond.broker.supervision.templates import template_kind
+from tritond.repository.backends import record_for
 from tritond.repository.spec import ModelSpec
 from tritond.wire.schema import WorkerSpec
 
 MB = 1 << 20
-KIND_OF_BACKEND = {"python": "python", "onnxruntime": "onnxruntime", "pytorch": "pytorch", "openvino": "openvino",
-                   "tensorflow": "tensorflow"}
-PLATFORM_KIND = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch",
-                 "tensorflow_savedmodel": "tensorflow"}
 
 
 def _uss(pid: int | str = "self") -> int:
@@ -41,10 +38,9 @@ def probe(kind: str) -> dict[str, int]:
     """In a fresh process: bytes the kind's import costs, and the base of one forked worker."""
     import gc
 
-    from tritond.workers.template import PRELOAD, preload
+    from tritond.workers.template import preload
     before = _uss()
-    if kind in PRELOAD:
-        preload(kind)
+    preload(kind)
     imported = _uss() - before
     r, w = os.pipe()
     pid = os.fork()
@@ -100,7 +96,8 @@ def _files_bytes(path: str) -> int:
 
 
 def _kind(config: dict) -> str:
-    return KIND_OF_BACKEND.get(config.get("backend") or "") or PLATFORM_KIND.get(config.get("platform") or "", "")
+    record = record_for(config.get("backend") or "", config.get("platform") or "")
+    return record.memory_kind if record else ""
 
 
 def estimate(specs: list[ModelSpec], measured: dict[str, dict[str, int]]) -> list[ModelCost]:

@@ -18,6 +18,7 @@ import subprocess
 import time
 
 from tritond.repository.devices import gpu_count
+from tritond.wire.options import ServerOptions
 
 log = logging.getLogger("tritond.mps")
 
@@ -119,8 +120,8 @@ class MpsDaemon:
         log.info("MPS control daemon stopped")
 
 
-def from_options(opts: dict, run_dir: str) -> MpsDaemon | None:
+def from_options(opts: ServerOptions, run_dir: str) -> MpsDaemon | None:
     """The daemon a server asked for with --mps, else None."""
-    if not opts.get("mps"):
+    if not opts.mps:
         return None
-    return MpsDaemon(run_dir, opts.get("mps_active_thread_percentage"))
+    return MpsDaemon(run_dir, opts.mps_active_thread_percentage)

@@ -1,7 +1,8 @@
 """The observability and cache flags, parsed with tritonserver's syntax and checks:
 `--log-*`, `--metrics-config`, `--metrics-interval-ms`, `--trace-config`, `--cache-config`
-(and the deprecated `--response-cache-byte-size`). Each returns plain data for the options
-dict every process receives; a value tritond does not implement is a usage error."""
+(and the deprecated `--response-cache-byte-size`). Each returns plain data for its group of the
+server options (wire/options.py, whose defaults they start from); a value tritond does not
+implement is a usage error."""
 from __future__ import annotations
 
 import argparse
@@ -9,11 +10,10 @@ from typing import Any
 
 import msgspec
 
+from tritond.wire.options import DEFAULTS
 from tritond.wire.schema import LOG_FORMATS, LogConfig
 
 TRACE_MODES = ("triton", "opentelemetry")
-DEFAULT_QUANTILES = [(0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001)]
-OTEL_DEFAULT_URL = "http://localhost:4318/v1/traces"
 
 
 class FlagError(ValueError):
@@ -21,15 +21,16 @@ class FlagError(ValueError):
 
 
 def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
-    p.add_argument("--log-file", default="", metavar="PATH", help="append every process's log lines to PATH")
-    p.add_argument("--log-format", default="default", help="default | ISO8601 | json (one object per line)")
-    flag(p, "--log-info", True, "log INFO lines")
-    flag(p, "--log-warning", True, "log WARNING lines")
-    flag(p, "--log-error", True, "log ERROR lines")
+    log = DEFAULTS.log
+    p.add_argument("--log-file", default=log.file, metavar="PATH", help="append every process's log lines to PATH")
+    p.add_argument("--log-format", default=log.format, help="default | ISO8601 | json (one object per line)")
+    flag(p, "--log-info", log.info, "log INFO lines")
+    flag(p, "--log-warning", log.warning, "log WARNING lines")
+    flag(p, "--log-error", log.error, "log ERROR lines")
     p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE")
-    p.add_argument("--metrics-interval-ms", type=float, default=2000.0)
-    flag(p, "--allow-cpu-metrics", True, "report nv_cpu_* and the process tree's CPU and memory")
-    flag(p, "--allow-gpu-metrics", True, "report nv_gpu_* through NVML when GPUs exist")
+    p.add_argument("--metrics-interval-ms", type=float, default=DEFAULTS.metrics.interval_ms)
+    flag(p, "--allow-cpu-metrics", DEFAULTS.cpu_metrics, "report nv_cpu_* and the process tree's CPU and memory")
+    flag(p, "--allow-gpu-metrics", DEFAULTS.gpu_metrics, "report nv_gpu_* through NVML when GPUs exist")
     p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE")
     for name, _ in DEPRECATED_TRACE_FLAGS:
         p.add_argument(name, action="append", default=[], help=argparse.SUPPRESS)
@@ -84,8 +85,7 @@ def parse_quantiles(text: str) -> list[tuple[float, float]]:
 
 def metrics_settings(entries: list[str], interval_ms: float) -> dict[str, Any]:
     """`--metrics-config <setting>=<value>` (repeatable) and `--metrics-interval-ms`."""
-    cfg: dict[str, Any] = {"counter_latencies": True, "summary_latencies": False,
-                           "histogram_latencies": False, "summary_quantiles": DEFAULT_QUANTILES}
+    cfg: dict[str, Any] = msgspec.to_builtins(DEFAULTS.metrics)
     for entry in entries:
         setting, eq, value = entry.partition("=")
         if not eq or not setting or not value or "," in setting:
@@ -143,10 +143,7 @@ def _uint(value: str, what: str, minimum: int = 0) -> int:
 
 def trace_settings(entries: list[str]) -> dict[str, Any]:
     """`--trace-config [<mode>,]<setting>=<value>` (repeatable), Triton's keys and defaults."""
-    cfg: dict[str, Any] = {"level": "OFF", "rate": 1000, "count": -1, "mode": "triton", "file": "",
-                           "log_frequency": 0,
-                           "otel": {"url": OTEL_DEFAULT_URL, "resource": {}, "bsp_max_queue_size": 2048,
-                                    "bsp_schedule_delay": 5000, "bsp_max_export_batch_size": 512}}
+    cfg: dict[str, Any] = msgspec.to_builtins(DEFAULTS.trace)
     levels: list[str] = []
     for entry in entries:
         head, eq, value = entry.partition("=")

@@ -5,9 +5,10 @@ import argparse
 import os
 from typing import Any
 
-from tritond.broker.rate_limiter import parse_resources
-from tritond.repository.overrides import DEFAULT_MAX_BYTES
+from tritond.broker.scheduling.rate_limiter import parse_resources
 from tritond.repository.remote import RemoteError, check_available
+from tritond.wire import options as wire_options
+from tritond.wire.options import DEFAULTS as _D, ServerOptions
 
 from . import connection_limits, observe_options, triton_flags
 
@@ -39,21 +40,21 @@ def start_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tritond start", description="Serve a Triton model repository.")
     p.add_argument("--model-repository", "--model-store", dest="model_repositories", action="append",
                    required=True, help="model repository directory (repeatable)")
-    p.add_argument("--id", dest="server_name", default="triton", help="server name in server metadata")
-    p.add_argument("--http-address", default="127.0.0.1")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-address", default="127.0.0.1")
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-address", default="")
-    p.add_argument("--metrics-port", type=int, default=8002)
-    _flag(p, "--allow-http", True, "serve HTTP")
-    _flag(p, "--allow-grpc", True, "serve gRPC")
+    p.add_argument("--id", dest="server_name", default=_D.server_name, help="server name in server metadata")
+    p.add_argument("--http-address", default=_D.http_address)
+    p.add_argument("--http-port", type=int, default=_D.http_port)
+    p.add_argument("--grpc-address", default=_D.grpc_address)
+    p.add_argument("--grpc-port", type=int, default=_D.grpc_port)
+    p.add_argument("--metrics-address", default=_D.metrics_address)
+    p.add_argument("--metrics-port", type=int, default=_D.metrics_port)
+    _flag(p, "--allow-http", _D.allow_http, "serve HTTP")
+    _flag(p, "--allow-grpc", _D.allow_grpc, "serve gRPC")
     _flag(p, "--allow-metrics", True, "serve Prometheus metrics")
-    p.add_argument("--http-server", choices=["uvicorn", "hypercorn"], default="uvicorn",
+    p.add_argument("--http-server", choices=["uvicorn", "hypercorn"], default=_D.http_server,
                    help="HTTP server: uvicorn+httptools (fast) or hypercorn (HTTP/2)")
-    p.add_argument("--http-workers", type=int, default=1, help="HTTP frontend processes sharing the port")
-    p.add_argument("--grpc-workers", type=int, default=1, help="gRPC frontend processes sharing the port")
-    p.add_argument("--http-max-input-size", type=int, default=1 << 26)
+    p.add_argument("--http-workers", type=int, default=_D.http_workers, help="HTTP frontend processes sharing the port")
+    p.add_argument("--grpc-workers", type=int, default=_D.grpc_workers, help="gRPC frontend processes sharing the port")
+    p.add_argument("--http-max-input-size", type=int, default=_D.http_max_input_size)
     p.add_argument("--http-restricted-api", action="append", default=[])
     p.add_argument("--grpc-restricted-protocol", action="append", default=[])
     for proto, name in (("grpc", "gRPC"), ("http", "HTTP")):
@@ -70,38 +71,39 @@ def start_parser() -> argparse.ArgumentParser:
                    help="limit API categories to clients whose certificate subject matches an RFC 4514 name")
     p.add_argument("--grpc-restricted-protocol-subject", action="append", default=[], metavar="CATEGORIES:NAME",
                    help="limit protocol categories to clients whose certificate subject matches an RFC 4514 name")
-    p.add_argument("--log-verbose", type=int, default=0)
-    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
-    p.add_argument("--broker-hang-timeout-secs", type=float, default=30.0, metavar="SECS",
+    p.add_argument("--log-verbose", type=int, default=_D.log_verbose)
+    p.add_argument("--exit-timeout-secs", type=float, default=_D.exit_timeout_secs)
+    p.add_argument("--broker-hang-timeout-secs", type=float, default=_D.broker_hang_timeout_secs, metavar="SECS",
                    help="restart the broker when it has sent nothing for this long (it pings twice a second)")
-    _flag(p, "--exit-on-error", True, "exit when a model fails to load at startup")
-    _flag(p, "--strict-readiness", True, "ready only when every model is ready")
-    _flag(p, "--allow-client-shm", False, "allow client shared-memory registration")
-    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    _flag(p, "--exit-on-error", _D.exit_on_error, "exit when a model fails to load at startup")
+    _flag(p, "--strict-readiness", _D.strict_readiness, "ready only when every model is ready")
+    _flag(p, "--allow-client-shm", _D.allow_client_shm, "allow client shared-memory registration")
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=_D.model_control_mode)
     p.add_argument("--load-model", dest="load_models", action="append", default=[])
-    p.add_argument("--repository-poll-secs", type=int, default=15,
+    p.add_argument("--repository-poll-secs", type=int, default=_D.repository_poll_secs,
                    help="poll mode: rescan the repository this often (0: only on SIGHUP)")
-    p.add_argument("--model-load-thread-count", type=int, default=4,
+    p.add_argument("--model-load-thread-count", type=int, default=_D.model_load_thread_count,
                    help="models loading at once (their configs read on this many threads)")
-    p.add_argument("--model-unload-timeout-secs", type=float, default=30.0, metavar="SECS",
+    p.add_argument("--model-unload-timeout-secs", type=float, default=_D.model_unload_timeout_secs, metavar="SECS",
                    help="how long an unloaded or replaced model version may finish its queued and executing "
                         "requests before they fail")
-    p.add_argument("--model-file-override-max-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
+    p.add_argument("--model-file-override-max-bytes", type=int, default=_D.model_file_override_max_bytes,
+                   metavar="BYTES",
                    help="total size of the 'file:' overrides one load request may carry")
-    p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
+    p.add_argument("--rate-limit", choices=["off", "execution_count"], default=_D.rate_limit,
                    help="execution_count: instances run only while their rate_limiter resources are free")
     p.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append", default=[],
                    metavar="NAME:COUNT[:DEVICE]", help="how much of a rate limiter resource there is (repeatable)")
-    p.add_argument("--model-config-name", default="")
-    _flag(p, "--disable-auto-complete-config", False, "do not auto-complete model configs")
+    p.add_argument("--model-config-name", default=_D.model_config_name)
+    _flag(p, "--disable-auto-complete-config", _D.disable_auto_complete, "do not auto-complete model configs")
     p.add_argument("--strict-model-config", type=parse_bool, nargs="?", const=True, default=None,
                    metavar="BOOL", help="deprecated: true disables auto-complete")
     p.add_argument("--backend-config", action="append", default=[], help="<backend>,<key>=<value>")
-    _flag(p, "--mps", False, "run GPU workers under a private NVIDIA MPS daemon")
-    p.add_argument("--mps-active-thread-percentage", type=int, default=None, metavar="PCT",
+    _flag(p, "--mps", _D.mps, "run GPU workers under a private NVIDIA MPS daemon")
+    p.add_argument("--mps-active-thread-percentage", type=int, default=_D.mps_active_thread_percentage, metavar="PCT",
                    help="share of a GPU's SMs each GPU worker may use under --mps (1-100)")
     observe_options.add_flags(p, _flag)
-    _flag(p, "--worker-templates", True,
+    _flag(p, "--worker-templates", _D.worker_templates,
           "fork CPU workers from one warm process per backend that imported the framework once")
     connection_limits.add_arguments(p, parse_bool)
     triton_flags.add_to(p)
@@ -193,9 +195,9 @@ def _metrics_tls(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> d
     return http_tls
 
 
-def server_options(args: argparse.Namespace) -> dict[str, Any]:
-    """A plain dict every process can read (it travels as JSON in argv). Its
-    "startup_notes" are the lines the supervisor logs about flags it accepted but ignores."""
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    """The options every process reads, checked (types included) before anything starts. Its
+    `startup_notes` are the lines the supervisor logs about flags it accepted but ignores."""
     refused, notes = triton_flags.check(args)
     if refused:
         raise UsageError("; ".join(refused))
@@ -235,7 +237,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
     if http_subjects and args.http_server != "uvicorn":
         raise UsageError("--http-restricted-api-subject works with --http-server=uvicorn only: hypercorn does not "
                          "tell the application which certificate a connection presented")
-    return {
+    return wire_options.build({
         "model_repositories": [str(p) for p in args.model_repositories],
         "server_name": args.server_name,
         "http_address": args.http_address,
@@ -280,7 +282,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         **_connection_limits(args),
         "startup_notes": notes,
         "worker_templates": args.worker_templates,
-    }
+    })
 
 
 def _connection_limits(args: argparse.Namespace) -> dict[str, Any]:

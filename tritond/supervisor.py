@@ -25,7 +25,6 @@ broker once its loop can rescan the repository (poll mode); workers keep it bloc
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import select
@@ -39,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import zmq
 
 from tritond.frontend.broker_client import BROKER_SILENCE_S
@@ -50,8 +50,9 @@ from tritond.notify import Notifier
 from tritond.repository.remote import CACHE_ENV, RemoteError, is_remote, list_models
 from tritond.shm.naming import PREFIX, new_server_id, owner_prefix, sweep
 from tritond.shm_space import shm_shortfall
-from tritond.wire import schema as S
+from tritond.wire import options as wire_options, schema as S
 from tritond.wire.addresses import Addresses
+from tritond.wire.options import ServerOptions
 
 log = logging.getLogger("tritond")
 
@@ -105,16 +106,17 @@ def processes_of(server_id: str, exclude: set[int]) -> list[int]:
 
 
 class Supervisor:
-    def __init__(self, opts: dict[str, Any]) -> None:
+    def __init__(self, opts: ServerOptions) -> None:
         self.server_id = new_server_id()
         self.run_dir = tempfile.mkdtemp(prefix="tritond-")
         os.chmod(self.run_dir, 0o700)
-        self.opts = dict(opts, server_id=self.server_id, run_dir=self.run_dir, supervisor_pid=os.getpid())
-        if any(is_remote(r) for r in opts["model_repositories"]) and not os.environ.get(CACHE_ENV):
+        self.opts = msgspec.structs.replace(opts, server_id=self.server_id, run_dir=self.run_dir,
+                                            supervisor_pid=os.getpid())
+        if any(is_remote(r) for r in opts.model_repositories) and not os.environ.get(CACHE_ENV):
             os.environ[CACHE_ENV] = os.path.join(self.run_dir, "model-cache")   # the children's, removed at exit
         self.mps = from_options(opts, self.run_dir)
         if self.mps is not None:
-            self.opts["mps_env"] = self.mps.worker_env()
+            self.opts = msgspec.structs.replace(self.opts, mps_env=self.mps.worker_env())
         self.addr = Addresses(self.run_dir)
         self.ctx = zmq.Context()
         self.sock: zmq.Socket | None = None
@@ -157,17 +159,17 @@ class Supervisor:
             pass
 
     def spawn(self, child: Child) -> None:
-        opts = dict(self.opts, **child.extra)
+        opts = msgspec.structs.replace(self.opts, **child.extra)
         theirs = None
         if child is not self.broker:
             if child.link is not None:
                 child.link.close()
             child.link, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             child.link_state = b""
-            opts["ready_fd"] = theirs.fileno()
+            opts = msgspec.structs.replace(opts, ready_fd=theirs.fileno())
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
         try:
-            child.proc = subprocess.Popen([sys.executable, "-m", child.module, json.dumps(opts)],
+            child.proc = subprocess.Popen([sys.executable, "-m", child.module, wire_options.encode(opts)],
                                           stdin=subprocess.DEVNULL, close_fds=True,
                                           pass_fds=(theirs.fileno(),) if theirs else ())
         finally:
@@ -284,12 +286,12 @@ class Supervisor:
 
     def start_frontends(self) -> None:
         o = self.opts
-        if o["allow_http"]:
-            for i in range(o["http_workers"]):
-                extra = {"metrics_port": o["metrics_port"] if i == 0 else 0}
+        if o.allow_http:
+            for i in range(o.http_workers):
+                extra = {"metrics_port": o.metrics_port if i == 0 else 0}
                 self.frontends.append(Child("http", "tritond.frontend.http.server", extra))
-        if o["allow_grpc"]:
-            for _ in range(o["grpc_workers"]):
+        if o.allow_grpc:
+            for _ in range(o.grpc_workers):
                 self.frontends.append(Child("grpc", "tritond.frontend.grpc.server"))
         for f in self.frontends:
             self.spawn(f)
@@ -314,7 +316,7 @@ class Supervisor:
                 raise Interrupted("interrupted during startup")
             for f in self.frontends:
                 if f.proc.poll() is not None:
-                    port = self.opts["http_port" if f.role == "http" else "grpc_port"]
+                    port = self.opts.http_port if f.role == "http" else self.opts.grpc_port
                     raise StartupError(f"the {f.role} frontend exited during startup (code {f.proc.returncode}); "
                                        f"is port {port} already in use?")
             self.tick_watchdog()
@@ -341,12 +343,12 @@ class Supervisor:
     def ports(self) -> list[tuple[str, str, int]]:
         o = self.opts
         out = []
-        if o["allow_http"]:
-            out.append(("HTTPService", o["http_address"], o["http_port"]))
-            if o["metrics_port"]:
-                out.append(("Metrics Service", o["metrics_address"], o["metrics_port"]))
-        if o["allow_grpc"]:
-            out.append(("GRPCInferenceService", o["grpc_address"], o["grpc_port"]))
+        if o.allow_http:
+            out.append(("HTTPService", o.http_address, o.http_port))
+            if o.metrics_port:
+                out.append(("Metrics Service", o.metrics_address, o.metrics_port))
+        if o.allow_grpc:
+            out.append(("GRPCInferenceService", o.grpc_address, o.grpc_port))
         return out
 
     def check_ports(self) -> None:
@@ -369,8 +371,8 @@ class Supervisor:
     def check_tls(self) -> None:
         """Certificate files are checked before anything starts: a bad one is a startup error,
         never a port that falls back to clear text."""
-        for key in ("grpc_tls", "http_tls"):
-            files = TlsFiles.from_options(key.split("_")[0], self.opts.get(key))
+        for flag, spec in (("grpc", self.opts.grpc_tls), ("http", self.opts.http_tls)):
+            files = TlsFiles.from_options(flag, spec)
             if files is None:
                 continue
             try:
@@ -390,7 +392,7 @@ class Supervisor:
             self.check_remote_repositories()
             self.start_broker()
             failed = self.failed_models()
-            if failed and self.opts["exit_on_error"]:
+            if failed and self.opts.exit_on_error:
                 for line in failed:
                     log.error("failed to load %s", line)
                 log.error("exiting: a model failed to load at startup (--exit-on-error=true)")
@@ -414,7 +416,7 @@ class Supervisor:
     def check_remote_repositories(self) -> None:
         """List each remote repository once before the broker starts, so that an unreachable
         or missing bucket is one clear startup error (what was fetched stays in the cache)."""
-        for repo in self.opts["model_repositories"]:
+        for repo in self.opts.model_repositories:
             if is_remote(repo):
                 try:
                     list_models(repo)
@@ -426,7 +428,7 @@ class Supervisor:
         snapshot = self.control(S.ModelMetrics(), 10.0) or {}
         workers = sum(int(m.get("instances_ready", 0)) for m in snapshot.get("models", []))
         o = self.opts
-        frontends = (o["http_workers"] if o["allow_http"] else 0) + (o["grpc_workers"] if o["allow_grpc"] else 0)
+        frontends = (o.http_workers if o.allow_http else 0) + (o.grpc_workers if o.allow_grpc else 0)
         why = shm_shortfall(frontends, workers)
         if why:
             log.error("%s", why)
@@ -490,7 +492,7 @@ class Supervisor:
         restarted like any dead broker."""
         p = self.broker.proc
         silence = self.broker_silence()
-        if silence < self.opts["broker_hang_timeout_secs"] or p is None or p.poll() is not None or self.broker.hung:
+        if silence < self.opts.broker_hang_timeout_secs or p is None or p.poll() is not None or self.broker.hung:
             return
         log.error("the broker (pid %d) sent nothing for %.1fs: it is hung; killing it", p.pid, silence)
         self.notify.status("the broker is hung; restarting it")
@@ -557,9 +559,9 @@ class Supervisor:
 
     def graceful_stop(self) -> int:
         """Drain in-flight work within --exit-timeout-secs, then stop every process."""
-        log.info("stopping: draining in-flight requests (timeout %gs)", self.opts["exit_timeout_secs"])
+        log.info("stopping: draining in-flight requests (timeout %gs)", self.opts.exit_timeout_secs)
         self.notify.stopping("draining in-flight requests")
-        result = self.control(S.Drain(), self.opts["exit_timeout_secs"] + 5)
+        result = self.control(S.Drain(), self.opts.exit_timeout_secs + 5)
         drained = bool(result and result.get("drained"))
         self.stop_all()
         if not drained:

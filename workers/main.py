@@ -26,6 +26,7 @@ from setproctitle import setproctitle
 
 from tritond import logs
 from tritond.process import EXIT_NO_MEMORY, die_with_parent, limit_memory, setup_logging
+from tritond.repository.backends import PYTHON
 from tritond.repository.parameters import config_parameter
 from tritond.repository.view import model_view
 from tritond.shm.arena import Arena
@@ -96,7 +97,7 @@ class Worker:
         self.decoder = P.decoder(P.BrokerToWorker)
         self.bls = BlsClient(self)
         self.stop_requested = False   # a Stop the BLS reader received while execute() ran
-        view = model_view(spec.config)
+        self.view = view = model_view(spec.config)
         self.decoupled = view.decoupled
         self.flow = Flow(view.exec_timeout_s)
         self.stream = self.ctx.socket(zmq.DEALER)     # a decoupled model's responses, from any thread
@@ -104,8 +105,7 @@ class Worker:
         self.stream.setsockopt(zmq.LINGER, 2000)
         self.stream.connect(spec.workers)
         self.stream_lock = threading.Lock()
-        self.states = SequenceStates(state_specs(spec.config, spec.model_dir), self.arena,
-                                     [o["name"] for o in spec.config.get("output") or []])
+        self.states = SequenceStates(state_specs(view, spec.config, spec.model_dir), self.arena, list(view.outputs))
 
     def send(self, msg) -> None:
         self.sock.send(P.encode(msg))
@@ -154,12 +154,12 @@ class Worker:
             version_dir=s.version_dir, instance_name=s.instance_name, kind=s.kind,
             device_id=s.device_id, model_repository=s.repository, index=s.index,
         )
-        backend = create(s.config, info)
+        backend = create(s.config, self.view, info)
         completed = backend.auto_complete()
         if completed is not None:
-            backend.config = completed
-            self.decoupled = model_view(completed).decoupled
-        if s.config.get("backend") == "python":
+            backend.config, backend.view = completed, model_view(completed)
+            self.decoupled = backend.view.decoupled
+        if self.view.backend == PYTHON:
             from . import pb_utils
             pb_utils.set_bls_handler(self.bls.infer, self.bls.infer_stream)
         backend.load()

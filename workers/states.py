@@ -17,6 +17,7 @@ import numpy as np
 
 from tritond.repository.datatypes import CONFIG_TO_WIRE, WIRE_TO_NUMPY
 from tritond.shm.arena import Arena, Block
+from tritond.wire.schema import ModelView
 
 from .backends.base import WorkerRequest, WorkerResponse
 
@@ -34,9 +35,11 @@ class StateSpec:
     initial: bytes | None = None    # initial_state data (None: zeros)
 
 
-def state_specs(config: dict, model_dir: str) -> list[StateSpec]:
+def state_specs(view: ModelView, config: dict, model_dir: str) -> list[StateSpec]:
+    """The config's states (`config` gives their types, dims and initial data, which the view
+    does not carry)."""
     seq = config.get("sequence_batching") or {}
-    batched = int(config.get("max_batch_size", 0) or 0) > 0
+    batched = view.max_batch_size > 0
     out = []
     for s in seq.get("state") or []:
         dtype = np.dtype(WIRE_TO_NUMPY[CONFIG_TO_WIRE[s["data_type"]]])

@@ -34,18 +34,11 @@ import time
 import msgspec
 
 from tritond.process import die_with_parent, setup_logging
+from tritond.repository.backends import backend_record
 from tritond.wire.schema import WorkerSpec
 
 log = logging.getLogger("tritond.template")
 
-# What each kind imports ahead of its workers: the framework and tritond's backend for it.
-PRELOAD = {
-    "python": ["tritond.workers.backends.python"],
-    "onnxruntime": ["onnxruntime", "tritond.workers.backends.onnxruntime"],
-    "pytorch": ["torch", "tritond.workers.backends.pytorch"],
-    "openvino": ["openvino", "tritond.workers.backends.openvino"],
-    "tensorflow": ["tensorflow", "tritond.workers.backends.tensorflow"],
-}
 READY = b"R"
 REFUSED = 2         # exit code when importing the framework started threads
 WAIT_FOR_REPARENT_S = 5.0
@@ -74,7 +67,9 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
 
 
 def preload(kind: str) -> None:
-    for module in ["tritond.workers.main", *PRELOAD[kind]]:
+    """Import the worker and what the registry says backend `kind` preloads (its framework and
+    tritond's backend module), then keep that heap out of the collector's way."""
+    for module in ["tritond.workers.main", *backend_record(kind).preload]:
         importlib.import_module(module)
     gc.collect()
     gc.freeze()

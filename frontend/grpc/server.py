@@ -14,6 +14,8 @@ import threading
 
 import grpc
 
+from tritond.wire.options import ServerOptions
+
 from ..client_subject import subject_rules
 from ..metadata import server_extensions
 from ..process import frontend_dataplane, start_process
@@ -72,24 +74,24 @@ class Credentials:
         return Reloader(self.files, certificate_configuration, self.use)
 
 
-async def run(opts: dict) -> None:
-    files = TlsFiles.from_options("grpc", opts.get("grpc_tls"))
+async def run(opts: ServerOptions) -> None:
+    files = TlsFiles.from_options("grpc", opts.grpc_tls)
     credentials = Credentials(load(files)) if files else None
     reload = credentials.reloader().reload if credentials else None
     async with frontend_dataplane(opts, "grpc", reload) as (dataplane, stop, listening):
         servicer = InferenceServicer(dataplane, GrpcOptions(
-            server_name=opts.get("server_name", "triton"),
-            strict_readiness=opts.get("strict_readiness", True),
+            server_name=opts.server_name,
+            strict_readiness=opts.strict_readiness,
             extensions=server_extensions(opts),
-            restricted={k: tuple(v) for k, v in (opts.get("grpc_restricted") or {}).items()},
-            subjects=subject_rules(opts.get("grpc_restricted_subjects")),
-            init_failed=bool(opts.get("init_failed")),
+            restricted=opts.grpc_restricted,
+            subjects=subject_rules(opts.grpc_restricted_subjects),
+            init_failed=bool(opts.init_failed),
         ))
-        limits = [(str(k), v) for k, v in opts.get("grpc_channel_args", [])]   # keepalive, streams
+        limits = list(opts.grpc_channel_args)   # keepalive, streams
         server = grpc.aio.server(options=SERVER_OPTIONS + limits)
         add_servicer(servicer, server)
         server.add_generic_rpc_handlers((health_handler(servicer),))
-        address = bind_address(opts["grpc_address"], opts["grpc_port"])
+        address = bind_address(opts.grpc_address, opts.grpc_port)
         if credentials is not None:
             server.add_secure_port(address, credentials.server_credentials())
         else:
@@ -97,7 +99,7 @@ async def run(opts: dict) -> None:
         await server.start()
         listening()
         await stop.wait()
-        await servicer.drain(float(opts.get("exit_timeout_secs", 30)))
+        await servicer.drain(opts.exit_timeout_secs)
         await server.stop(STOP_GRACE_S)
 
 

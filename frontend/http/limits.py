@@ -21,10 +21,12 @@ import http
 import logging
 import os
 import time
-from dataclasses import dataclass, fields
 from typing import Any
 
+import msgspec
 import orjson
+
+from tritond.wire.options import HttpLimitsConfig
 
 log = logging.getLogger("tritond.http")
 
@@ -35,19 +37,12 @@ TOO_MANY_CHUNKS = (f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-em
 DRAIN_SECS = 5.0            # how long a refused chunked body is still read (and dropped)
 
 
-@dataclass(frozen=True)
-class HttpLimits:
-    max_header_size: int = 64 * 1024
-    max_headers: int = 100
-    header_timeout_secs: float = 10.0
-    body_timeout_secs: float = 60.0
-    keepalive_timeout_secs: float = 5.0
-    max_connections: int = 1024
+class HttpLimits(HttpLimitsConfig, frozen=True):
+    """The limits the options carry, with what a client is told at each."""
 
     @classmethod
-    def from_options(cls, opts: dict[str, Any]) -> "HttpLimits":
-        given = opts.get("http_limits") or {}
-        return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
+    def from_options(cls, given: HttpLimitsConfig) -> "HttpLimits":
+        return cls(**msgspec.structs.asdict(given))
 
     def head_too_large(self) -> str:
         return (f"request head is larger than {self.max_header_size} bytes "

@@ -18,6 +18,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from tritond.wire.errors import TritonError
+from tritond.wire.options import ServerOptions
 
 from ..client_subject import subject_rules
 from ..metadata import server_extensions
@@ -62,13 +63,13 @@ class Tls:
     metrics: SwappableContext | None = None
 
     @classmethod
-    def from_options(cls, opts: dict) -> "Tls":
-        files = TlsFiles.from_options("http", opts.get("http_tls"))
+    def from_options(cls, opts: ServerOptions) -> "Tls":
+        files = TlsFiles.from_options("http", opts.http_tls)
         if files is None:
             return cls()
         material = load(files)
-        alpn = HYPERCORN_ALPN if opts.get("http_server") == "hypercorn" else None
-        metrics = SwappableContext(material) if opts.get("metrics_tls") and opts.get("metrics_port") else None
+        alpn = HYPERCORN_ALPN if opts.http_server == "hypercorn" else None
+        metrics = SwappableContext(material) if opts.metrics_tls and opts.metrics_port else None
         return cls(files, SwappableContext(material, alpn), metrics)
 
     def reloader(self) -> Reloader | None:
@@ -125,34 +126,34 @@ async def serve_hypercorn(app, sock: socket.socket, stop: asyncio.Event, limits:
     await serve(RequestLimits(app, limits), config, shutdown_trigger=stop.wait)
 
 
-async def run(opts: dict) -> None:
+async def run(opts: ServerOptions) -> None:
     tls = Tls.from_options(opts)
     reloader = tls.reloader()
-    subjects = subject_rules(opts.get("http_restricted_subjects"))
+    subjects = subject_rules(opts.http_restricted_subjects)
     peers = PeerCertificates() if subjects else None
     async with frontend_dataplane(opts, "http", reloader.reload if reloader else None) as (
             dataplane, stop, listening):
         api = HttpApi(dataplane, HttpOptions(
-            server_name=opts.get("server_name", "triton"),
-            strict_readiness=opts.get("strict_readiness", True),
+            server_name=opts.server_name,
+            strict_readiness=opts.strict_readiness,
             extensions=server_extensions(opts),
-            max_input_size=opts.get("http_max_input_size", 1 << 26),
-            restricted={k: tuple(v) for k, v in (opts.get("http_restricted") or {}).items()},
+            max_input_size=opts.http_max_input_size,
+            restricted=opts.http_restricted,
             subjects=subjects,
             client_certificate=peers.certificate if peers else None,
-            init_failed=bool(opts.get("init_failed")),
+            init_failed=bool(opts.init_failed),
         ))
-        sock = listen_socket(opts["http_address"], opts["http_port"])
-        limits = HttpLimits.from_options(opts)
-        if opts.get("http_server") == "hypercorn":
+        sock = listen_socket(opts.http_address, opts.http_port)
+        limits = HttpLimits.from_options(opts.http_limits)
+        if opts.http_server == "hypercorn":
             servers = [serve_hypercorn(api.app(), sock, stop, limits, tls.api)]
         else:
             servers = [serve_uvicorn(api.app(), sock, stop, limits, tls.api, peers)]
-        if opts.get("metrics_port"):
+        if opts.metrics_port:
             endpoint = MetricsEndpoint(dataplane.client, opts)
             endpoint.start()
             servers.append(serve_uvicorn(metrics_app(endpoint), listen_socket(
-                opts.get("metrics_address") or opts["http_address"], opts["metrics_port"]), stop, limits, tls.metrics))
+                opts.metrics_address, opts.metrics_port), stop, limits, tls.metrics))
         listening()    # the sockets listen: connections queue until the servers accept them
         await asyncio.gather(*servers)
 

@@ -29,6 +29,7 @@ COMMON = textwrap.dedent("""
     import json, os, sys
     import numpy as np
     import torch
+    from tritond.repository.view import model_view
     from tritond.workers.backends import create
     from tritond.workers.backends.base import InstanceInfo, WorkerRequest
     from tritond.workers import cuda_ipc
@@ -49,7 +50,7 @@ COMMON = textwrap.dedent("""
                   "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [-1]}],
                   "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [-1]}],
                   "parameters": {"cuda_ipc_outputs": {"string_value": "true" if device_out else "false"}}}
-        b = create(config, InstanceInfo("m", 1, tmp, version, "m_0_0", kind="GPU"))
+        b = create(config, model_view(config), InstanceInfo("m", 1, tmp, version, "m_0_0", kind="GPU"))
         b.load()
         return b
 """)

@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
 import tritonclient.http as httpclient  # noqa: E402
 
 from conftest import TritondServer  # noqa: E402
+from tritond.repository.view import model_view  # noqa: E402
 from tritond.workers.backends import create  # noqa: E402
 from tritond.workers.backends.base import InstanceInfo, WorkerRequest  # noqa: E402
 
@@ -97,7 +98,8 @@ def test_backend_keeps_outputs_on_the_device(model_file, tmp_path):
               "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
               "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
               "parameters": {"cuda_ipc_outputs": {"string_value": "true"}}}
-    backend = create(config, InstanceInfo("m", 1, str(tmp_path / "m"), str(version), "m_0_0", kind="GPU"))
+    info = InstanceInfo("m", 1, str(tmp_path / "m"), str(version), "m_0_0", kind="GPU")
+    backend = create(config, model_view(config), info)
     backend.load()
     assert next(backend.module.parameters()).is_cuda
     parts = [np.random.default_rng(i).standard_normal((n, WIDTH)).astype(np.float32) for i, n in enumerate((1, 3))]

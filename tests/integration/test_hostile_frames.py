@@ -1,13 +1,12 @@
 """Frames a hostile local peer could put on the broker's frontend socket: each is answered
 with an error or dropped, and the broker (with every model) keeps serving."""
-import json
 
 import msgspec
 import numpy as np
 import tritonclient.http as httpclient
 import zmq
 
-from tritond.wire import schema as P
+from tritond.wire import options as wire_options, schema as P
 from tritond.wire.errors import Code
 
 
@@ -15,11 +14,11 @@ def broker_socket(server):
     [pid] = server.role_pids("tritond.broker.main")
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         argv = f.read().split(b"\0")
-    opts = json.loads(argv[argv.index(b"tritond.broker.main") + 1])
+    opts = wire_options.decode(argv[argv.index(b"tritond.broker.main") + 1])
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"ipc://{opts['run_dir']}/frontends.sock")
+    sock.connect(f"ipc://{opts.run_dir}/frontends.sock")
     return pid, ctx, sock
 
 

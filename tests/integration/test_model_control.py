@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import TritondServer
 from fault_models import MODEL_SOURCE, add_fault_model
 from lifecycle_util import index, infer, tag, wait_for
+from tritond.wire import options as wire_options
 
 OVERRIDE_LIMIT = 64 * 1024
 
@@ -189,7 +190,7 @@ def override_config(client) -> str:
 def run_dir(server: TritondServer) -> Path:
     (broker,) = server.role_pids("tritond.broker.main")
     with open(f"/proc/{broker}/cmdline", "rb") as f:
-        return Path(json.loads(f.read().split(b"\0")[3])["run_dir"])
+        return Path(wire_options.decode(f.read().split(b"\0")[3]).run_dir)
 
 
 def test_file_overrides_load_from_a_private_directory_until_the_next_plain_load(server, repo, client):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from broker_harness import Harness, python_model
 
-from tritond.broker.pool import BACKOFF_MIN, CRASH_LIMIT, Instance, InstanceState, record_crash
-from tritond.broker.supervision import HEARTBEAT_TIMEOUT_S
+from tritond.broker.supervision.pool import BACKOFF_MIN, CRASH_LIMIT, Instance, InstanceState, record_crash
+from tritond.broker.supervision.watch import HEARTBEAT_TIMEOUT_S
 from tritond.wire import schema as S
 from tritond.wire.errors import Code
 

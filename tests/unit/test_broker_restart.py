@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from broker_harness import Harness, ensemble_model, python_model
 
-from tritond.broker.pool import BACKOFF_MIN, CRASH_LIMIT
-from tritond.broker.requests import RESTART_WAIT_S
+from tritond.broker.supervision.pool import BACKOFF_MIN, CRASH_LIMIT
+from tritond.broker.supervision.restart_wait import RESTART_WAIT_S
 from tritond.frontend.broker_client import ModelTable
 from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError

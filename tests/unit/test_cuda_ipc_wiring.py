@@ -249,7 +249,7 @@ class Recorder(Backend):
     """Returns its input as OUT (or a device copy of it) and records what execute() saw."""
 
     def __init__(self, accepts_device: bool, alias: bool = False, cuda: FakeCuda | None = None) -> None:
-        super().__init__({}, InstanceInfo("m", 1, "", "", "m_0_0"))
+        super().__init__({}, P.ModelView(), InstanceInfo("m", 1, "", "", "m_0_0"))
         self.accepts_device_inputs = accepts_device
         self.alias, self.cuda = alias, cuda
         self.seen: list[type] = []

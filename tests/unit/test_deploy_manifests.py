@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tritond.frontend.metrics import Families, model_families
+from tritond.wire.options import MetricsConfig
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is installed by scripts/setup.sh --test")
 jsonschema = pytest.importorskip("jsonschema")
@@ -163,7 +164,7 @@ def test_service_monitor_pdb_and_autoscaling_fit_together():
     model_families(families, {
         "name": "m", "version": 1, "tags": {}, "success": 0, "failures": {}, "inference_count": 0,
         "execution_count": 0, "request_ns": 0, "queue_ns": 0, "compute_input_ns": 0, "compute_infer_ns": 0,
-        "compute_output_ns": 0, "cache": False, "pending": 3, "restarts": 0, "instances_ready": 1}, {})
+        "compute_output_ns": 0, "cache": False, "pending": 3, "restarts": 0, "instances_ready": 1}, MetricsConfig())
     assert families.by_name[metric].type == "gauge"
     assert 1 <= so["spec"]["minReplicaCount"] < so["spec"]["maxReplicaCount"]
 

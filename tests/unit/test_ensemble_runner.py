@@ -10,8 +10,8 @@ from broker_harness import Harness, ensemble_model, python_model
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritond.broker.ensemble import Plan
-from tritond.broker.pool import InstanceState
+from tritond.broker.ensembles.plan import Plan
+from tritond.broker.supervision.pool import InstanceState
 from tritond.repository.render import config_to_json
 from tritond.wire import schema as S
 from tritond.wire.errors import Code
@@ -278,7 +278,7 @@ def test_a_call_is_refused_only_when_it_could_never_be_answered(h):
     assert not bls.would_deadlock(a, left)
     bls.waits = {l0.identity: [split]}
     assert bls.would_deadlock(a, left)                        # left waits on split, which waits on left
-    l0.state = InstanceState.RESTARTING
+    l0.move_to(InstanceState.RESTARTING)
     bls.waits = {}
     assert not bls.would_deadlock(a, left)
 

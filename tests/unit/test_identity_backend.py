@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tritond.repository.view import model_view
 from tritond.workers.backends import create
 from tritond.workers.backends.base import InstanceInfo, WorkerRequest
 from tritond.wire.errors import TritonError
 
 
 def backend(config: dict, index: int = 0):
-    b = create({"backend": "identity", **config}, InstanceInfo("m", 1, "/m", "/m/1", f"m_0_{index}", index=index))
+    config = {"backend": "identity", **config}
+    b = create(config, model_view(config), InstanceInfo("m", 1, "/m", "/m/1", f"m_0_{index}", index=index))
     b.load()
     return b
 

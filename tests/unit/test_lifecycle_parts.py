@@ -8,10 +8,11 @@ import struct
 
 import pytest
 
-from tritond.broker.jobs import InlineJobs
-from tritond.broker.oprunner import FreeSlot, Lock, OpRunner, Slot, Until
-from tritond.broker.rate_limiter import ANY_DEVICE, parse_resources
+from tritond.broker.lifecycle.jobs import InlineJobs
+from tritond.broker.lifecycle.runner import FreeSlot, Lock, OpRunner, Slot, Until
+from tritond.broker.scheduling.rate_limiter import ANY_DEVICE, parse_resources
 from tritond.options import UsageError, server_options, start_parser
+from tritond.wire.options import ServerOptions
 from tritond.repository.fingerprint import fingerprint
 from tritond.repository.overrides import is_override_dir, override_parts, write_overrides
 from tritond.repository.poll import ADD, MODIFY, REMOVE, PollState
@@ -137,15 +138,15 @@ def test_bad_warmup_samples_are_refused_naming_the_sample(tmp_path, spec, messag
 # ---------------------------------------------------------------------- flags
 
 
-def options(*argv: str) -> dict:
+def options(*argv: str) -> ServerOptions:
     return server_options(start_parser().parse_args(["--model-repository", "/r", *argv]))
 
 
 def test_lifecycle_flags():
     o = options("--rate-limit=execution_count", "--rate-limit-resource=R:2", "--rate-limit-resource=G:1:0",
                 "--model-load-thread-count=2", "--repository-poll-secs=0")
-    assert (o["rate_limit"], o["model_load_thread_count"], o["repository_poll_secs"]) == ("execution_count", 2, 0)
-    assert parse_resources(o["rate_limit_resources"]) == {("R", ANY_DEVICE): 2, ("G", 0): 1}
+    assert (o.rate_limit, o.model_load_thread_count, o.repository_poll_secs) == ("execution_count", 2, 0)
+    assert parse_resources(o.rate_limit_resources) == {("R", ANY_DEVICE): 2, ("G", 0): 1}
     for bad in (["--rate-limit-resource=R"], ["--model-load-thread-count=0"], ["--repository-poll-secs=-1"],
                 ["--model-unload-timeout-secs=0"], ["--model-file-override-max-bytes=0"]):
         with pytest.raises(UsageError):

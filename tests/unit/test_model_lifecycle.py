@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from broker_harness import Harness, python_model
 
-from tritond.broker.oprunner import MAX_WAITING
-from tritond.broker.pool import InstanceState
+from tritond.broker.lifecycle.runner import MAX_WAITING
+from tritond.broker.supervision.pool import InstanceState
 from tritond.wire import schema as S
 from tritond.wire.errors import Code
 

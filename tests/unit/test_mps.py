@@ -12,6 +12,7 @@ import pytest
 
 from tritond import mps
 from tritond.options import UsageError, server_options, start_parser
+from tritond.wire.options import ServerOptions
 from tritond.workers.gpu_env import check_mps_share
 
 
@@ -42,8 +43,8 @@ def test_parse_percentage():
 
 
 def test_from_options(tmp_path):
-    assert mps.from_options({"mps": False}, str(tmp_path)) is None
-    d = mps.from_options({"mps": True, "mps_active_thread_percentage": 50}, str(tmp_path))
+    assert mps.from_options(ServerOptions(model_repositories=[], mps=False), str(tmp_path)) is None
+    d = mps.from_options(ServerOptions(model_repositories=[], mps=True, mps_active_thread_percentage=50), str(tmp_path))
     assert d.percentage == 50 and d.pipe_dir.startswith(str(tmp_path))
 
 
@@ -114,8 +115,8 @@ def test_worker_share_check():
 def test_options():
     base = ["--model-repository", "/tmp/x"]
     opts = server_options(start_parser().parse_args(base))
-    assert opts["mps"] is False and opts["mps_active_thread_percentage"] is None
+    assert opts.mps is False and opts.mps_active_thread_percentage is None
     opts = server_options(start_parser().parse_args(base + ["--mps", "--mps-active-thread-percentage", "60"]))
-    assert opts["mps"] is True and opts["mps_active_thread_percentage"] == 60
+    assert opts.mps is True and opts.mps_active_thread_percentage == 60
     with pytest.raises(UsageError, match="from 1 to 100"):
         server_options(start_parser().parse_args(base + ["--mps-active-thread-percentage", "0"]))

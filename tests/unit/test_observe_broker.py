@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tritond.frontend.metrics import Families, exposition
 from tritond.options import UsageError, server_options, start_parser
+from tritond.wire.options import ServerOptions
 from tritond.wire import schema as S
 
 X = np.arange(4, dtype=np.float32)
@@ -173,7 +174,7 @@ def test_settings_api_rejects_what_tritond_does_not_do(harness):
     assert h.to_workers(S.Observe)[-1][1].log.format == "json"
 
 
-def options(*flags: str) -> dict:
+def options(*flags: str) -> ServerOptions:
     return server_options(start_parser().parse_args(["--model-repository", "/m", *flags]))
 
 
@@ -182,12 +183,12 @@ def test_flags_parse_with_triton_syntax():
                 "--trace-config=level=TIMESTAMPS", "--trace-config=rate=10", "--metrics-config=summary_latencies=true",
                 "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.001", "--metrics-interval-ms=500",
                 "--log-format=ISO8601", "--log-info=false", "--log-verbose=2")
-    assert o["cache_size"] == 1048576
-    assert (o["trace"]["level"], o["trace"]["rate"], o["trace"]["file"]) == ("TIMESTAMPS", 10, "/tmp/t.json")
-    assert o["metrics"]["summary_latencies"] and o["metrics"]["summary_quantiles"] == [(0.5, 0.05), (0.99, 0.001)]
-    assert o["metrics"]["interval_ms"] == 500
-    assert (o["log"]["format"], o["log"]["info"], o["log"]["verbose"]) == ("ISO8601", False, 2)
-    assert options()["cache_size"] == 0 and options("--cache-config=local,size=0")["cache_size"] == 0
+    assert o.cache_size == 1048576
+    assert (o.trace.level, o.trace.rate, o.trace.file) == ("TIMESTAMPS", 10, "/tmp/t.json")
+    assert o.metrics.summary_latencies and o.metrics.summary_quantiles == [(0.5, 0.05), (0.99, 0.001)]
+    assert o.metrics.interval_ms == 500
+    assert (o.log.format, o.log.info, o.log.verbose) == ("ISO8601", False, 2)
+    assert options().cache_size == 0 and options("--cache-config=local,size=0").cache_size == 0
 
 
 @pytest.mark.parametrize("flag", [

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tritond.wire.errors import Code, TritonError
+from tritond.repository.view import model_view
 from tritond.workers import pb_utils
 from tritond.workers.backends.base import InstanceInfo, WorkerRequest
 from tritond.workers.backends.python import PythonBackend
@@ -42,7 +43,8 @@ def make_backend(tmp_path, source, config=None, filename="model.py"):
     info = InstanceInfo(model_name="m", model_version=1, model_dir=str(model_dir),
                         version_dir=str(version_dir), instance_name="m_0_0",
                         model_repository=str(tmp_path))
-    return PythonBackend(dict(config or CONFIG), info)
+    config = dict(config or CONFIG)
+    return PythonBackend(config, model_view(config), info)
 
 
 @pytest.fixture

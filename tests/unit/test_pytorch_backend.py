@@ -7,6 +7,7 @@ from typing import Dict, List
 import numpy as np
 import pytest
 
+from tritond.repository.view import model_view
 from tritond.workers.backends import create
 from tritond.workers.backends.base import InstanceInfo, WorkerRequest
 from tritond.workers.backends.pytorch import input_positions, named_index, output_positions
@@ -95,7 +96,7 @@ def make(tmp_path, module, inputs, outputs, *, max_batch_size=0, filename="model
               "input": inputs, "output": outputs, "default_model_filename": filename,
               "parameters": {k: {"string_value": v} for k, v in (params or {}).items()}, **(extra or {})}
     info = InstanceInfo("m", 1, str(tmp_path / "m"), str(version), "m_0_0", kind=kind)
-    backend = create(config, info)
+    backend = create(config, model_view(config), info)
     return backend
 
 

@@ -9,9 +9,15 @@ import pytest
 from tritond.repository import devices
 from tritond.repository.catalog import load_spec
 from tritond.repository.layout import ModelSource
+from tritond.repository.view import model_view
 from tritond.workers.backends.base import WorkerRequest
 from tritond.workers.backends.batching import concat_inputs, execute_batch
 from tritond.workers.backends.ragged import RaggedPlan
+
+
+def plan(config: dict) -> RaggedPlan | None:
+    return RaggedPlan.from_config(model_view(config), config)
+
 
 CONFIG = {
     "max_batch_size": 8,
@@ -42,7 +48,7 @@ def requests() -> list[WorkerRequest]:
 def test_batch_inputs_describe_the_batch(kind, expected):
     config = dict(CONFIG, batch_input=[{"kind": kind, "target_name": ["B"], "data_type": "TYPE_INT32",
                                         "source_input": ["RAGGED"]}])
-    inputs, sizes = RaggedPlan.from_config(config).gather(requests(), concat_inputs)
+    inputs, sizes = plan(config).gather(requests(), concat_inputs)
     assert sizes == [1, 2, 1]
     assert inputs["B"].dtype == np.int32 and inputs["B"].tolist() == expected
     assert inputs["RAGGED"].tolist() == [0] * 3 + [1] * 8 + [2]
@@ -55,16 +61,16 @@ def test_batch_outputs_scatter_by_the_source_input_and_others_split_by_batch():
     def run(inputs):
         seen.update(inputs)
         return {"SCATTERED": inputs["RAGGED"] * 10, "PER_ITEM": inputs["PLAIN"] + 1}
-    responses = execute_batch(requests(), run, True, ragged=RaggedPlan.from_config(CONFIG))
+    responses = execute_batch(requests(), run, True, ragged=plan(CONFIG))
     assert [r.outputs["SCATTERED"].tolist() for r in responses] == [[[0] * 3], [[10] * 4] * 2, [[20]]]
     assert [r.outputs["PER_ITEM"].shape for r in responses] == [(1, 2), (2, 2), (1, 2)]
     # one request alone still goes to the model flattened
-    (single,) = execute_batch(requests()[1:2], run, True, ragged=RaggedPlan.from_config(CONFIG))
+    (single,) = execute_batch(requests()[1:2], run, True, ragged=plan(CONFIG))
     assert seen["RAGGED"].shape == (8,) and single.outputs["SCATTERED"].shape == (2, 4)
 
 
 def test_a_model_without_ragged_batching_has_no_plan():
-    assert RaggedPlan.from_config({"max_batch_size": 8, "input": [{"name": "x", "dims": [2]}]}) is None
+    assert plan({"max_batch_size": 8, "input": [{"name": "x", "dims": [2]}]}) is None
 
 
 BASE = ('max_batch_size: 4 input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }] '

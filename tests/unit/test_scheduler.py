@@ -3,8 +3,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from tritond.broker import scheduler
-from tritond.broker.scheduler import BatchPolicy, Pending, Scheduler
+from tritond.broker.scheduling import batcher as scheduler
+from tritond.broker.scheduling.batcher import BatchPolicy, Pending, Scheduler
 from tritond.repository.view import model_view
 from tritond.wire import schema as S
 from tritond.wire.errors import TritonError as Rejected

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tritond.broker.scheduler import Pending
-from tritond.broker.sequences import FLAG_END, FLAG_START, SequenceBatcher, lost_message
+from tritond.broker.scheduling.batcher import Pending
+from tritond.broker.scheduling.sequence_slots import FLAG_END, FLAG_START, SequenceBatcher, lost_message
 from tritond.wire.errors import Code, TritonError
 from tritond.wire.schema import SequenceBatching
 

@@ -1,5 +1,5 @@
 """ModelStats counts what Triton counts, in Triton's JSON shape."""
-from tritond.broker.stats import ModelStats
+from tritond.broker.observe.stats import ModelStats
 
 
 def test_zero_before_any_inference():

@@ -39,9 +39,9 @@ def test_unit_fits_tritond():
     argv = shlex.split(s["ExecStart"])
     assert argv[0].endswith("/tritond") and argv[1] == "start"
     opts = server_options(start_parser().parse_args(argv[2:]))
-    assert seconds(s["TimeoutStopSec"]) > opts["exit_timeout_secs"] + 5
+    assert seconds(s["TimeoutStopSec"]) > opts.exit_timeout_secs + 5
     # The supervisor restarts a hung broker before systemd's watchdog restarts everything.
-    assert seconds(s["WatchdogSec"]) > opts["broker_hang_timeout_secs"]
+    assert seconds(s["WatchdogSec"]) > opts.broker_hang_timeout_secs
     assert seconds(s["TimeoutStartSec"]) >= 600
     assert s["Environment"] == "TRITOND_MODEL_CACHE_DIR=/var/cache/tritond" and s["CacheDirectory"] == "tritond"
 

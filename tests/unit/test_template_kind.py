@@ -1,7 +1,7 @@
 """Which workers are forked from a warm template and which are spawned with their own import."""
 import pytest
 
-from tritond.broker.templates import template_kind
+from tritond.broker.supervision.templates import template_kind
 from tritond.wire.schema import WorkerSpec
 
 

@@ -6,6 +6,7 @@ import importlib.util
 
 import pytest
 
+from tritond.repository.view import model_view
 from tritond.workers.backends import create
 from tritond.workers.backends.base import InstanceInfo
 from tritond.workers.backends.tensorrt import select_profile, validate_config
@@ -53,13 +54,14 @@ def test_profile_selection_ignores_static_inputs():
 @pytest.mark.skipif(HAS_TENSORRT, reason="checks the error for a missing tensorrt package; it is installed here")
 def test_missing_tensorrt_is_a_clear_load_error(tmp_path):
     info = InstanceInfo("plan", 1, str(tmp_path), str(tmp_path / "1"), "plan_0_0", kind="GPU")
-    backend = create(config(), info)
+    backend = create(config(), model_view(config()), info)
     with pytest.raises(RuntimeError, match=r"needs the 'tensorrt' Python package, which is not installed"):
         backend.load()
 
 
 def test_bad_config_fails_before_the_library_is_needed(tmp_path):
     info = InstanceInfo("plan", 1, str(tmp_path), str(tmp_path / "1"), "plan_0_0", kind="GPU")
-    backend = create(config(input=[{"name": "INPUT0", "data_type": "TYPE_STRING", "dims": [1]}]), info)
+    bad = config(input=[{"name": "INPUT0", "data_type": "TYPE_STRING", "dims": [1]}])
+    backend = create(bad, model_view(bad), info)
     with pytest.raises(ValueError, match="unsupported datatype TYPE_STRING"):
         backend.load()

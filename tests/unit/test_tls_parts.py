@@ -15,6 +15,7 @@ from tls_certs import DAY, issue, make_ca
 from tritond.frontend.client_subject import SubjectRule, parse_name, subject_rules
 from tritond.frontend.tls import SwappableContext, TlsError, TlsFiles, load, server_context
 from tritond.options import UsageError, server_options, start_parser
+from tritond.wire.options import ServerOptions, TlsConfig
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def pki(tmp_path_factory):
             "client": issue(root, "client", ca, "tritond-client", "tests")}
 
 
-def options(*args: str) -> dict:
+def options(*args: str) -> ServerOptions:
     return server_options(start_parser().parse_args(["--model-repository", "/m", *args]))
 
 
@@ -41,18 +42,18 @@ def files(pki, mutual: bool = False, **override) -> TlsFiles:
 
 def test_tls_flags_follow_tritonserver(pki):
     cert, key, ca = str(pki["server"].cert), str(pki["server"].key), str(pki["ca"].cert)
-    assert options()["grpc_tls"] is None and options()["http_tls"] is None
-    tls = options("--grpc-use-ssl", f"--grpc-server-cert={cert}", f"--grpc-server-key={key}")["grpc_tls"]
-    assert tls == {"cert": cert, "key": key, "root": None, "mutual": False}
+    assert options().grpc_tls is None and options().http_tls is None
+    tls = options("--grpc-use-ssl", f"--grpc-server-cert={cert}", f"--grpc-server-key={key}").grpc_tls
+    assert tls == TlsConfig(cert=cert, key=key, root=None, mutual=False)
     # --grpc-use-ssl-mutual alone turns TLS on, as in tritonserver
     tls = options("--grpc-use-ssl-mutual=true", f"--grpc-server-cert={cert}", f"--grpc-server-key={key}",
-                  f"--grpc-root-cert={ca}")["grpc_tls"]
-    assert tls["mutual"] and tls["root"] == ca
+                  f"--grpc-root-cert={ca}").grpc_tls
+    assert tls.mutual and tls.root == ca
     # explicitly off: certificates unused, no error
-    assert options("--http-use-ssl=false", f"--http-server-cert={cert}")["http_tls"] is None
+    assert options("--http-use-ssl=false", f"--http-server-cert={cert}").http_tls is None
     # not served: nothing to check
     assert options("--allow-http=false", "--http-use-ssl", f"--http-server-cert={cert}",
-                   f"--http-server-key={key}")["http_tls"] is None
+                   f"--http-server-key={key}").http_tls is None
 
 
 @pytest.mark.parametrize("args, message", [
@@ -82,7 +83,7 @@ def test_subject_restrictions_collect_names_per_category(pki):
                    f"--grpc-root-cert={ca}",
                    "--grpc-restricted-protocol-subject=model-repository,shared-memory:CN=ops",
                    "--grpc-restricted-protocol-subject=model-repository:CN=backup,O=Example")
-    assert opts["grpc_restricted_subjects"] == {"model-repository": ["CN=ops", "CN=backup,O=Example"],
+    assert opts.grpc_restricted_subjects == {"model-repository": ["CN=ops", "CN=backup,O=Example"],
                                                 "shared-memory": ["CN=ops"]}
 
 

@@ -3,11 +3,13 @@ a clear line or are ignored with a warning (tritond/triton_flags.py), never "unr
 arguments"; and the connection-limit flags check their values."""
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from tritond import cli
 from tritond.connection_limits import GRPC_KEEPALIVE
 from tritond.options import UsageError, server_options, start_parser
+from tritond.wire.options import ServerOptions
 from tritond.triton_flags import FLAGS, NOTE, REFUSE, WARN
 
 # Every long option of tritonserver (server:src/command_line_parser.cc at 2.73.0) but --help.
@@ -55,7 +57,7 @@ WITH = {"load-model": ["--model-control-mode=explicit"],
 BASE = ["--model-repository", "/m"]
 
 
-def options(*args: str) -> dict:
+def options(*args: str) -> ServerOptions:
     return server_options(start_parser().parse_args([*BASE, *args]))
 
 
@@ -76,18 +78,18 @@ def test_a_flag_that_would_change_behaviour_is_refused(flag):
 
 @pytest.mark.parametrize("flag", [f for f, spec in FLAGS.items() if spec.decision == WARN])
 def test_a_tuning_flag_is_ignored_with_a_warning(flag):
-    notes = options(f"{flag}=7")["startup_notes"]
+    notes = options(f"{flag}=7").startup_notes
     assert notes == [("WARNING", f"'{flag}' is a tritonserver flag that tritond ignores: {FLAGS[flag].why}")]
 
 
 @pytest.mark.parametrize("flag, value", [(f, v) for f, spec in FLAGS.items() for v in spec.harmless])
 def test_a_value_asking_for_nothing_new_is_accepted_silently(flag, value):
-    assert options(f"{flag}={value.upper()}")["startup_notes"] == []
+    assert options(f"{flag}={value.upper()}").startup_notes == []
 
 
 def test_backend_directory_is_accepted_and_the_log_says_backends_are_built_in():
     assert [f for f, spec in FLAGS.items() if spec.decision == NOTE] == ["--backend-directory"]
-    notes = options("--backend-directory=/opt/tritonserver/backends")["startup_notes"]
+    notes = options("--backend-directory=/opt/tritonserver/backends").startup_notes
     assert notes == [("INFO", "'--backend-directory' accepted: tritond's backends are built in; "
                               "no backend directory is read")]
 
@@ -100,15 +102,15 @@ def test_http_max_input_size_must_be_positive(value):
 
 def test_connection_limits_default_to_tritonservers_keepalive_and_refuse_bad_values():
     opts = options()
-    args = dict(opts["grpc_channel_args"])
+    args = dict(opts.grpc_channel_args)
     for _, arg, default in GRPC_KEEPALIVE:
         if default:
             assert args[arg] == default
     assert "grpc.max_connection_age_ms" not in args      # 0: no maximum, as tritonserver
     assert args["grpc.keepalive_permit_without_calls"] == 0 and args["grpc.max_concurrent_streams"] == 1024
-    assert opts["http_limits"] == {"max_header_size": 65536, "max_headers": 100, "header_timeout_secs": 10.0,
-                                   "body_timeout_secs": 60.0, "keepalive_timeout_secs": 5.0,
-                                   "max_connections": 1024}
+    assert msgspec.structs.asdict(opts.http_limits) == {
+        "max_header_size": 65536, "max_headers": 100, "header_timeout_secs": 10.0, "body_timeout_secs": 60.0,
+        "keepalive_timeout_secs": 5.0, "max_connections": 1024}
     for bad in ("--http-max-connections=0", "--http-header-timeout-secs=-1", "--grpc-keepalive-time=-5",
                 "--grpc-max-concurrent-streams=0"):
         with pytest.raises(UsageError, match=bad.split("=")[0]):
@@ -135,14 +137,14 @@ def test_a_repository_that_is_not_a_directory_is_one_line_not_a_traceback(capsys
 def test_tritonservers_deprecated_trace_flags_are_aliases_of_trace_config():
     opts = options("--trace-file=/tmp/t.json", "--trace-level=MIN", "--trace-rate=1", "--trace-count=5",
                    "--trace-log-frequency=2")
-    trace = opts["trace"]
-    assert (trace["file"], trace["level"], trace["rate"], trace["count"], trace["log_frequency"]) == \
+    trace = opts.trace
+    assert (trace.file, trace.level, trace.rate, trace.count, trace.log_frequency) == \
         ("/tmp/t.json", "TIMESTAMPS", 1, 5, 2)
     assert ("WARNING", "'--trace-file' is deprecated (as in tritonserver): read as --trace-config "
-                       "triton,file=<value>") in opts["startup_notes"]
+                       "triton,file=<value>") in opts.startup_notes
     # --trace-config wins over the deprecated flag, as in tritonserver
-    assert options("--trace-rate=1", "--trace-config=rate=7")["trace"]["rate"] == 7
-    assert options("--trace-level=OFF")["trace"]["level"] == "OFF"
+    assert options("--trace-rate=1", "--trace-config=rate=7").trace.rate == 7
+    assert options("--trace-level=OFF").trace.level == "OFF"
     with pytest.raises(UsageError, match="level=TENSORS is not supported"):
         options("--trace-level=TENSORS")
 

@@ -1,31 +1,19 @@
-"""Backends by name; each is imported only when a worker needs it."""
+"""Backends by name, as the registry (repository/backends.py) lists them; each backend's module
+is imported only when a worker needs it."""
 from __future__ import annotations
+
+import importlib
+
+from tritond.repository.backends import record_for
+from tritond.wire.schema import ModelView
 
 from .base import Backend, InstanceInfo
 
 
-def create(config: dict, instance: InstanceInfo) -> Backend:
-    backend = config.get("backend") or ""
-    platform = config.get("platform") or ""
-    if backend == "onnxruntime" or platform == "onnxruntime_onnx":
-        from .onnxruntime import OnnxBackend
-        return OnnxBackend(config, instance)
-    if backend == "python":
-        from .python import PythonBackend
-        return PythonBackend(config, instance)
-    if backend == "pytorch" or platform == "pytorch_libtorch":
-        from .pytorch import TorchBackend
-        return TorchBackend(config, instance)
-    if backend == "tensorrt" or platform == "tensorrt_plan":
-        from .tensorrt import TensorRTBackend
-        return TensorRTBackend(config, instance)
-    if backend == "openvino":
-        from .openvino import OpenVINOBackend
-        return OpenVINOBackend(config, instance)
-    if backend == "identity":
-        from .identity import IdentityBackend
-        return IdentityBackend(config, instance)
-    if platform == "tensorflow_savedmodel":
-        from .tensorflow import TensorFlowBackend
-        return TensorFlowBackend(config, instance)
-    raise ValueError(f"unsupported backend '{backend or platform}'")
+def create(config: dict, view: ModelView, instance: InstanceInfo) -> Backend:
+    """The backend instance that executes this model (`view` is the worker's parse of `config`)."""
+    record = record_for(view.backend, view.platform)
+    if record is None:
+        raise ValueError(f"unsupported backend '{view.backend or view.platform}'")
+    cls = getattr(importlib.import_module(record.worker_module), record.worker_class)
+    return cls(config, view, instance)

@@ -7,12 +7,15 @@ return device arrays and, with `accepts_device_inputs`, take them (see workers/c
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tritond.repository.backends import backend_record
 from tritond.wire.errors import TritonError
+from tritond.wire.schema import ModelView
 
 
 @dataclass
@@ -54,13 +57,21 @@ class WorkerResponse:
 class Backend:
     """Base class: load once, execute batches, close on exit."""
 
+    name: str = ""      # its record in the registry (repository/backends.py)
+
     # True when execute() takes inputs in device memory (a DeviceArray opened by CUDA IPC
     # handle, exposing __cuda_array_interface__); otherwise the worker copies them to the host.
     accepts_device_inputs: bool = False
 
-    def __init__(self, config: dict, instance: InstanceInfo) -> None:
-        self.config = config          # Triton config JSON (as GET /config renders it)
+    def __init__(self, config: dict, view: ModelView, instance: InstanceInfo) -> None:
+        self.view = view              # the parsed config: batching, tensors, decoupling
+        self.config = config          # Triton config JSON, for what the view does not carry
         self.instance = instance
+
+    def model_path(self) -> str:
+        """This version's model file: the config's default_model_filename, else the registry's."""
+        filename = self.config.get("default_model_filename") or backend_record(self.name).model_file
+        return os.path.join(self.instance.version_dir, filename)
 
     def auto_complete(self) -> dict | None:
         """Return a completed config dict when this backend fills in config (python), else None."""

@@ -6,6 +6,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tritond.wire.schema import ModelView
+
 from .base import WorkerRequest, WorkerResponse
 from .ragged import RaggedPlan
 
@@ -60,8 +62,8 @@ class Reshapes:
     """A config's `reshape` entries: the shape a model sees for an input, and the dims a client
     sees for an output, each behind the batch dimension of a batching model."""
 
-    def __init__(self, config: dict) -> None:
-        self.batching = int(config.get("max_batch_size", 0) or 0) > 0
+    def __init__(self, view: ModelView, config: dict) -> None:
+        self.batching = view.max_batch_size > 0
         self.inputs = {i["name"]: list(i["reshape"].get("shape") or [])
                        for i in config.get("input") or [] if "reshape" in i}
         self.outputs = {o["name"]: list(o["dims"]) for o in config.get("output") or [] if "reshape" in o}

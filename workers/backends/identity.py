@@ -18,7 +18,9 @@ import time
 
 import numpy as np
 
-from tritond.repository.datatypes import CONFIG_TO_WIRE, WIRE_TO_NUMPY
+from tritond.repository.backends import IDENTITY
+from tritond.repository.datatypes import WIRE_TO_NUMPY
+from tritond.repository.parameters import config_parameter
 from tritond.wire.errors import invalid, unsupported
 
 from .base import Backend, WorkerRequest, WorkerResponse
@@ -29,7 +31,7 @@ SUPPORTED_PARAMETERS = ("execute_delay_ms", "instance_wise_delay_multiplier", "c
 
 
 def _int_parameter(config: dict, key: str) -> int:
-    raw = ((config.get("parameters") or {}).get(key) or {}).get("string_value", "")
+    raw = config_parameter(config, key)
     if not raw:
         return 0
     try:
@@ -44,11 +46,11 @@ def _dims(t: dict) -> list[int]:
 
 
 class IdentityBackend(Backend):
+    name = IDENTITY
 
     def load(self) -> None:
         cfg = self.config
-        custom = (cfg.get("parameters") or {}).get("enable_custom_tracing", {}).get("string_value", "")
-        if custom == "true":
+        if config_parameter(cfg, "enable_custom_tracing") == "true":
             raise invalid("identity backend: 'enable_custom_tracing' (custom trace activities) is not "
                           "supported by tritond")
         inputs, outputs = cfg.get("input") or [], cfg.get("output") or []
@@ -62,7 +64,8 @@ class IdentityBackend(Backend):
                 raise invalid(f"expected input name to follow INPUT<index> pattern, got '{t['name']}'")
             by_index[m.group(1)] = t
             if t.get("optional"):
-                self.optional[m.group(1)] = (CONFIG_TO_WIRE[t["data_type"]], [1 if d < 0 else d for d in _dims(t)])
+                self.optional[m.group(1)] = (self.view.inputs[t["name"]].datatype,
+                                             [1 if d < 0 else d for d in _dims(t)])
         for t in outputs:
             m = _OUTPUT.match(t["name"])
             if not m:
@@ -75,8 +78,8 @@ class IdentityBackend(Backend):
                               f"and {t.get('data_type')}")
             if _dims(source) != _dims(t):
                 raise invalid(f"expected input and output shape to match, got {_dims(source)} and {_dims(t)}")
-        self.outputs = [t["name"] for t in outputs]
-        self.batching = int(cfg.get("max_batch_size", 0) or 0) > 0
+        self.outputs = list(self.view.outputs)
+        self.batching = self.view.max_batch_size > 0
         delay = _int_parameter(cfg, "execute_delay_ms")
         multiplier = _int_parameter(cfg, "instance_wise_delay_multiplier")
         if multiplier > 0:

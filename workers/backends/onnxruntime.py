@@ -2,10 +2,9 @@
 concatenated once along the batch dimension and the outputs split back as views."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from tritond.repository.backends import ONNXRUNTIME
 from tritond.repository.parameters import config_parameter
 
 from ..gpu_env import check_mps_share
@@ -15,11 +14,12 @@ from .ragged import RaggedPlan
 
 
 class OnnxBackend(Backend):
+    name = ONNXRUNTIME
+
     def load(self) -> None:
         import onnxruntime as ort
 
-        filename = self.config.get("default_model_filename") or "model.onnx"
-        path = os.path.join(self.instance.version_dir, filename)
+        path = self.model_path()
         opts = ort.SessionOptions()
         threads = config_parameter(self.config, "intra_op_thread_count")
         opts.intra_op_num_threads = int(threads) if threads else 1
@@ -41,9 +41,9 @@ class OnnxBackend(Backend):
             providers = ["CPUExecutionProvider"]
         self.session = ort.InferenceSession(path, sess_options=opts, providers=providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.reshapes = Reshapes(self.config)
+        self.reshapes = Reshapes(self.view, self.config)
         self.batching = self.reshapes.batching
-        self.ragged = RaggedPlan.from_config(self.config)
+        self.ragged = RaggedPlan.from_config(self.view, self.config)
 
     def _feed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {}

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from tritond.repository.backends import OPENVINO, backend_record
 from tritond.repository.parameters import config_parameter
 
 from .base import Backend, WorkerRequest, WorkerResponse
@@ -45,7 +46,7 @@ def import_openvino() -> Any:
         import openvino
     except ImportError as e:
         raise RuntimeError("the OpenVINO backend needs the 'openvino' Python package, which is not installed "
-                           f"here (pip install 'tritond[openvino]'): {e}") from None
+                           f"here ({backend_record(OPENVINO).install_hint}): {e}") from None
     return openvino
 
 
@@ -77,6 +78,7 @@ def compile_properties(ov: Any, config: dict, batching: bool = False, skip_dynam
 
 class OpenVINOBackend(Backend):
     """One compiled model and one infer request per worker."""
+    name = OPENVINO
 
     def load(self) -> None:
         ov = import_openvino()
@@ -88,12 +90,12 @@ class OpenVINOBackend(Backend):
         extension = config_parameter(cfg, "CPU_EXTENSION_PATH").strip()
         if extension:
             core.add_extension(extension)
-        path = os.path.join(self.instance.version_dir, cfg.get("default_model_filename") or "model.xml")
+        path = self.model_path()
         if not os.path.exists(path):
             raise FileNotFoundError(f"unable to find '{path}' for model '{self.instance.model_name}'")
         model = core.read_model(path)
-        self.max_batch = int(cfg.get("max_batch_size", 0) or 0)
-        self.reshapes = Reshapes(cfg)
+        self.max_batch = self.view.max_batch_size
+        self.reshapes = Reshapes(self.view, cfg)
         self.batching = self.reshapes.batching
         self.static_batch = self.batching and yes(cfg, "SKIP_OV_DYNAMIC_BATCHSIZE")
         self.padding = yes(cfg, "ENABLE_BATCH_PADDING")
@@ -102,7 +104,7 @@ class OpenVINOBackend(Backend):
         props = compile_properties(ov, cfg, self.batching, self.static_batch)
         self.compiled = core.compile_model(model, device, props)
         self.request = self.compiled.create_infer_request()
-        self.outputs = [(o["name"], self.compiled.output(o["name"])) for o in cfg.get("output") or []]
+        self.outputs = [(name, self.compiled.output(name)) for name in self.view.outputs]
 
     def _prepare(self, ov: Any, model: Any) -> Any:
         """Bind the config's names and types, reshape where asked, and set the batch dimension."""

@@ -19,7 +19,9 @@ import threading
 from types import ModuleType
 from typing import Any
 
+from tritond.repository.backends import PYTHON
 from tritond.wire.errors import Code, TritonError, internal
+from tritond.wire.schema import ModelView
 from tritond.workers import pb_utils
 from tritond.workers.backends.base import Backend, InstanceInfo, WorkerRequest, WorkerResponse
 
@@ -28,25 +30,21 @@ _module_ids = itertools.count()
 
 class PythonBackend(Backend):
     """One TritonPythonModel instance; async execute() runs on a loop owned by the backend."""
+    name = PYTHON
 
-    def __init__(self, config: dict, instance: InstanceInfo) -> None:
-        super().__init__(config, instance)
+    def __init__(self, config: dict, view: ModelView, instance: InstanceInfo) -> None:
+        super().__init__(config, view, instance)
         self._decoupled = False
         self._module: ModuleType | None = None
         self._model: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
 
-    @property
-    def _model_path(self) -> str:
-        filename = self.config.get("default_model_filename") or "model.py"
-        return os.path.join(self.instance.version_dir, filename)
-
     def _import_model(self) -> ModuleType:
         """Import model.py once, under a name unique to this load so reloads get fresh code."""
         if self._module is not None:
             return self._module
-        path = self._model_path
+        path = self.model_path()
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Python model file not found in '{path}'")
         sys.modules["triton_python_backend_utils"] = pb_utils
@@ -82,7 +80,7 @@ class PythonBackend(Backend):
         return completed.as_dict()
 
     def load(self) -> None:
-        self._decoupled = pb_utils.using_decoupled_model_transaction_policy(self.config)
+        self._decoupled = self.view.decoupled
         self._model = self._import_model().TritonPythonModel()
         if hasattr(self._model, "initialize"):
             info = self.instance
@@ -99,7 +97,7 @@ class PythonBackend(Backend):
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
         if not hasattr(self._model, "execute"):
             raise pb_utils.TritonModelException(
-                f"Python model {self._model_path} does not implement `execute` method.")
+                f"Python model {self.model_path()} does not implement `execute` method.")
         if self._decoupled:
             self._execute_decoupled([self._to_pb_request(r) for r in requests])
             return []
@@ -156,7 +154,7 @@ class PythonBackend(Backend):
 
     def _to_pb_request(self, request: WorkerRequest, collect: Any = None) -> pb_utils.InferenceRequest:
         # Triton's core treats "no outputs requested" as "every configured output".
-        requested = request.requested_outputs or [o["name"] for o in self.config.get("output") or []]
+        requested = request.requested_outputs or list(self.view.outputs)
         pb_request = pb_utils.InferenceRequest(
             request_id=request.request_id,
             correlation_id=request.correlation_id,

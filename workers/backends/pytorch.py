@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tritond.repository.backends import PYTORCH
 from tritond.repository.datatypes import CONFIG_TO_WIRE
 from tritond.repository.parameters import config_parameter
 
@@ -91,6 +92,7 @@ def is_pt2(path: str) -> bool:
 
 class TorchBackend(Backend):
     """One TorchScript module or exported program per worker."""
+    name = PYTORCH
 
     def load(self) -> None:
         import torch
@@ -98,18 +100,17 @@ class TorchBackend(Backend):
         self.torch = torch
         cfg = self.config
         name = self.instance.model_name
-        self.inputs = list(cfg.get("input") or [])
-        self.outputs = list(cfg.get("output") or [])
-        if not self.inputs:
+        view = self.view
+        if not view.inputs:
             raise ValueError("model configuration must contain at least one input, none were specified.")
-        if not self.outputs:
+        if not view.outputs:
             raise ValueError("model configuration must contain at least one output, none were specified.")
-        for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
-            for t in tensors:
+        for kind in ("input", "output"):
+            for t in cfg.get(kind) or []:           # the config's type names, as Triton's messages say them
                 dtype = t.get("data_type", "TYPE_INVALID")
                 if dtype not in SUPPORTED_TYPES or (kind == "output" and dtype == "TYPE_BF16"):
                     raise ValueError(f"unsupported datatype {dtype} for {kind} '{t.get('name')}' for model '{name}'")
-        self.batching = int(cfg.get("max_batch_size", 0) or 0) > 0
+        self.batching = view.max_batch_size > 0
         self.device = self._device()
         self._threads()
         if flag(cfg, PARAM_DISABLE_CUDNN, False):
@@ -119,8 +120,7 @@ class TorchBackend(Backend):
         self.keep_on_device = self.device.type == "cuda" and flag(cfg, PARAM_CUDA_IPC, False)
         self.accepts_device_inputs = self.device.type == "cuda"
 
-        filename = cfg.get("default_model_filename") or "model.pt"
-        path = os.path.join(self.instance.version_dir, filename)
+        path = self.model_path()
         if not os.path.isfile(path):
             raise FileNotFoundError(f"unable to find '{path}' for model instance '{self.instance.instance_name}'")
         self.exported = is_pt2(path)
@@ -128,20 +128,21 @@ class TorchBackend(Backend):
         # A batch input is a model input too (its values come from the batch, not the request).
         batch_inputs = [(target, b.get("data_type", "TYPE_INT32")) for b in cfg.get("batch_input") or []
                         for target in b.get("target_name") or []]
-        # So are a sequence model's control inputs and implicit states (fed by the sequence batcher).
+        # So are a sequence model's control inputs, in config order (the view keeps them by kind),
+        # and its implicit states (fed by the sequence batcher).
         seq = cfg.get("sequence_batching") or {}
         sequence_inputs = ([c["name"] for c in seq.get("control_input") or []]
-                           + [st["input_name"] for st in seq.get("state") or []])
-        names = [t["name"] for t in self.inputs] + [target for target, _ in batch_inputs] + sequence_inputs
+                           + (view.sequence.states if view.sequence else []))
+        names = list(view.inputs) + [target for target, _ in batch_inputs] + sequence_inputs
         if not self.dict_input and len(forward_args) != len(names):
             raise ValueError(f"unable to load model '{name}', configuration expects {len(names)} inputs, "
                              f"model provides {len(forward_args)}")
         self.input_pos = input_positions(names, forward_args)
-        self.output_pos = output_positions([t["name"] for t in self.outputs])
-        self.output_types = {t["name"]: CONFIG_TO_WIRE[t["data_type"]] for t in self.outputs}
-        self.input_types = {t["name"]: CONFIG_TO_WIRE[t["data_type"]] for t in self.inputs}
+        self.output_pos = output_positions(list(view.outputs))
+        self.output_types = {n: t.datatype for n, t in view.outputs.items()}
+        self.input_types = {n: t.datatype for n, t in view.inputs.items()}
         self.input_types.update({target: CONFIG_TO_WIRE[dtype] for target, dtype in batch_inputs})
-        self.ragged = RaggedPlan.from_config(cfg)
+        self.ragged = RaggedPlan.from_config(view, cfg)
 
     def _device(self):
         torch = self.torch

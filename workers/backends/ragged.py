@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tritond.wire.schema import ModelView
+
 from .base import WorkerRequest
 
 Concat = Callable[[list[WorkerRequest]], tuple[dict[str, Any], list[int]]]
@@ -40,11 +42,12 @@ class RaggedPlan:
     scatter: dict[str, tuple[str, list[int]]]     # output -> (source input, [-1] + output dims)
 
     @classmethod
-    def from_config(cls, config: dict) -> "RaggedPlan | None":
-        """The plan of a batching model that uses ragged batching, else None."""
-        if int(config.get("max_batch_size", 0) or 0) <= 0:
+    def from_config(cls, view: ModelView, config: dict) -> "RaggedPlan | None":
+        """The plan of a batching model that uses ragged batching, else None (`config` gives
+        the batch inputs and outputs and the reshapes, which the view does not carry)."""
+        if view.max_batch_size <= 0:
             return None
-        ragged = frozenset(i["name"] for i in config.get("input") or [] if i.get("allow_ragged_batch"))
+        ragged = frozenset(name for name, t in view.inputs.items() if t.ragged)
         batch_inputs = [
             BatchInput(str(b.get("kind", "BATCH_ELEMENT_COUNT")), tuple(b.get("target_name") or []),
                        np.dtype(np.float32 if b.get("data_type") == "TYPE_FP32" else np.int32),

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tritond.repository.backends import TENSORFLOW, backend_record
 from tritond.repository.parameters import config_parameter
 from tritond.repository.savedmodel import SERVE_TAG, select_signature
 from tritond.repository.tensorflow_autocomplete import PARAM_INTER, PARAM_INTRA, PARAM_SIGNATURE, PARAM_TAG
@@ -32,13 +33,15 @@ def import_tensorflow() -> Any:
     try:
         import tensorflow
     except ImportError as e:
+        hint = backend_record(TENSORFLOW).install_hint
         raise RuntimeError("the TensorFlow backend needs the 'tensorflow' Python package (tensorflow-cpu will "
-                           f"do), which is not installed here (pip install 'tritond[tensorflow]'): {e}") from None
+                           f"do), which is not installed here ({hint}): {e}") from None
     return tensorflow
 
 
 class TensorFlowBackend(Backend):
     """One loaded SavedModel signature per worker."""
+    name = TENSORFLOW
 
     def load(self) -> None:
         if self.instance.kind == "GPU":
@@ -51,7 +54,7 @@ class TensorFlowBackend(Backend):
             if value:
                 setter(int(value))
         self.device = self._device()
-        path = os.path.join(self.instance.version_dir, cfg.get("default_model_filename") or "model.savedmodel")
+        path = self.model_path()
         tag = config_parameter(cfg, PARAM_TAG).strip() or SERVE_TAG
         with tf.device(self.device):
             self.model = tf.saved_model.load(path, tags=[tag])
@@ -62,8 +65,8 @@ class TensorFlowBackend(Backend):
                              f"'{configured or 'serving_default'}' signature")
         self.function = self.model.signatures[name]
         self.input_specs = dict(self.function.structured_input_signature[1])
-        self.output_names = [o["name"] for o in cfg.get("output") or []]
-        self.reshapes = Reshapes(cfg)
+        self.output_names = list(self.view.outputs)
+        self.reshapes = Reshapes(self.view, cfg)
         self.batching = self.reshapes.batching
 
     def _device(self) -> str:

@@ -12,10 +12,11 @@ library fails the model with a reason that says what to install.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
+
+from tritond.repository.backends import TENSORRT
 
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
@@ -77,6 +78,7 @@ def select_profile(ranges: list[dict[str, tuple[tuple[int, ...], tuple[int, ...]
 
 class TensorRTBackend(Backend):
     """One engine and execution context per worker, on the worker's GPU."""
+    name = TENSORRT
 
     def load(self) -> None:
         validate_config(self.config, self.instance.model_name)
@@ -90,8 +92,7 @@ class TensorRTBackend(Backend):
         cudart = self.cudart
         self.check(cudart.cudaSetDevice(0), "cudaSetDevice")
         self.stream = self.check(cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking), "cudaStreamCreate")
-        filename = self.config.get("default_model_filename") or "model.plan"
-        path = os.path.join(self.instance.version_dir, filename)
+        path = self.model_path()
         with open(path, "rb") as f:
             data = f.read()
         self.logger = trt.Logger(trt.Logger.WARNING)
@@ -106,10 +107,11 @@ class TensorRTBackend(Backend):
         self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == mode]
         self.output_names = [n for n in names if self.engine.get_tensor_mode(n) != mode]
         self.dtypes = {n: numpy_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
-        for kind, known in (("input", self.input_names), ("output", self.output_names)):
-            for t in self.config.get(kind) or []:
-                if t["name"] not in known:
-                    raise ValueError(f"unexpected {kind} '{t['name']}' in the configuration of TensorRT model "
+        for kind, configured, known in (("input", self.view.inputs, self.input_names),
+                                        ("output", self.view.outputs, self.output_names)):
+            for name in configured:
+                if name not in known:
+                    raise ValueError(f"unexpected {kind} '{name}' in the configuration of TensorRT model "
                                      f"'{self.instance.model_name}'; the engine has {kind}s {known}")
         self.ranges = []
         for p in range(self.engine.num_optimization_profiles):
@@ -120,7 +122,7 @@ class TensorRTBackend(Backend):
             self.ranges.append(profile)
         self.profile = -1
         self.buffers: dict[str, tuple[int, int]] = {}      # name -> (device pointer, capacity)
-        self.batching = int(self.config.get("max_batch_size", 0) or 0) > 0
+        self.batching = self.view.max_batch_size > 0
 
     def _buffer(self, name: str, nbytes: int) -> int:
         ptr, capacity = self.buffers.get(name, (0, 0))

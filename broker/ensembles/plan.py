@@ -1,0 +1,206 @@
+"""An ensemble's plan (its steps, who produces and reads each tensor) and its entry in the
+model table, whose state is derived from the models it composes, so it needs no bookkeeping
+of its own."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from tritond.repository.spec import ModelSpec
+from tritond.repository.ensemble import validate_ensemble
+from tritond.repository.render import config_from_json
+from tritond.wire.schema import ModelState
+
+from tritond.broker.tables.model_version import LOADING, READY, UNAVAILABLE, ModelVersion
+from tritond.broker.tables.registry import ModelRegistry
+
+
+# ---------------------------------------------------------------------- the plan
+
+@dataclass(frozen=True)
+class Step:
+    index: int
+    model: str
+    version: int
+    inputs: dict[str, str]      # composing model input -> ensemble tensor
+    outputs: dict[str, str]     # composing model output -> ensemble tensor
+
+    def label(self) -> str:
+        return f"step {self.index} (model '{self.model}')"
+
+
+class Plan:
+    """An ensemble's steps and who produces and reads each ensemble tensor."""
+
+    def __init__(self, config: dict) -> None:
+        steps = (config.get("ensemble_scheduling") or {}).get("step") or []
+        self.steps = [
+            Step(i, s["model_name"], int(s.get("model_version", -1)),
+                 dict(s.get("input_map") or {}), dict(s.get("output_map") or {}))
+            for i, s in enumerate(steps)
+        ]
+        self.inputs = [io["name"] for io in config.get("input") or []]
+        self.outputs = [io["name"] for io in config.get("output") or []]
+        self.producer = {t: s.index for s in self.steps for t in s.outputs.values()}
+        self._needed: dict[tuple[str, ...], tuple[tuple[bool, ...], frozenset[str]]] = {}
+        self.consumers: dict[str, list[int]] = {}
+        for s in self.steps:
+            for t in dict.fromkeys(s.inputs.values()):
+                self.consumers.setdefault(t, []).append(s.index)
+
+    def needed(self, wanted: tuple[str, ...]) -> tuple[tuple[bool, ...], frozenset[str]]:
+        """Steps that contribute to the wanted outputs, and every tensor they must produce."""
+        known = self._needed.get(wanted)
+        if known is not None:
+            return known
+        run = [False] * len(self.steps)
+        tensors: set[str] = set()
+        todo = list(wanted)
+        while todo:
+            t = todo.pop()
+            if t in tensors:
+                continue
+            tensors.add(t)
+            i = self.producer.get(t)
+            if i is not None and not run[i]:
+                run[i] = True
+                todo.extend(self.steps[i].inputs.values())
+        if len(self._needed) < 64:       # requested-output sets are few; bound it all the same
+            self._needed[wanted] = (tuple(run), frozenset(tensors))
+        return tuple(run), frozenset(tensors)
+
+
+# ---------------------------------------------------------------------- the table entry
+
+class EnsembleVersion(ModelVersion):
+    """An ensemble in the model table. Its state is derived: READY while every model it composes
+    is READY (LOADING while one still loads, UNAVAILABLE naming the step otherwise), so health,
+    startup and load replies follow the composing models without any bookkeeping elsewhere.
+    Once they are all READY it is checked once more against their completed configs (a Python
+    model's inputs and outputs are only known after its worker auto-completed them). Reading the
+    state changes nothing; what the completed configs imply for the ensemble's own config (it is
+    decoupled when a step is) is applied by `settle`, before the table is published."""
+
+    _deriving = False
+
+    def __init__(self, registry: ModelRegistry, spec: ModelSpec, version: int, config: dict, error: str = "") -> None:
+        """`error`: why the ensemble itself is invalid (UNAVAILABLE); else its state follows
+        the models it composes."""
+        self.registry = registry
+        self.proto = spec.config
+        self.plan = Plan(config)
+        self._checked: tuple[tuple, str, bool] | None = None    # (composing configs, error, decoupled)
+        super().__init__(spec.name, version, spec.path, os.path.dirname(spec.path), config)
+        self._own_state, self._own_reason = (UNAVAILABLE, error) if error else (READY, "")
+
+    @property
+    def state(self) -> ModelState:
+        return self._derive()[0]
+
+    @state.setter
+    def state(self, value: ModelState) -> None:
+        self._own_state = value
+
+    @property
+    def reason(self) -> str:
+        return self._derive()[1]
+
+    @reason.setter
+    def reason(self, value: str) -> None:
+        self._own_reason = value
+
+    def _derive(self) -> tuple[ModelState, str]:
+        if self._own_state != READY:
+            return self._own_state, self._own_reason
+        if self._deriving:
+            return UNAVAILABLE, f"ensemble '{self.name}' composes itself through other ensembles"
+        self._deriving = True
+        try:
+            loading = False
+            ready: list[ModelVersion] = []
+            for step in self.plan.steps:
+                state, reason, mv = self.composing(step)
+                if state == UNAVAILABLE:
+                    return UNAVAILABLE, reason
+                loading = loading or state == LOADING
+                if mv is not None:
+                    ready.append(mv)
+            if loading:
+                return LOADING, ""
+            error = self._validate(ready)
+            return (UNAVAILABLE, error) if error else (READY, "")
+        finally:
+            self._deriving = False
+
+    @property
+    def restarting(self) -> bool:
+        """Restarting while every composing model that does not serve is restarting: a request
+        then waits in that model's queue, as it would sent to the model itself."""
+        if self._own_state != READY or self._deriving or self.state != UNAVAILABLE:
+            return False
+        self._deriving = True
+        try:
+            for step in self.plan.steps:
+                versions = self.registry.get(step.model)
+                candidates = [versions[step.version]] if step.version in versions else \
+                    [] if step.version >= 0 else list(versions.values())
+                if not any(mv.state == READY or mv.restarting for mv in candidates):
+                    return False
+            return True
+        finally:
+            self._deriving = False
+
+    @restarting.setter
+    def restarting(self, value: bool) -> None:
+        pass        # derived from the composing models
+
+    def composing(self, step: Step) -> tuple[ModelState, str, ModelVersion | None]:
+        """(state, reason, the READY version serving the step or None)."""
+        versions = self.registry.get(step.model)
+        if step.version >= 0:
+            candidates = [versions[step.version]] if step.version in versions else []
+        else:
+            candidates = list(versions.values())
+        ready = [mv for mv in candidates if mv.state == READY]
+        if ready:
+            return READY, "", max(ready, key=lambda mv: mv.version)
+        if any(mv.state == LOADING for mv in candidates):
+            return LOADING, "", None
+        which = f"version {step.version} of model '{step.model}'" if step.version >= 0 else f"model '{step.model}'"
+        why = "; ".join(sorted({mv.reason for mv in candidates if mv.reason})) or "not loaded"
+        return UNAVAILABLE, f"in ensemble '{self.name}', {step.label()}: composing {which} is not available: {why}", None
+
+    def _validate(self, composing: list[ModelVersion]) -> str:
+        key = tuple(mv.config for mv in composing)
+        if self._checked is not None and len(key) == len(self._checked[0]) and all(
+                a is b for a, b in zip(key, self._checked[0])):
+            return self._checked[1]
+        specs = {mv.name: ModelSpec(mv.name, mv.model_dir, config_from_json(mv.config), [mv.version])
+                 for mv in composing}
+        decoupled = {mv.name for mv in composing if mv.view.decoupled}
+        error = validate_ensemble(self.proto, specs) or self._decoupled_steps(decoupled)
+        self._checked = (key, error, bool(decoupled))
+        return error
+
+    def settle(self) -> None:
+        """Apply what the composing models' completed configs imply: as Triton, an ensemble
+        with a decoupled step is decoupled itself (its config says so, and it streams)."""
+        if self.state != READY or self._checked is None:
+            return
+        decoupled = self._checked[2]
+        if decoupled != self.view.decoupled:
+            self.config.setdefault("model_transaction_policy", {})["decoupled"] = decoupled
+            self.view.decoupled = decoupled
+            self.registry.dirty = True
+
+    def _decoupled_steps(self, decoupled: set[str]) -> str:
+        """tritond streams a decoupled step's responses straight to the requester, so such a
+        step must produce ensemble outputs only."""
+        for step in self.plan.steps:
+            if step.model in decoupled:
+                fed = [t for t in step.outputs.values() if self.plan.consumers.get(t)]
+                if fed:
+                    return (f"in ensemble '{self.name}', {step.label()} is decoupled and its output '{fed[0]}' "
+                            f"feeds another step; tritond streams a decoupled step only when its outputs are "
+                            f"ensemble outputs")
+        return ""

@@ -1,0 +1,287 @@
+"""One ensemble request in flight inside the broker.
+
+The runner walks the ensemble's steps: a step becomes an ordinary request to its composing
+model's scheduler (so dynamic batching applies across ensemble requests) as soon as every
+tensor it reads exists, and independent steps run at the same time. Tensors move between
+steps as descriptors, never as bytes: an intermediate stays in the producing worker's arena
+under a lease the runner holds until the ensemble request is answered, then releases (also on
+every error path). An intermediate that only GPU instances read may stay in the producer's
+device memory (`OutputSpec.device_ok`); what the runner answers with is always in host memory
+unless its own requester accepts device memory.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+import msgspec
+
+from tritond.wire.errors import Code, TritonError
+from tritond.wire.schema import Block, Device, Infer, InferReply, OutputSpec, TensorDesc, lease_of
+
+from tritond.broker.tables.client_regions import ClientRegions
+from tritond.broker.clock import Clock
+from tritond.broker.ensembles.plan import EnsembleVersion, Step
+from tritond.broker.tables.inflight import ReplyTo, Req
+from tritond.broker.tables.model_version import ModelVersion
+from tritond.broker.tables.registry import ModelRegistry
+
+replace = msgspec.structs.replace
+
+
+class Runner(Protocol):
+    """What a run needs of the broker's ensemble side (broker/ensembles/submission.py)."""
+    registry: ModelRegistry
+    regions: ClientRegions
+    clock: Clock
+    rids: Iterator[int]
+
+    def submit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> Any: ...
+    def cancel_running(self, req: Req) -> None: ...
+    def on_gpu(self, step: Step) -> bool: ...
+    def release(self, units: Iterable[tuple[bytes, int]]) -> None: ...
+    def hand_over(self, units: list[tuple[bytes, int]]) -> tuple[bytes, dict[tuple[bytes, int], int]]: ...
+
+
+def unleased(desc: TensorDesc, name: str) -> TensorDesc:
+    """`desc` under another name, without its lease (the runner keeps holding that)."""
+    loc = desc.loc
+    if isinstance(loc, (Block, Device)) and loc.lease:
+        loc = replace(loc, lease=0)
+    return TensorDesc(name, desc.datatype, desc.shape, loc)
+
+
+def with_lease(desc: TensorDesc, lease: int) -> TensorDesc:
+    return TensorDesc(desc.name, desc.datatype, desc.shape, replace(desc.loc, lease=lease))
+
+
+class StepReply:
+    """The reply callable of one step.
+
+    A nested ensemble answering a step hands its leases over through `adopt` and names the
+    worker behind each output in `owners`, since its reply has no single owner."""
+    __slots__ = ("run", "index", "owners")
+
+    def __init__(self, run: "EnsembleRun", index: int) -> None:
+        self.run = run
+        self.index = index
+        self.owners: dict[str, bytes] | None = None
+
+    def __call__(self, reply: InferReply) -> None:
+        self.run.on_step_reply(self.index, reply, self.owners)
+
+    def adopt(self, units: list[tuple[bytes, int]], owners: dict[str, bytes]) -> None:
+        self.run.held.extend(units)
+        self.owners = owners
+
+
+class EnsembleRun:
+    """The tensors that exist, the steps still waiting, the steps queued or executing, and
+    every lease held on intermediates."""
+
+    def __init__(self, ens: Runner, reply_to: ReplyTo, msg: Infer, mv: EnsembleVersion,
+                 regions: list, now_ns: int) -> None:
+        self.ens = ens
+        self.reply_to = reply_to
+        self.msg = msg
+        self.mv = mv
+        self.plan = plan = mv.plan
+        self.regions = regions
+        self.arrival_ns = now_ns
+        self.out_specs = {o.name: o for o in msg.outputs}
+        self.wanted = tuple(o.name for o in msg.outputs) or tuple(plan.outputs)
+        self.run_step, self.needed = plan.needed(self.wanted)
+        self.tensors: dict[str, TensorDesc] = {d.name: d for d in msg.inputs}
+        self.owner_of: dict[str, bytes] = {}
+        present = set(self.tensors) | (set(plan.inputs) - set(self.tensors))  # absent optional inputs
+        self.waiting = [sum(1 for t in dict.fromkeys(s.inputs.values()) if t not in present) for s in plan.steps]
+        self.started = [False] * len(plan.steps)
+        self.active: dict[int, Any] = {}      # step -> its Req (queued or executing) or nested run
+        self.streaming: set[int] = set()      # steps of decoupled models: each response is passed on
+        self.held: list[tuple[bytes, int]] = []
+        self.error: TritonError | None = None
+        self.done = False
+        self.starting = False
+
+    # ---------------------------------------------------------------- progress
+
+    def start(self) -> None:
+        self.starting = True
+        for i, run in enumerate(self.run_step):
+            if self.error is not None:
+                break
+            if run and not self.started[i] and self.waiting[i] == 0:
+                self.start_step(i)
+        self.starting = False
+        self.maybe_finish()
+
+    def start_step(self, i: int) -> None:
+        step = self.plan.steps[i]
+        self.started[i] = True
+        try:
+            mv = self.ens.registry.resolve(step.model, step.version, restarting_ok=True)
+        except TritonError as e:
+            self.fail(step, e)
+            return
+        inputs = [unleased(self.tensors[t], model_input) for model_input, t in step.inputs.items() if t in self.tensors]
+        outputs = [self.output_spec(model_output, t) for model_output, t in step.outputs.items() if t in self.needed]
+        m = self.msg
+        infer = Infer(next(self.ens.rids), step.model, mv.version, inputs, outputs, m.id, m.params,
+                      m.priority, m.timeout_us, m.correlation_id, m.flags)
+        if mv.view.decoupled:
+            self.streaming.add(i)
+        self.active[i] = None
+        handle = self.ens.submit(StepReply(self, i), infer, mv)
+        if i in self.active:        # not answered synchronously
+            self.active[i] = handle
+
+    def output_spec(self, model_output: str, tensor: str) -> OutputSpec:
+        """A step output that is a requested ensemble output in a client region goes straight there."""
+        o = self.out_specs.get(tensor)
+        if o is not None and o.region is not None:
+            return OutputSpec(model_output, region=o.region)
+        return OutputSpec(model_output, device_ok=self.device_ok(tensor))
+
+    def device_ok(self, tensor: str) -> bool:
+        """Whether `tensor` may stay in its producer's device memory: every step of this request
+        reading it runs on GPU instances, and it is not part of the answer (unless the requester,
+        an enclosing ensemble, takes device memory for it too)."""
+        if tensor in self.wanted:
+            spec = self.out_specs.get(tensor)
+            if spec is None or not spec.device_ok:
+                return False
+        steps = self.plan.steps
+        return all(self.ens.on_gpu(steps[j]) for j in self.plan.consumers.get(tensor, ()) if self.run_step[j])
+
+    def on_step_reply(self, i: int, reply: InferReply, owners: dict[str, bytes] | None) -> None:
+        if i in self.streaming:
+            self.on_streamed(i, reply)
+            return
+        self.active.pop(i, None)
+        if owners is None:
+            self.held.extend((reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease)
+        step = self.plan.steps[i]
+        if self.error is None and not self.done:
+            if reply.error is not None:
+                self.fail(step, reply.error)
+            else:
+                self.accept(step, reply, owners)
+        self.maybe_finish()
+
+    def on_streamed(self, i: int, reply: InferReply) -> None:
+        """A response of a decoupled step (whose outputs are ensemble outputs only, as loading
+        checked) goes on to the requester at once, its leases with it."""
+        if not reply.more:
+            self.active.pop(i, None)
+        step = self.plan.steps[i]
+        forwarded = False
+        if reply.error is not None:
+            self.fail(step, reply.error)
+        elif not reply.empty and self.error is None and not self.done:
+            by_name = {d.name: d for d in reply.outputs}
+            outputs = [TensorDesc(t, d.datatype, d.shape, d.loc) for o, t in step.outputs.items()
+                       if t in self.wanted and (d := by_name.get(o)) is not None]
+            self.reply_to(InferReply(self.msg.rid, self.mv.version, outputs, None, reply.owner, more=True))
+            forwarded = True
+        if not forwarded:
+            self.ens.release((reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease)
+        self.maybe_finish()
+
+    def accept(self, step: Step, reply: InferReply, owners: dict[str, bytes] | None) -> None:
+        by_name = {d.name: d for d in reply.outputs}
+        produced = []
+        for model_output, tensor in step.outputs.items():
+            if tensor not in self.needed:
+                continue
+            d = by_name.get(model_output)
+            if d is None:
+                self.fail(step, TritonError(Code.INTERNAL, f"the model returned no output '{model_output}'"))
+                return
+            self.tensors[tensor] = TensorDesc(tensor, d.datatype, d.shape, d.loc)
+            self.owner_of[tensor] = reply.owner if owners is None else owners.get(model_output, b"")
+            produced.append(tensor)
+        for tensor in produced:
+            for j in self.plan.consumers.get(tensor, ()):
+                if self.run_step[j] and not self.started[j]:
+                    self.waiting[j] -= 1
+        self.starting = True
+        for tensor in produced:
+            for j in self.plan.consumers.get(tensor, ()):
+                if self.error is None and self.run_step[j] and not self.started[j] and self.waiting[j] == 0:
+                    self.start_step(j)
+        self.starting = False
+
+    def fail(self, step: Step, err: TritonError) -> None:
+        if self.error is not None:
+            return
+        self.error = TritonError(err.code, f"in ensemble '{self.mv.name}', {step.label()} failed: {err.message}")
+        self.cancel_queued()
+
+    def cancel(self, err: TritonError) -> None:
+        """Fail this request (a sibling step of an enclosing ensemble failed)."""
+        if self.error is None and not self.done:
+            self.error = err
+            self.cancel_queued()
+            self.maybe_finish()
+
+    def cancel_queued(self) -> None:
+        """Take not yet dispatched steps out of their queues; executing ones finish on their own."""
+        for i, handle in list(self.active.items()):
+            if isinstance(handle, EnsembleRun):
+                handle.cancel(self.error)
+            elif isinstance(handle, Req) and handle.dispatch_ns:
+                self.ens.cancel_running(handle)
+            elif isinstance(handle, Req) and handle.mv.scheduler is not None:
+                if handle.mv.scheduler.remove(lambda p, h=handle: p is h.pending):
+                    self.ens.regions.release(handle.regions)
+                    self.active.pop(i, None)
+
+    # ---------------------------------------------------------------- the answer
+
+    def maybe_finish(self) -> None:
+        if self.done or self.starting or self.active:
+            return
+        streams = {t for j in self.streaming for t in self.plan.steps[j].outputs.values()}
+        missing = [t for t in self.wanted if t not in self.tensors and t not in streams]
+        if self.error is None and missing:
+            self.error = TritonError(Code.INTERNAL, f"ensemble '{self.mv.name}' produced no tensor '{missing[0]}'")
+        self.done = True
+        elapsed = self.ens.clock.now_ns() - self.arrival_ns
+        stats = self.mv.stats
+        if self.error is not None:
+            stats.record_failure(elapsed)
+            self.ens.release(self.held)
+            reply = InferReply(self.msg.rid, self.mv.version, error=self.error)
+        else:
+            reply = self.reply()
+            stats.record_ensemble(self.batch_size(), elapsed)
+        self.ens.regions.release(self.regions)
+        self.reply_to(reply)
+
+    def batch_size(self) -> int:
+        first = self.msg.inputs[0].shape if self.msg.inputs else []
+        return first[0] if self.mv.max_batch_size > 0 and first else 1
+
+    def reply(self) -> InferReply:
+        """The ensemble's outputs; their leases pass to whoever receives the reply. What went out
+        in streamed replies is not repeated; with nothing left the reply only ends the request."""
+        outputs = [self.tensors[name] for name in self.wanted if name in self.tensors]
+        if self.streaming and not outputs:
+            self.ens.release(self.held)
+            return InferReply(self.msg.rid, self.mv.version, empty=True)
+        if isinstance(self.reply_to, StepReply):
+            self.reply_to.adopt(self.held, {d.name: self.owner_of[d.name] for d in outputs if lease_of(d)})
+            return InferReply(self.msg.rid, self.mv.version, outputs)
+        units = {(self.owner_of[d.name], lease_of(d)) for d in outputs if lease_of(d)}
+        held = Counter(self.held)
+        held.subtract(units)
+        self.ens.release(held.elements())
+        owners = {o for o, _ in units}
+        if len(owners) > 1:
+            owner, numbers = self.ens.hand_over(sorted(units))
+            outputs = [with_lease(d, numbers[(self.owner_of[d.name], lease_of(d))]) if lease_of(d) else d
+                       for d in outputs]
+        else:
+            owner = next(iter(owners), b"")
+        return InferReply(self.msg.rid, self.mv.version, outputs, None, owner)

@@ -1,0 +1,427 @@
+"""Model control: the startup load, explicit load and unload, and poll mode, as operations the
+broker's loop drives (oprunner.py) without waiting on any of them.
+
+Every load reads the model's files on the job pool, decides which versions change (reload.py),
+starts their workers (which warm up before they say they are up), and switches the table
+when they settled. Operations on the same or related models (an ensemble and the models it
+composes) run one at a time in arrival order; at most --model-load-thread-count models load
+at once. Poll mode rescans every --repository-poll-secs seconds (and on SIGHUP) and acts on
+what stayed the same for one interval (repository/poll.py).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Generator
+from typing import Any
+
+from tritond.repository.catalog import NO_VERSION, load_spec
+from tritond.repository.ensemble import ensemble_dependencies
+from tritond.repository.fingerprint import Fingerprint, source_fingerprint
+from tritond.repository.layout import ModelSource, scan, validate_model_name
+from tritond.repository.overrides import is_override_dir, remove_override_dir
+from tritond.repository.poll import REMOVE, Change, PollState
+from tritond.repository.remote import RemoteError, is_remote, mirror_model
+from tritond.repository.render import config_from_json, config_to_json
+from tritond.repository.spec import ModelSpec
+from tritond.wire.errors import Code, TritonError, invalid
+from tritond.wire.options import ServerOptions
+from tritond.wire.schema import LoadModel, UnloadModel
+
+from tritond.broker.clock import Clock
+from tritond.broker.ensembles.submission import Ensembles
+from tritond.broker.lifecycle.version_state import Lifecycle
+from tritond.broker.tables.model_version import READY, ModelVersion
+from tritond.broker.lifecycle.runner import All, Answer, FreeSlot, Job, Lock, OpRunner, Slot, Until
+from tritond.broker.scheduling.rate_limiter import RateLimiter
+from tritond.broker.tables.registry import ModelRegistry
+from tritond.broker.lifecycle.reload import LoadedFrom, failed_entry, plan, serving, settled, switch
+from tritond.broker.lifecycle.retire import Retirement
+from tritond.broker.supervision.pool import Instance
+
+log = logging.getLogger("tritond.broker")
+
+NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
+SIGHUP_CONFIRM_S = 1.0      # a SIGHUP rescan looks again this soon to confirm what it saw
+
+
+STARTUP_TEMPLATE_WAIT_S = 60.0
+
+
+def _no_version(name: str) -> str:
+    return f"at least one version must be available under the version policy of model '{name}'"
+
+
+class ModelControl:
+    def __init__(self, opts: ServerOptions, registry: ModelRegistry, lifecycle: Lifecycle, ensembles: Ensembles,
+                 runner: OpRunner, clock: Clock, limiter: RateLimiter | None, unload_timeout_s: float,
+                 send_stop: Callable[[Instance], None], publish: Callable[[], None],
+                 fatal: Callable[[], None]) -> None:
+        self.opts = opts
+        self.registry = registry
+        self.lifecycle = lifecycle
+        self.ensembles = ensembles
+        self.retirement = Retirement(registry, lifecycle.requests, lifecycle.pool, send_stop, clock,
+                                     unload_timeout_s, on_retired=self._retired)
+        self.clock = clock
+        self.limiter = limiter
+        self.mode = opts.model_control_mode
+        self.runner = runner
+        self.loaded_from: dict[str, LoadedFrom] = {}
+        self.poll_state = PollState()
+        self.poll_secs = float(opts.repository_poll_secs)
+        self.next_poll = float("inf")
+        self.polling = False
+        self.hangup_pending = False
+        self.fingerprints: dict[str, Fingerprint] = {}   # as the last load of each model saw it
+        self.publish = publish          # sends the table when it changed
+        self.fatal = fatal              # the broker cannot go on
+
+    # ---------------------------------------------------------------- entry points
+
+    def startup(self) -> None:
+        self.runner.start(self._startup(), self._started)
+
+    def _started(self, result: Any = None, error: TritonError | None = None) -> None:
+        if error is not None:       # the repository itself could not be read
+            log.error("cannot load the model repository: %s", error.message)
+            self.fatal()
+
+    def load(self, op: LoadModel, answer: Answer) -> None:
+        """An explicit load; answered once the load settles."""
+        try:
+            if self.mode != "explicit":
+                raise TritonError(Code.UNAVAILABLE, NOT_EXPLICIT)
+            bad = validate_model_name(op.name)
+            if bad:
+                raise invalid(bad)
+            if op.override_dir and not is_override_dir(self.opts.run_dir, op.override_dir, op.name):
+                raise invalid("Load parameter 'file:' overrides were not written by this server")
+            if op.override_dir and op.config is None:
+                raise invalid("Load parameter 'config' must be specified for model file override")
+            override = None
+            if op.config is not None:
+                try:
+                    override = config_from_json(json.loads(op.config))
+                except (ValueError, TypeError) as e:
+                    # Triton's words (tests and clients match "failed to load" / "Invalid config override")
+                    message = f"failed to load '{op.name}', Invalid config override: {e}"
+                    log.error("%s", message)
+                    raise invalid(message) from None
+        except TritonError as e:
+            self._drop_override(op.override_dir)
+            answer(error=e)
+            return
+        self.runner.start(self._explicit_load(op.name, override, op.override_dir), self._after_table(answer))
+
+    def unload(self, op: UnloadModel, answer: Answer) -> None:
+        if self.mode != "explicit":
+            answer(error=TritonError(Code.UNAVAILABLE, NOT_EXPLICIT))
+            return
+        self.runner.start(self._unload(op.name, op.unload_dependents), self._after_table(answer))
+
+    def _after_table(self, answer: Answer) -> Answer:
+        """Answer once the frontends have the table the operation produced, so a client's next
+        request after a load sees the model."""
+        def then(*args: Any, **kwargs: Any) -> None:
+            self.publish()
+            answer(*args, **kwargs)
+        return then
+
+    def hangup(self) -> None:
+        """SIGHUP: rescan now (poll mode), and confirm what the rescan saw a second later."""
+        if self.mode != "poll":
+            log.info("SIGHUP: the repository is rescanned on SIGHUP in poll mode only")
+            return
+        log.info("SIGHUP: rescanning the model repository")
+        self.hangup_pending = True
+        self.next_poll = self.clock.now()
+
+    def tick(self, now: float) -> None:
+        self.runner.tick()
+        self.retirement.tick(now)
+        if now >= self.next_poll and not self.polling and self.registry.startup_done:
+            self.polling = True
+            self.runner.start(self._poll_round())
+
+    # ---------------------------------------------------------------- reading the repository
+
+    def _scan(self) -> dict[str, ModelSource]:
+        """Runs on the job pool."""
+        return scan(self.opts.model_repositories)
+
+    def _order(self, sources: dict[str, ModelSource], wanted: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+        """Runs on the job pool (it reads ensemble configs): the models to load, each after
+        what it composes, and what each composes."""
+        order = self.ensembles.load_order(sources, wanted)
+        return order, {n: ensemble_dependencies(sources[n].path, self.opts.model_config_name) or [] for n in order}
+
+    def _read(self, source: ModelSource, override: Any) -> ModelSpec:
+        """Runs on the job pool: the spec of one model (mirroring a remote one first)."""
+        return load_spec(source, autocomplete=not self.opts.disable_auto_complete,
+                         default_max_batch_size=self.opts.default_max_batch_size,
+                         config_name=self.opts.model_config_name, override=override)
+
+    @staticmethod
+    def _fingerprint(source: ModelSource) -> Fingerprint | None:
+        if is_remote(source.repo):
+            try:
+                mirror_model(source.repo, source.name)
+            except RemoteError:
+                return None
+        return source_fingerprint(source)
+
+    # ---------------------------------------------------------------- operations
+
+    def _startup(self) -> Generator:
+        try:
+            sources = yield Job(self._scan)
+        except (OSError, RemoteError) as e:
+            raise TritonError(Code.INTERNAL, str(e)) from None
+        self.registry.set_names(sorted(sources))
+        wanted = set(sources)
+        if self.mode == "explicit":
+            asked = list(self.opts.load_models)
+            wanted = set(sources) if "*" in asked else set(asked)
+            for name in sorted(wanted - set(sources)):
+                log.error("failed to load '%s', failed to poll from model repository", name)
+        order, deps = yield Job(lambda: self._order(sources, sorted(wanted)))
+        yield Lock(frozenset(order))
+        self.lifecycle.wait_for_templates(STARTUP_TEMPLATE_WAIT_S)
+        try:
+            yield from self._load_in_order(sources, order, deps)
+        finally:
+            self.lifecycle.wait_for_templates(0.0)
+        self.registry.startup_done = True
+        self.registry.dirty = True
+        if self.mode == "poll":
+            self.poll_state.baseline(dict(self.fingerprints))
+            self._schedule_poll(0.0 if self.hangup_pending else None)
+
+    def _explicit_load(self, name: str, override: Any, override_dir: str) -> Generator:
+        try:
+            unpolled = TritonError(Code.INTERNAL, f"failed to load '{name}', failed to poll from model repository")
+            try:
+                sources = yield Job(self._scan)
+            except (OSError, RemoteError) as e:
+                log.error("load '%s': cannot scan the model repository: %s", name, e)
+                raise unpolled from None
+            self.registry.set_names(sorted(sources))
+            if name not in sources:
+                raise unpolled
+            order, deps = yield Job(lambda: self._order(sources, [name]))
+            yield Lock(frozenset(order))
+            if override_dir:
+                sources = dict(sources)
+                sources[name] = ModelSource(name, override_dir, os.path.dirname(override_dir))
+            errors = yield from self._load_in_order(sources, order, deps, name, override,
+                                                     force=override is not None)
+        finally:
+            self._drop_override(override_dir)
+        if errors:
+            raise invalid("".join(errors))
+        return {}
+
+    def _load_in_order(self, sources: dict[str, ModelSource], order: list[str], deps: dict[str, list[str]],
+                       requested: str = "", override: Any = None, force: bool = False) -> Generator:
+        """Load `order` in waves: a model once every model it composes (in `order`) settled."""
+        done: set[str] = set()
+        errors: list[str] = []
+        pending = list(order)
+        while pending:
+            wave = [n for n in pending if all(d in done or d not in order for d in deps.get(n, []))] or pending
+            pending = [n for n in pending if n not in wave]
+            results = yield All([self._load_model(sources[n], override if n == requested else None,
+                                                  force and n == requested) for n in wave])
+            done.update(wave)
+            for n, r in zip(wave, results):
+                if isinstance(r, TritonError):
+                    errors.append(f"load failed for model '{n}': {r.message}\n")
+                else:
+                    errors.extend(r or [])
+        return errors
+
+    def _load_model(self, source: ModelSource, override: Any = None, force: bool = False) -> Generator:
+        """Load or reload one model; returns the lines of Triton's load error ([] when fine)."""
+        name = source.name
+        yield Slot()
+        started = self.clock.now()
+        fp = yield Job(lambda: self._fingerprint(source))
+        if fp is not None:
+            self.fingerprints[name] = fp
+        old = dict(self.registry.get(name))
+        before = self.loaded_from.get(name)
+        if (not force and before is not None and not before.overridden and old and fp is not None
+                and fp == before.fingerprint and all(mv.state == READY for mv in old.values())):
+            return []
+        try:
+            spec = yield Job(lambda: self._read(source, override))
+        except (OSError, ValueError, RemoteError) as e:     # what load_spec does not turn into an error itself
+            log.exception("reading model '%s' failed", name)
+            spec = ModelSpec(name, source.path, None, [], f"cannot read the model: {e}")
+        for line in spec.advice:
+            log.warning(line)
+        if spec.error:
+            return self._failed(spec, old)
+        config = config_to_json(spec.config)
+        now = LoadedFrom(source.path, config, fp, override is not None)
+        change = plan(old, before, now, spec.versions, force)
+        if change.nothing and all(mv.state == READY for mv in old.values()):
+            self.loaded_from[name] = now
+            return []
+        log.info("loading model '%s' version(s) %s%s", name, ", ".join(map(str, change.load)) or "-",
+                 f", keeping {', '.join(map(str, change.keep))}" if change.keep else "")
+        staged = {v: self._new_version(spec, v, config, started) for v in change.load}
+        if serving(old):
+            self.registry.loading.extend(staged.values())
+        else:
+            self._replace(name, {**{v: old[v] for v in change.keep}, **staged}, old)
+            self.registry.specs[name] = spec
+        for mv in staged.values():
+            refused = self.limiter.register(mv) if self.limiter is not None and mv.instances else ""
+            if refused:
+                self.lifecycle.fail_load(mv, refused)
+                continue
+            for inst in mv.instances:
+                self.lifecycle.start_instance(mv, inst)
+        yield Until(lambda: settled(staged))
+        yield FreeSlot()
+        for mv in staged.values():
+            if mv in self.registry.loading:
+                self.registry.loading.remove(mv)
+        outcome = switch(name, old, staged, spec.versions)
+        if any(v in staged and outcome.table[v] is staged[v] for v in outcome.table) or not serving(old):
+            self.registry.specs[name] = spec
+        self._replace(name, outcome.table, old)
+        for mv in outcome.discarded:
+            self.retirement.retire(mv)
+        if not outcome.failures:
+            self.loaded_from[name] = now
+        return [f"load failed for model '{name}': version {v} is at UNAVAILABLE state: {why};\n"
+                for v, why in outcome.failures]
+
+    def _failed(self, spec: ModelSpec, old: dict[int, ModelVersion]) -> list[str]:
+        """A model whose spec cannot be loaded: an old version that serves keeps serving."""
+        name = spec.name
+        error = _no_version(name) if spec.error == NO_VERSION else spec.error
+        log.error("failed to load '%s': %s", name, error)
+        if serving(old):
+            for mv in old.values():
+                if mv.state == READY:
+                    mv.reload_error = f"a reload failed, this version still serves: {error}"
+            return [f"load failed for model '{name}': {error}\n"]
+        self.registry.specs[name] = spec
+        self._replace(name, failed_entry(name, spec.path, spec.versions, error), old)
+        self.loaded_from.pop(name, None)
+        if spec.error == NO_VERSION:
+            return [f"load failed for model '{name}': {error}\n"]
+        return [f"load failed for model '{name}': version {v} is at UNAVAILABLE state: {spec.error};\n"
+                for v in spec.versions or [0]]
+
+    def _new_version(self, spec: ModelSpec, version: int, config: dict, started: float) -> ModelVersion:
+        if config.get("platform") == "ensemble":
+            mv = self.ensembles.setup(spec, version, config)
+        else:
+            mv = self.lifecycle.new_version(spec.name, version, spec.path, config)
+        mv.load_started = started
+        return mv
+
+    def _replace(self, name: str, table: dict[int, ModelVersion], old: dict[int, ModelVersion]) -> None:
+        """Put `table` in for the model; what of `old` it leaves out retires."""
+        self.registry.replace(name, table)
+        kept = {id(mv) for mv in table.values()}
+        for mv in old.values():
+            if id(mv) not in kept:
+                self.retirement.retire(mv)
+
+    def _unload(self, name: str, dependents: bool) -> Generator:
+        names = [name, *(self.ensembles.dependencies(name) if dependents else [])]
+        yield Lock(frozenset(names))
+        for n in names:
+            for mv in self.registry.get(n).values():
+                if not mv.unloaded:
+                    self.retirement.retire(mv, unload=True)
+        return {}
+
+    # ---------------------------------------------------------------- poll mode
+
+    def _schedule_poll(self, delay: float | None = None) -> None:
+        if delay is None:
+            delay = self.poll_secs if self.poll_secs > 0 else float("inf")
+        self.next_poll = self.clock.now() + delay
+
+    def _snapshot(self) -> tuple[dict[str, ModelSource], dict[str, Fingerprint]]:
+        """Runs on the job pool."""
+        sources = self._scan()
+        fps = {}
+        for name, source in sources.items():
+            fp = self._fingerprint(source)
+            if fp is not None:
+                fps[name] = fp
+        return sources, fps
+
+    def _poll_round(self) -> Generator:
+        try:
+            sources, fps = yield Job(self._snapshot)
+        except (OSError, RemoteError) as e:
+            log.error("poll: cannot scan the model repository: %s", e)
+            sources, fps = None, {}
+        finally:
+            self.polling = False
+        confirm = self.hangup_pending
+        self.hangup_pending = False
+        if sources is None:
+            self._schedule_poll()
+            return None
+        self.registry.set_names(sorted(set(sources) | set(self.registry.models)))
+        for change in self.poll_state.observe(fps, frozenset(self.runner.locked())):
+            log.info("poll: model '%s' %s", change.name, {"add": "was added", "modify": "changed",
+                                                          "remove": "was removed"}[change.kind])
+            self.runner.start(self._poll_change(change, sources), self._poll_done)
+        if confirm and self.poll_state.pending:
+            self._schedule_poll(min(SIGHUP_CONFIRM_S, self.poll_secs) if self.poll_secs > 0 else SIGHUP_CONFIRM_S)
+        else:
+            self._schedule_poll()
+        return None
+
+    @staticmethod
+    def _poll_done(result: Any = None, error: TritonError | None = None) -> None:
+        if error is not None:
+            log.error("poll: %s", error.message.strip())
+        elif result:
+            log.error("poll: %s", "".join(result).strip())
+
+    def _poll_change(self, change: Change, sources: dict[str, ModelSource]) -> Generator:
+        name = change.name
+        if change.kind == REMOVE:
+            yield Lock(frozenset([name]))
+            for mv in self.registry.get(name).values():
+                self.retirement.retire(mv)
+            self.registry.models.pop(name, None)
+            self.registry.specs.pop(name, None)
+            self.loaded_from.pop(name, None)
+            self.fingerprints.pop(name, None)
+            self.registry.set_names(sorted(n for n in self.registry.names if n != name))
+            self.registry.dirty = True
+            return None
+        order, deps = yield Job(lambda: self._order(sources, [name]))
+        yield Lock(frozenset(order))
+        errors = yield from self._load_in_order(sources, order, deps, name)
+        return errors
+
+    # ---------------------------------------------------------------- override directories
+
+    def _in_use(self, model_dir: str) -> bool:
+        return any(mv.model_dir == model_dir for mv in self.registry.all_versions())
+
+    def _drop_override(self, override_dir: str) -> None:
+        """Remove an override directory no version uses (any more)."""
+        if override_dir and not self._in_use(override_dir) and is_override_dir(
+                self.opts.run_dir, override_dir, os.path.basename(override_dir)):
+            remove_override_dir(override_dir)
+
+    def _retired(self, mv: ModelVersion) -> None:
+        if self.limiter is not None:
+            self.limiter.unregister(mv)
+        self._drop_override(mv.model_dir)

@@ -1,0 +1,1 @@
+"""What the broker reports: statistics, metrics snapshots, traces."""

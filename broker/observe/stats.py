@@ -1,0 +1,143 @@
+"""Per-model-version statistics in Triton's shape (GET /v2/models/{m}/stats, ModelStatistics).
+
+What counts where, as Triton's core and backends count it:
+- a request that succeeds: `success` (count, arrival to answer), `queue` (arrival to
+  dispatch), `compute_input/infer/output` (its batch's durations, once per request) and
+  `inference_count` += its own batch size;
+- a request that fails after admission (backend error, worker death, queue timeout):
+  `fail` only; a request refused at admission ("Exceeds maximum queue size") counts nowhere;
+- an execution: `execution_count` += 1, `batch_stats[total batch size]`, `last_inference`;
+- a response cache hit: `success`, `queue` and `cache_hit` (lookup time), no inference or
+  execution; a miss: `cache_miss` (lookup and insertion time), which is also added to the
+  request's duration.
+Failures are counted per Triton's reasons for `nv_inference_request_failure`. When latency
+summaries or the first-response histogram are on (`--metrics-config`), `latency` observes
+each request as well (broker/observe/metrics.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+    def as_dict(self) -> dict:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class BatchStat:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass
+class ModelStats:
+    name: str
+    version: int
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    batches: dict[int, BatchStat] = field(default_factory=dict)
+    restarts: int = 0
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    latency: Any = None             # observer of latency summaries / histograms (--metrics-config)
+
+    def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One model execution of `batch_size` elements (the sum over its requests)."""
+        self.execution_count += 1
+        b = self.batches.get(batch_size)
+        if b is None:
+            b = self.batches[batch_size] = BatchStat()
+        b.compute_input.add(input_ns)
+        b.compute_infer.add(infer_ns)
+        b.compute_output.add(output_ns)
+        self.last_inference_ms = max(self.last_inference_ms, int(time.time() * 1000))
+
+    def record_success(self, batch_size: int, total_ns: int, queue_ns: int,
+                       input_ns: int, infer_ns: int, output_ns: int, first_response: bool = True) -> None:
+        """One request answered with outputs; compute times are its batch's."""
+        self.inference_count += batch_size
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(input_ns)
+        self.compute_infer.add(infer_ns)
+        self.compute_output.add(output_ns)
+        if self.latency is not None:
+            self.latency.success(total_ns, queue_ns, input_ns, infer_ns, output_ns, first_response)
+
+    def record_cache_hit(self, total_ns: int, queue_ns: int, lookup_ns: int) -> None:
+        """One request answered from the response cache, without executing."""
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)
+        self.cache_hit.add(lookup_ns)
+        if self.latency is not None:
+            self.latency.cache_hit(total_ns, queue_ns, lookup_ns)
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """A cacheable request that executed: lookup plus insertion time, which Triton also
+        adds to the request's duration."""
+        self.cache_miss.add(miss_ns)
+        self.success.ns += miss_ns
+        if self.latency is not None:
+            self.latency.cache_miss(miss_ns)
+
+    def record_ensemble(self, batch_size: int, total_ns: int) -> None:
+        """One ensemble request answered with outputs: its steps were counted by their models."""
+        self.execution_count += 1
+        self.last_inference_ms = int(time.time() * 1000)
+        self.record_success(batch_size, total_ns, 0, 0, 0, 0)
+
+    def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
+        """One admitted request answered with an error, for one of FAILURE_REASONS."""
+        self.fail.add(total_ns)
+        self.failures[reason] += 1
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "version": str(self.version),
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(),
+                "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(),
+                "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": bs,
+                    "compute_input": b.compute_input.as_dict(),
+                    "compute_infer": b.compute_infer.as_dict(),
+                    "compute_output": b.compute_output.as_dict(),
+                }
+                for bs, b in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+            "restart_count": self.restarts,
+        }

@@ -1,0 +1,226 @@
+"""Request tracing on the broker's side: which requests are traced, and Triton's trace files.
+
+Settings come from `--trace-config` and the trace settings API (server-wide, or a model's
+overrides), applied live. Frontends stamp a request (its receive times) only for the models
+the broker says are being traced (`Observe.tracing`), so with tracing off nothing is added
+to the hot path. The broker samples here, one counter per setting as Triton has (every
+`rate`-th request, `count` traces at most; a request carrying a client's trace context is
+always traced in OpenTelemetry mode), and takes its own timestamps and the worker's.
+
+Mode `triton`: the frontend reports its send times (`TraceDone`) and the broker, the one
+writer, appends the trace to the file in Triton's JSON layout: with `log_frequency` N, every
+N traces go to `<file>.<index>`; a setting whose `count` is used up writes its traces to the
+next index file too; what remains at shutdown (or when a setting is replaced) goes to
+`<file>.<index>` when a frequency was set, else to `<file>`. Mode `opentelemetry`: the
+timestamps go back with the reply and the frontend exports spans (frontend/tracing.py).
+Timestamps are CLOCK_MONOTONIC nanoseconds, which every process on the host shares.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from tritond.wire.schema import BatchDone, Infer, InferReply, Stamp, TraceDone, TraceInfo
+
+from tritond.broker.clock import Clock
+from tritond.broker.tables.inflight import ReplyTo
+from tritond.broker.tables.model_version import ModelVersion
+
+log = logging.getLogger("tritond.broker")
+
+STALE_NS = 10_000_000_000      # a trace whose frontend never reported is written without its send times
+RECV = {"HTTP": ("HTTP_RECV_START", "HTTP_RECV_END"), "GRPC": ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END")}
+
+
+class Setting:
+    """One scope's effective settings and its sampling state."""
+
+    def __init__(self, values: dict[str, Any], scope: dict[str, Any]) -> None:
+        self.values = dict(values)
+        self.scope = scope                 # the dict the API shows: the remaining count is kept there
+        levels = values.get("trace_level") or ["OFF"]
+        self.level = "TIMESTAMPS" if "TIMESTAMPS" in levels else "OFF"
+        self.rate = int(values.get("trace_rate", 1000))
+        self.count = int(values.get("trace_count", -1))
+        self.log_frequency = int(values.get("log_frequency", 0))
+        self.file = str(values.get("trace_file", ""))
+        self.mode = str(values.get("trace_mode", "triton"))
+        self.sampled = 0
+        self.created = 0
+        self.collected = 0
+        self.stream: list[dict] = []
+        self.in_stream = 0
+
+    def mode_if_active(self) -> str:
+        """The mode requests are stamped for ('' when nothing can be traced)."""
+        if self.level == "OFF" or (self.mode == "triton" and not self.file):
+            return ""
+        if self.mode == "triton" and (self.count == 0 or self.rate == 0):
+            return ""
+        return self.mode
+
+    def sample(self, forced: bool) -> bool:
+        if self.rate != 0 and self.count != 0:
+            self.sampled += 1
+            if self.sampled % self.rate == 0:
+                if self.count > 0:
+                    self.count -= 1
+                    # the API shows the remaining count; it is not a new setting
+                    self.scope["trace_count"] = self.values["trace_count"] = str(self.count)
+                self.created += 1
+                return True
+        return forced and self.mode == "opentelemetry"
+
+
+class Trace:
+    __slots__ = ("id", "setting", "model", "version", "request_id", "stamps", "born_ns")
+
+    def __init__(self, tid: int, setting: Setting, mv: ModelVersion, request_id: str, now_ns: int) -> None:
+        self.id = tid
+        self.setting = setting
+        self.model = mv.name
+        self.version = mv.version
+        self.request_id = request_id
+        self.stamps: list[Stamp] = []
+        self.born_ns = now_ns
+
+    def compute(self, dispatch_ns: int, done: BatchDone) -> None:
+        """The batch this request ran in: when it was formed, and the worker's times."""
+        t = done.start_ns
+        self.stamps += [Stamp("BATCH_FORMED", dispatch_ns), Stamp("COMPUTE_START", t),
+                        Stamp("COMPUTE_INPUT_END", t + done.input_ns),
+                        Stamp("COMPUTE_OUTPUT_START", t + done.input_ns + done.infer_ns),
+                        Stamp("COMPUTE_END", t + done.input_ns + done.infer_ns + done.output_ns)]
+
+
+class Tracer:
+    def __init__(self, settings: Any, clock: Clock, on_change: Callable[[], None]) -> None:
+        self.settings = settings            # broker/settings.py: the API's dicts
+        self.clock = clock
+        self.on_change = on_change
+        self.ids = itertools.count(1)
+        self.scopes: dict[str, Setting] = {}
+        self.pending: dict[int, Trace] = {}
+        self.main_files: dict[str, list[dict]] = {}
+        self.indexes: dict[str, itertools.count] = {}
+        self.reload()
+
+    # ---------------------------------------------------------------- settings
+
+    def _values(self, model: str) -> dict[str, Any]:
+        return {**self.settings.trace, **(self.settings.model_trace.get(model, {}) if model else {})}
+
+    def reload(self) -> None:
+        """Rebuild the settings whose values changed (a replaced setting writes what it holds)."""
+        wanted = {""} | {m for m, v in self.settings.model_trace.items() if v}
+        for scope in list(self.scopes):
+            if scope not in wanted:
+                self._retire(self.scopes.pop(scope))
+        for scope in wanted:
+            values = self._values(scope)
+            old = self.scopes.get(scope)
+            if old is not None and old.values == values:
+                continue
+            if old is not None:
+                self._retire(old)
+            target = self.settings.model_trace[scope] if scope else self.settings.trace
+            self.scopes[scope] = Setting(values, target)
+
+    def gates(self) -> dict[str, str]:
+        """Per model with settings of its own (and "" for the rest): the mode to stamp for."""
+        return {scope: s.mode_if_active() for scope, s in self.scopes.items()}
+
+    # ---------------------------------------------------------------- requests
+
+    def start(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> tuple[Trace | None, ReplyTo]:
+        """Sample a request the frontend stamped; a traced one's reply is wrapped to stamp its end."""
+        setting = self.scopes.get(mv.name) or self.scopes[""]
+        start = msg.trace
+        if not setting.mode_if_active() or not setting.sample(start.forced):
+            return None, reply
+        now = self.clock.now_ns()
+        trace = Trace(next(self.ids), setting, mv, msg.id, now)
+        recv_start, recv_end = RECV.get(start.protocol, RECV["HTTP"])
+        trace.stamps += [Stamp(recv_start, start.recv_start), Stamp(recv_end, start.recv_end),
+                         Stamp("REQUEST_START", now), Stamp("QUEUE_START", now)]
+        if setting.count == 0 and setting.mode == "triton":
+            self.on_change()        # the last trace of this setting: frontends stop stamping
+
+        def end(r: InferReply) -> None:
+            t = self.clock.now_ns()
+            trace.stamps += [Stamp("INFER_RESPONSE_COMPLETE", t), Stamp("REQUEST_END", t)]
+            if setting.mode == "opentelemetry":
+                r.trace = TraceInfo(trace.id, trace.stamps)
+            else:
+                r.trace = TraceInfo(trace.id)
+                self.pending[trace.id] = trace
+            reply(r)
+        return trace, end
+
+    def done(self, msg: TraceDone) -> None:
+        trace = self.pending.pop(msg.id, None)
+        if trace is not None:
+            trace.stamps += msg.stamps
+            self._collect(trace)
+
+    def tick(self, now_ns: int) -> None:
+        if self.pending:
+            for tid in [t for t, tr in self.pending.items() if now_ns - tr.born_ns > STALE_NS]:
+                self._collect(self.pending.pop(tid))
+
+    # ---------------------------------------------------------------- files
+
+    @staticmethod
+    def records(trace: Trace) -> list[dict]:
+        head: dict[str, Any] = {"id": trace.id, "model_name": trace.model, "model_version": trace.version}
+        if trace.request_id:
+            head["request_id"] = trace.request_id
+        return [head] + [{"id": trace.id, "timestamps": [{"name": s.name, "ns": s.ns}]} for s in trace.stamps]
+
+    def _collect(self, trace: Trace) -> None:
+        s = trace.setting
+        s.stream += self.records(trace)
+        s.in_stream += 1
+        s.collected += 1
+        if (s.count == 0 and s.collected == s.created) or (s.log_frequency and s.in_stream >= s.log_frequency):
+            self._write_index(s)
+
+    def _write_index(self, s: Setting) -> None:
+        if not s.stream:
+            return
+        index = next(self.indexes.setdefault(s.file, itertools.count()))
+        self._write(f"{s.file}.{index}", s.stream)
+        s.stream, s.in_stream = [], 0
+
+    def _retire(self, s: Setting) -> None:
+        """A setting replaced or at shutdown: what it still holds goes to its file."""
+        for tid in [t for t, tr in self.pending.items() if tr.setting is s]:
+            self._collect(self.pending.pop(tid))
+        if not s.stream or not s.file:
+            return
+        if s.log_frequency:
+            self._write_index(s)
+        else:
+            records = self.main_files.setdefault(s.file, [])
+            records += s.stream
+            s.stream, s.in_stream = [], 0
+            self._write(s.file, records)
+
+    @staticmethod
+    def _write(path: str, records: list[dict]) -> None:
+        try:
+            tmp = f"{path}.tmp{os.getpid()}"
+            with open(tmp, "wb") as f:
+                f.write(msgspec.json.encode(records))
+            os.replace(tmp, path)
+        except OSError as e:
+            log.error("cannot write the trace file %s: %s", path, e.strerror)
+
+    def close(self) -> None:
+        for s in self.scopes.values():
+            self._retire(s)

@@ -1,0 +1,300 @@
+"""The request path through the broker: admit a request to its model's scheduling, send the
+batches it forms, and answer each request when its batch is done (or failed, expired,
+cancelled). Only bookkeeping: tensor bytes are never touched. What differs between the
+default, dynamic and sequence batchers is behind one interface (policy.py)."""
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tritond.wire.errors import Code, TritonError, invalid, unavailable
+from tritond.wire.schema import (
+    BatchDone, Block, CancelKeys, Device, Exec, ExecRequest, ExecResult, Infer, InferReply, Region, TensorDesc,
+    Zeros, heartbeat_identity,
+)
+
+from tritond.broker.clock import Clock
+from tritond.broker.scheduling.rate_limiter import RateLimiter
+from tritond.broker.scheduling.streams import Streams
+from tritond.broker.supervision.pool import Instance, InstanceState
+from tritond.broker.tables.client_regions import ClientRegions
+from tritond.broker.tables.inflight import InflightTable, ReplyTo, Req
+from tritond.broker.tables.model_version import ModelVersion
+
+log = logging.getLogger("tritond.broker")
+
+
+def untrusted(msg: Infer, own_prefix: str) -> None:
+    """Check what a frontend or a model says about memory (raises INVALID_ARG): it may name a
+    client region or one of this server's segments only. Leases, resolved region keys, device
+    handles and output targets are the broker's to set, so whatever the sender put there is
+    discarded."""
+    inputs = msg.inputs
+    for i, d in enumerate(inputs):
+        if any(x < 0 for x in d.shape):
+            raise invalid(f"invalid shape for input '{d.name}': negative dimension")
+        loc = d.loc
+        if isinstance(loc, Block):
+            if not loc.seg.startswith(own_prefix):
+                raise invalid(f"input '{d.name}' has no data")
+            if loc.lease:
+                inputs[i] = TensorDesc(d.name, d.datatype, d.shape, Block(loc.seg, loc.offset, loc.nbytes))
+        elif isinstance(loc, Region):
+            if loc.key:
+                inputs[i] = TensorDesc(d.name, d.datatype, d.shape, Region(loc.name, loc.offset, loc.nbytes))
+        elif isinstance(loc, (Device, Zeros)):
+            raise invalid(f"input '{d.name}' has no data")
+    for o in msg.outputs:
+        o.device_ok = False
+        if o.region is not None and o.region.key:
+            o.region = Region(o.region.name, o.region.offset, o.region.nbytes)
+
+
+class RequestPath:
+    """One path for every model: its `scheduler` (a `Scheduling`) queues and forms batches,
+    this part sends them and answers; a decoupled model's requests are answered through
+    `streams`."""
+
+    def __init__(self, inflight: InflightTable, regions: ClientRegions,
+                 send_worker: Callable[[bytes, Any], None], clock: Clock, streams: Streams,
+                 restart_overdue: Callable[[ModelVersion], TritonError | None],
+                 limiter: RateLimiter | None = None) -> None:
+        self.inflight = inflight
+        self.regions = regions
+        self.send_worker = send_worker
+        self.clock = clock
+        self.limiter = limiter          # --rate-limit=execution_count
+        self.streams = streams
+        self._restart_overdue = restart_overdue
+        self.keys = itertools.count(1)
+        self.due: dict[int, ModelVersion] = {}      # models to form batches for at the end of the turn
+        self.reap_ns = 0                             # when a policy next has idle state to reap (0: none)
+
+    # ---------------------------------------------------------------- admission
+
+    def admit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> Req | None:
+        """Queue a request on the model's scheduling (or answer it at once when it cannot
+        wait); returns it while it is still queued or executing."""
+        sched = mv.scheduler
+        try:
+            if sched is not None:
+                sched.check(msg)
+            regions = self.regions.resolve(msg)
+        except TritonError as e:
+            reply(InferReply(msg.rid, error=e))
+            return None
+        err = unavailable(f"model '{mv.name}' is not ready") if sched is None else self._restart_overdue(mv)
+        if err is not None:     # an ensemble's composing model mid-reload, or a restart overdue
+            self.regions.release(regions)
+            reply(InferReply(msg.rid, error=err))
+            return None
+        now = self.clock.now_ns()
+        req = Req(reply, msg, mv, now, None, regions=regions, key=next(self.keys))
+        try:
+            sched.admit(req, msg, now)
+        except TritonError as e:
+            self.regions.release(regions)
+            reply(InferReply(msg.rid, error=e))
+            return None
+        sched.dispatch(mv)
+        return req
+
+    # ---------------------------------------------------------------- batches
+
+    def dispatch(self, mv: ModelVersion) -> None:
+        """Form the batches that are due (an instance freed, a model became ready)."""
+        if mv.scheduler is not None:
+            mv.scheduler.dispatch(mv)
+
+    def free_instances(self, mv: ModelVersion) -> list[Instance]:
+        free = mv.free_instances()
+        if self.limiter is not None and free:
+            return self.limiter.grantable(mv, free)
+        return free
+
+    def at_turn_end(self, mv: ModelVersion) -> None:
+        self.due[id(mv)] = mv
+
+    def end_turn(self) -> None:
+        """Form the batches the policies left for the end of the loop turn."""
+        if self.due:
+            due, self.due = self.due, {}
+            for mv in due.values():
+                if mv.scheduler is not None:
+                    mv.scheduler.at_turn_end(mv)
+
+    def reap_by(self, at_ns: int) -> None:
+        if at_ns and (not self.reap_ns or at_ns < self.reap_ns):
+            self.reap_ns = at_ns
+
+    def reap(self, now_ns: int, versions: Iterable[ModelVersion]) -> int:
+        """Let the policies forget idle state (sequences) when due; returns the next time to
+        look (ns, 0: none)."""
+        if not self.reap_ns or now_ns < self.reap_ns:
+            return self.reap_ns
+        wake = 0
+        for mv in versions:
+            if mv.scheduler is not None:
+                at = mv.scheduler.reap(mv, now_ns)
+                if at:
+                    wake = min(wake, at) if wake else at
+        self.reap_ns = wake
+        return wake
+
+    def send_batch(self, mv: ModelVersion, inst: Instance, reqs: list[Req], now_ns: int,
+                   requests: list[ExecRequest] | None = None) -> None:
+        """Send a batch to `inst`; `requests` (sequence batches, with control inputs and padding)
+        replace the plain ExecRequests of `reqs`."""
+        decoupled = mv.view.decoupled
+        ordered = mv.scheduler.preserve_ordering
+        worker = inst.identity
+        for r in reqs:
+            r.dispatch_ns = now_ns
+            r.worker = worker
+            if ordered and r.order < 0:
+                r.order = mv.dispatch_seq
+                mv.dispatch_seq += 1
+            if decoupled:
+                self.streams.add(r)
+        bid = self.inflight.add(reqs)
+        if self.limiter is not None:
+            self.limiter.acquire(inst, bid)
+        exec_msg = Exec(bid, requests if requests is not None else [
+            ExecRequest(r.msg.inputs, r.msg.outputs, r.msg.id, r.msg.params,
+                        r.msg.correlation_id, r.msg.flags, r.msg.timeout_us, r.key, window=r.msg.window)
+            for r in reqs
+        ])
+        inst.batch = bid
+        inst.batch_padding = sum(1 for r in requests if r.pad) if requests is not None else 0
+        inst.move_to(InstanceState.BUSY)
+        inst.batch_started = self.clock.now()
+        self.send_worker(inst.identity, exec_msg)
+
+    def on_batch_done(self, inst: Instance, mv: ModelVersion, msg: BatchDone) -> None:
+        if inst.batch != msg.bid:
+            return                  # not this instance's batch: a stale or confused worker
+        reqs = self.inflight.pop(msg.bid)
+        inst.batch = None
+        if not reqs:
+            if self.limiter is not None:
+                self.limiter.release(msg.bid)
+            return
+        inst.served = True
+        if inst.state is InstanceState.BUSY:    # a worker being killed or stopped gets no more work
+            inst.move_to(InstanceState.READY)
+        inst.idle_since = self.clock.now()
+        mv.scheduler.note_busy(inst.name, int((inst.idle_since - inst.batch_started) * 1e9))
+        times = (msg.input_ns, msg.infer_ns, msg.output_ns)
+        # Triton's onnxruntime backend reports no execution when every request of it failed;
+        # its Python backend reports every execution.
+        if mv.view.backend == "python" or any(res.error is None for res in msg.results):
+            # as Triton's, a sequence batch's size counts its padding slots
+            mv.stats.record_execution(sum(r.pending.batch_size for r in reqs) + inst.batch_padding, *times)
+        if mv.view.decoupled:       # answered by the worker's Respond messages
+            self.released(msg.bid, mv)
+            return
+        results = msg.results
+        for i, req in enumerate(reqs):
+            res = results[i] if i < len(results) else ExecResult(
+                error=TritonError(Code.INTERNAL, f"model '{mv.name}' returned no result for the request"))
+            if req.trace is not None:
+                req.trace.compute(req.dispatch_ns, msg)
+            self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, inst.identity),
+                        res.error is None, times, "BACKEND")
+        self.released(msg.bid, mv)
+
+    def released(self, bid: int, mv: ModelVersion) -> None:
+        """A batch ended: offer its instance (and the resources it held) to what waits."""
+        if self.limiter is None or not self.limiter.release(bid):
+            if mv.scheduler is not None:
+                mv.scheduler.dispatch(mv)
+            return
+        for waiting in self.limiter.woken(mv):
+            self.dispatch(waiting)
+
+    def finish(self, req: Req, reply: InferReply, ok: bool, times: tuple[int, int, int] = (0, 0, 0),
+               reason: str = "OTHER") -> None:
+        """Answer a request: statistics (a failure counted for Triton's `reason`), release its
+        client regions, keep the model's answer order under preserve_ordering."""
+        now = self.clock.now_ns()
+        mv = req.mv
+        sched = mv.scheduler
+        if sched is not None:
+            sched.finished(req, now)
+        if req.worker and mv.view.decoupled:
+            self.streams.discard(req.key)
+        if ok:
+            mv.stats.record_success(req.pending.batch_size, now - req.arrival_ns,
+                                    req.dispatch_ns - req.arrival_ns, *times, first_response=not mv.view.decoupled)
+        else:
+            mv.stats.record_failure(now - req.arrival_ns, reason)
+        self.regions.release(req.regions)
+        if req.order < 0:
+            req.reply(reply)
+            return
+        mv.held[req.order] = [req.reply, reply]
+        while mv.send_seq in mv.held:
+            to, r = mv.held.pop(mv.send_seq)
+            mv.send_seq += 1
+            to(r)
+
+    def fail(self, req: Req, err: TritonError, reason: str = "OTHER") -> None:
+        self.finish(req, InferReply(req.msg.rid, error=err), False, reason=reason)
+
+    # ---------------------------------------------------------------- failures
+
+    def fail_queued(self, mv: ModelVersion, err: TritonError) -> None:
+        if mv.scheduler is None:
+            return
+        for p in mv.scheduler.remove(lambda _: True):
+            self.fail(p.key, err)
+
+    def lost_batch(self, mv: ModelVersion, bid: int | None, message: str, may_retry: bool) -> tuple[int, int]:
+        """Answer the requests of a batch whose worker died; an idempotent model's requests go
+        back to the head of the queue once. Returns (failed, retried)."""
+        reqs = self.inflight.pop(bid)
+        if self.limiter is not None and self.limiter.release(bid):
+            for waiting in self.limiter.woken(mv):
+                if waiting is not mv:
+                    self.dispatch(waiting)
+        retried = 0
+        sched = mv.scheduler
+        may_retry = may_retry and sched is not None and sched.may_retry
+        for r in reqs:
+            if may_retry and not r.retried:
+                r.retried = True
+                r.dispatch_ns = 0
+                sched.requeue_front(r.pending)
+                retried += 1
+            else:
+                self.fail(r, unavailable(message))
+        return len(reqs) - retried, retried
+
+    def lost_instance(self, mv: ModelVersion, inst: Instance, how: str) -> None:
+        """After a worker died (its batch answered by lost_batch): its decoupled requests still
+        streaming fail, and the sequences whose state it held are lost."""
+        for r in self.streams.lost(inst):
+            self.fail(r, unavailable(f"inference failed because model '{mv.name}' instance '{inst.name}' {how}"))
+        if mv.scheduler is not None:
+            mv.scheduler.instance_lost(mv, inst, how)
+
+    def cancel(self, req: Req) -> None:
+        """The requester gave up: a queued request is taken out and answered CANCELLED; an
+        executing one is flagged to its worker (the model sees `request.is_cancelled()`)."""
+        sched = req.mv.scheduler
+        if not req.dispatch_ns and sched is not None:
+            sched.cancel(req)
+            return
+        if req.worker:
+            self.send_worker(heartbeat_identity(req.worker), CancelKeys([req.key]))
+
+    def cancel_all(self, versions: list[ModelVersion], err: TritonError) -> None:
+        """Answer everything queued or executing with `err` (the exit timeout expired)."""
+        for mv in versions:
+            self.fail_queued(mv, err)
+        for r in self.inflight.take_all():
+            self.fail(r, err)
+        for r in list(self.streams.open.values()):
+            self.fail(r, err)

@@ -1,0 +1,94 @@
+"""Triton's default and dynamic batchers as a `Scheduling`: requests queue by priority level,
+and a batch forms whenever an instance is free (batcher.py decides which requests it holds)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tritond.wire.errors import Code, TritonError, request_prefix, unavailable
+from tritond.wire.schema import Infer
+
+from tritond.broker.scheduling.batcher import BatchPolicy, Pending, Scheduler
+from tritond.broker.scheduling.policy import CANCELLED, Batches
+from tritond.broker.test_hooks import delay_scheduler
+
+if TYPE_CHECKING:
+    from tritond.broker.supervision.pool import Instance
+    from tritond.broker.tables.inflight import Req
+    from tritond.broker.tables.model_version import ModelVersion
+
+class QueuedScheduling:
+    def __init__(self, mv: "ModelVersion", path: Batches) -> None:
+        self.queue = Scheduler(BatchPolicy.from_view(mv.view), delay_scheduler(mv.name))
+        self.path = path
+        self.preserve_ordering = self.queue.policy.preserve_ordering and not mv.view.decoupled
+        # A decoupled request's sent responses cannot be redone.
+        self.may_retry = mv.view.idempotent and not mv.view.decoupled
+        self._batched = mv.max_batch_size > 0
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def check(self, msg: Infer) -> None:
+        pass
+
+    def admit(self, req: "Req", msg: Infer, now_ns: int) -> None:
+        inputs = msg.inputs
+        bs = inputs[0].shape[0] if self._batched and inputs and inputs[0].shape else 1
+        req.pending = Pending(req, now_ns, bs, self.queue.policy.shape_key(inputs))
+        try:
+            self.queue.enqueue(req.pending, msg.priority, msg.timeout_us, now_ns)
+        except TritonError as e:
+            raise TritonError(e.code, request_prefix(msg.id) + e.message) from None
+
+    def dispatch(self, mv: "ModelVersion") -> None:
+        """Form batches while an instance is free; each goes to the least busy free instance."""
+        queue = self.queue
+        path = self.path
+        while len(queue):
+            free = path.free_instances(mv)
+            if not free:
+                return
+            now = path.clock.now_ns()
+            self.expire(mv, now)
+            batch, wake = queue.next_batch(now)
+            if not batch:
+                mv.wake_ns = wake
+                return
+            mv.wake_ns = 0
+            path.send_batch(mv, queue.pick_instance(free), [p.key for p in batch], now)
+
+    def at_turn_end(self, mv: "ModelVersion") -> None:
+        self.dispatch(mv)
+
+    def expire(self, mv: "ModelVersion", now_ns: int) -> None:
+        """Answer requests whose queue timeout passed under a REJECT policy."""
+        deadline = self.queue.next_deadline()
+        if deadline and deadline < now_ns:
+            for p in self.queue.expire(now_ns):
+                self.path.fail(p.key, unavailable("Request timeout expired"), "REJECTED")
+
+    def next_deadline(self) -> int:
+        return self.queue.next_deadline()
+
+    def reap(self, mv: "ModelVersion", now_ns: int) -> int:
+        return 0
+
+    def finished(self, req: "Req", now_ns: int) -> None:
+        pass
+
+    def cancel(self, req: "Req") -> None:
+        if self.queue.remove(lambda p: p is req.pending):
+            self.path.fail(req, TritonError(Code.CANCELLED, CANCELLED))
+
+    def instance_lost(self, mv: "ModelVersion", inst: "Instance", how: str) -> None:
+        pass
+
+    def remove(self, pred: Callable[[Pending], bool]) -> list[Pending]:
+        return self.queue.remove(pred)
+
+    def requeue_front(self, item: Pending) -> None:
+        self.queue.requeue_front(item)
+
+    def note_busy(self, instance: str, ns: int) -> None:
+        self.queue.note_busy(instance, ns)
