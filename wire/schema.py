@@ -15,6 +15,7 @@ Directions:
   broker -> worker                Exec, Stop, Release, InferReply (BLS), Unmap, Gone, Observe,
                                   EndSequences; CancelKeys and Grant on its heartbeat socket
 
+A control operation is answered by a ControlReply whose result is one of replies.py's Structs.
 A request may be answered by several InferReply messages (a decoupled model's responses): all
 but the last carry `more`. A worker sends a decoupled model's responses as `Respond` messages on
 a third socket while it runs (its main thread may be busy in execute()); the broker talks to
@@ -23,13 +24,14 @@ the worker's heartbeat thread, never to its busy main thread, about requests tha
 from __future__ import annotations
 
 import enum
-from typing import Any, Union
+from typing import Any, TypeAlias, Union
 
 import msgspec
 
 from .errors import Code, TritonError
+from .replies import ControlResult
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 # Inline tensors up to this size ride inside the message; larger ones go through shm.
 INLINE_MAX = 64 * 1024
 # At most this many inline bytes per message a frontend or worker builds; the rest go by shm.
@@ -128,6 +130,15 @@ class TraceStart(_S):
     forced: bool = False        # the client sent a trace context: traced whatever the rate
 
 
+# A request parameter's value, as Triton's parameters take them (bool, int64, double, string).
+Param: TypeAlias = Union[bool, int, float, str]
+# Triton's ModelConfig as JSON (protobuf's json_format of the parsed and completed config.pbtxt).
+# It stays a JSON object rather than Structs: it is Triton's open-ended schema (hundreds of
+# nested fields, backend-specific parameters) served verbatim by the model-config endpoints and
+# handed to backends as Triton hands it; what tritond decides by is parsed once into ModelView.
+ModelConfigJson: TypeAlias = dict[str, Any]
+
+
 class Stamp(_S):
     name: str                   # Triton's timestamp names: REQUEST_START, QUEUE_START, ...
     ns: int                     # monotonic ns, comparable across this host's processes
@@ -140,7 +151,7 @@ class Infer(_S, tag="infer"):
     inputs: list[TensorDesc] = []
     outputs: list[OutputSpec] = []
     id: str = ""
-    params: dict[str, Any] = {}
+    params: dict[str, Param] = {}
     priority: int = 0
     timeout_us: int = 0
     correlation_id: int | str = 0
@@ -252,10 +263,13 @@ class CudaStatus(_S, tag="cuda_status"):
 
 
 class LogSettings(_S, tag="log_settings"):
+    """The logging API's JSON object as the client sent it: the broker checks each key and
+    value with Triton's error texts, which a typed decode here would replace."""
     settings: dict[str, Any] = {}
 
 
 class TraceSettings(_S, tag="trace_settings"):
+    """The trace API's settings as the client sent them (checked as LogSettings' are)."""
     model: str = ""
     settings: dict[str, Any] = {}
 
@@ -284,7 +298,7 @@ class Control(_S, tag="control"):
 
 class ControlReply(_S, tag="creply"):
     cid: int
-    result: Any = None
+    result: ControlResult = None
     error: TritonError | None = None
 
 
@@ -368,7 +382,7 @@ class ModelEntry(_S):
     reason: str = ""
     unloaded: bool = False          # UNAVAILABLE because it was unloaded, not because it failed
     view: ModelView | None = None
-    config: dict[str, Any] | None = None
+    config: ModelConfigJson | None = None
     restarting: bool = False        # UNAVAILABLE while its instances restart; requests still queue
 
 
@@ -425,7 +439,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True):
     model_dir: str
     version_dir: str
     repository: str
-    config: dict[str, Any]
+    config: ModelConfigJson
     instance_name: str
     kind: str = "CPU"
     device_id: int = 0
@@ -438,7 +452,7 @@ class ExecRequest(_S):
     inputs: list[TensorDesc]
     outputs: list[OutputSpec] = []
     id: str = ""
-    params: dict[str, Any] = {}
+    params: dict[str, Param] = {}
     correlation_id: int | str = 0
     flags: int = 0
     timeout_us: int = 0
@@ -472,7 +486,7 @@ class BatchDone(_S, tag="done"):
 class WorkerUp(_S, tag="up"):
     proto: int
     pid: int
-    config: dict[str, Any] | None = None   # completed config (python auto_complete_config)
+    config: ModelConfigJson | None = None   # completed config (python auto_complete_config)
 
 
 class WorkerDown(_S, tag="down"):
