@@ -46,16 +46,19 @@ STREAM_SUFFIX = b":rs"
 
 
 class _S(msgspec.Struct, array_like=True, omit_defaults=True):
-    pass
+    """The per-request messages that hold no error are gc=False: the cycle collector never tracks
+    them (it would scan every request a broker holds), and they cannot be part of a cycle, since
+    they hold only scalars, bytes and each other. A message with a TritonError keeps gc: the
+    error's traceback may reach a frame that holds the message (perf/bench_wire.py measures it)."""
 
 
 # ---------------------------------------------------------------- where a tensor's bytes are
 
-class Inline(_S, tag="i"):
+class Inline(_S, tag="i", gc=False):
     data: bytes
 
 
-class Block(_S, tag="b"):
+class Block(_S, tag="b", gc=False):
     """A block of one of this server's segments; `lease` is the owner's id to release (0: none)."""
     seg: str
     offset: int
@@ -63,7 +66,7 @@ class Block(_S, tag="b"):
     lease: int = 0
 
 
-class Region(_S, tag="r"):
+class Region(_S, tag="r", gc=False):
     """A client-registered region. Senders name it and an offset inside it; the broker checks
     the bounds and sets `key` (the segment workers map) with `offset` made absolute."""
     name: str
@@ -72,7 +75,7 @@ class Region(_S, tag="r"):
     key: str = ""
 
 
-class Device(_S, tag="d"):
+class Device(_S, tag="d", gc=False):
     """Device memory handed over by CUDA IPC handle, under the owner's `lease`."""
     handle: bytes
     device: int
@@ -81,7 +84,7 @@ class Device(_S, tag="d"):
     lease: int = 0
 
 
-class Zeros(_S, tag="z"):
+class Zeros(_S, tag="z", gc=False):
     """Zero bytes of the descriptor's shape: the inputs of a padding request in a sequence
     batch. Only the broker writes it; it carries no memory."""
 
@@ -89,7 +92,7 @@ class Zeros(_S, tag="z"):
 Loc = Union[Inline, Block, Region, Device, Zeros]
 
 
-class TensorDesc(_S):
+class TensorDesc(_S, gc=False):
     name: str
     datatype: str
     shape: list[int]
@@ -102,7 +105,7 @@ def lease_of(desc: TensorDesc) -> int:
     return loc.lease if isinstance(loc, (Block, Device)) else 0
 
 
-class OutputSpec(_S):
+class OutputSpec(_S, gc=False):
     name: str
     classification: int = 0
     device_ok: bool = False    # the consumer opens device memory: a GPU output may stay there
@@ -122,7 +125,7 @@ class Refused(_S, tag="refused"):
     reason: str
 
 
-class TraceStart(_S):
+class TraceStart(_S, gc=False):
     """A frontend's part of a request that may be traced: when it was received."""
     recv_start: int             # monotonic ns
     recv_end: int
@@ -139,12 +142,12 @@ Param: TypeAlias = Union[bool, int, float, str]
 ModelConfigJson: TypeAlias = dict[str, Any]
 
 
-class Stamp(_S):
+class Stamp(_S, gc=False):
     name: str                   # Triton's timestamp names: REQUEST_START, QUEUE_START, ...
     ns: int                     # monotonic ns, comparable across this host's processes
 
 
-class Infer(_S, tag="infer"):
+class Infer(_S, tag="infer", gc=False):
     rid: int
     model: str
     version: int = -1
@@ -161,7 +164,7 @@ class Infer(_S, tag="infer"):
     trace: TraceStart | None = None
 
 
-class TraceInfo(_S):
+class TraceInfo(_S, gc=False):
     """A traced request's id and the timestamps the broker and the worker took."""
     id: int
     stamps: list[Stamp] = []
@@ -178,7 +181,7 @@ class InferReply(_S, tag="reply"):
     trace: TraceInfo | None = None
 
 
-class TraceDone(_S, tag="trace_done"):
+class TraceDone(_S, tag="trace_done", gc=False):
     """The frontend's last timestamps of a traced request (the response was sent)."""
     id: int
     stamps: list[Stamp] = []
@@ -189,19 +192,19 @@ class Replies(_S, tag="replies"):
     replies: list[InferReply]
 
 
-class Cancel(_S, tag="cancel"):
+class Cancel(_S, tag="cancel", gc=False):
     """The requester gave up on request `rid` (client disconnect, gRPC cancel)."""
     rid: int
 
 
-class Credit(_S, tag="credit"):
+class Credit(_S, tag="credit", gc=False):
     """The requester wrote `n` more streamed replies of request `rid`: the model may send as
     many more."""
     rid: int
     n: int
 
 
-class Release(_S, tag="release"):
+class Release(_S, tag="release", gc=False):
     owner: bytes
     leases: list[int]
 
@@ -448,7 +451,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True):
     index: int = 0                  # the instance's place among the model's instances
 
 
-class ExecRequest(_S):
+class ExecRequest(_S, gc=False):
     inputs: list[TensorDesc]
     outputs: list[OutputSpec] = []
     id: str = ""
@@ -462,7 +465,7 @@ class ExecRequest(_S):
     window: int = 0         # streamed replies the model may send ahead of the requester's credit
 
 
-class Exec(_S, tag="exec"):
+class Exec(_S, tag="exec", gc=False):
     bid: int
     requests: list[ExecRequest]
 
@@ -493,7 +496,7 @@ class WorkerDown(_S, tag="down"):
     reason: str
 
 
-class Heartbeat(_S, tag="hb"):
+class Heartbeat(_S, tag="hb", gc=False):
     busy_ns: int = 0
 
 
@@ -515,12 +518,12 @@ class Respond(_S, tag="respond"):
     empty: bool = False
 
 
-class CancelKeys(_S, tag="cancel_keys"):
+class CancelKeys(_S, tag="cancel_keys", gc=False):
     """These executing requests were cancelled: their `is_cancelled()` turns true."""
     keys: list[int]
 
 
-class Grant(_S, tag="grant"):
+class Grant(_S, tag="grant", gc=False):
     """Request `key` may send `n` more streamed responses."""
     key: int
     n: int
