@@ -1,7 +1,8 @@
 """Everything the broker answers besides inference: repository index and model control,
 statistics, client shared-memory regions, log/trace settings, drain and stop.
 
-One method per control operation struct; each returns the result or raises TritonError.
+One method per control operation struct; each returns its typed result (wire/replies.py; None
+for an operation that only succeeds) or raises TritonError.
 A load, an unload and a drain are answered later (model_ops.py runs loads and unloads; a
 drain is answered when it ends)."""
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from tritond.repository.devices import gpu_count
 from tritond.shm.regions import CUDA, CUDA_HANDLE_BYTES, SYSTEM
 from tritond.wire.errors import Code, TritonError, invalid
+from tritond.wire import replies as R
 from tritond.wire import schema as S
 from tritond.wire.options import ServerOptions
 
@@ -40,7 +42,7 @@ class ControlHandler:
     def __init__(self, opts: ServerOptions, registry: ModelRegistry, model_ops: ModelControl,
                  ensembles: Ensembles, regions: ClientRegions, drain: Drain, settings: Settings,
                  begin_drain: Callable[[], None], stop: Callable[[], None],
-                 snapshot: Callable[[], dict] = dict) -> None:
+                 snapshot: Callable[[], R.MetricsReply]) -> None:
         self.allow_client_shm = opts.allow_client_shm
         self.registry = registry
         self.model_ops = model_ops
@@ -51,7 +53,7 @@ class ControlHandler:
         self._begin_drain = begin_drain
         self._stop = stop
         self._snapshot = snapshot
-        self._ops: dict[type, Callable[[S.ControlOp, Answer], Any]] = {
+        self._ops: dict[type, Callable[[Any, Answer], R.ControlResult | _Deferred]] = {
             S.RepositoryIndex: self.index, S.LoadModel: self.load, S.UnloadModel: self.unload,
             S.Statistics: self.stats, S.ModelMetrics: self.metrics,
             S.ShmRegister: self.shm_register, S.ShmUnregister: self.shm_unregister, S.ShmStatus: self.shm_status,
@@ -76,47 +78,44 @@ class ControlHandler:
 
     # ---------------------------------------------------------------- repository
 
-    def index(self, op: S.RepositoryIndex, answer: Answer) -> list[dict]:
+    def index(self, op: S.RepositoryIndex, answer: Answer) -> R.IndexReply:
         out = []
         for name in self.registry.names:
             versions = self.registry.get(name)
             if not versions:
                 if not op.ready:
-                    out.append({"name": name})
+                    out.append(R.ModelIndex(name))
                 continue
             for v, mv in sorted(versions.items()):
                 if op.ready and mv.state != READY:
                     continue
-                entry = {"name": name, "version": str(v) if v > 0 else "", "state": mv.state.value}
                 reason = mv.reason or (mv.reload_error if mv.state == READY else "")
-                if reason:
-                    entry["reason"] = reason
-                out.append(entry)
-        return out
+                out.append(R.ModelIndex(name, str(v), mv.state.value, reason))
+        return R.IndexReply(out)
 
-    def load(self, op: S.LoadModel, answer: Answer) -> Any:
+    def load(self, op: S.LoadModel, answer: Answer) -> _Deferred:
         self.model_ops.load(op, answer)
         return DEFERRED
 
-    def unload(self, op: S.UnloadModel, answer: Answer) -> Any:
+    def unload(self, op: S.UnloadModel, answer: Answer) -> _Deferred:
         self.model_ops.unload(op, answer)
         return DEFERRED
 
     # ---------------------------------------------------------------- statistics
 
-    def stats(self, op: S.Statistics, answer: Answer) -> list[dict]:
+    def stats(self, op: S.Statistics, answer: Answer) -> R.StatsReply:
         ready = [mv for mv in self.registry.versions() if mv.state == READY]
         if not op.name:
-            return [mv.stats.as_dict() for mv in ready]
+            return R.StatsReply([mv.stats.statistics() for mv in ready])
         versions = self.registry.get(op.name)
         if not any(mv.state == READY for mv in versions.values()):
             self.registry.resolve(op.name, op.version)      # Triton's error for the name
             raise TritonError(Code.NOT_FOUND, f"Request for unknown model: '{op.name}' has no available versions")
         if op.version >= 0:
-            return [self.registry.resolve(op.name, op.version).stats.as_dict()]
-        return [mv.stats.as_dict() for _, mv in sorted(versions.items()) if mv.state == READY]
+            return R.StatsReply([self.registry.resolve(op.name, op.version).stats.statistics()])
+        return R.StatsReply([mv.stats.statistics() for _, mv in sorted(versions.items()) if mv.state == READY])
 
-    def metrics(self, op: S.ModelMetrics, answer: Answer) -> dict:
+    def metrics(self, op: S.ModelMetrics, answer: Answer) -> R.MetricsReply:
         """What one /metrics scrape reports (broker/observe/metrics.py)."""
         return self._snapshot()
 
@@ -127,20 +126,18 @@ class ControlHandler:
             raise TritonError(Code.UNSUPPORTED, "Client shared memory is disabled. Start the server with "
                                                 "'--allow-client-shm=true' to enable.")
 
-    def shm_register(self, op: S.ShmRegister, answer: Answer) -> dict:
+    def shm_register(self, op: S.ShmRegister, answer: Answer) -> None:
         self._require_shm()
         self.regions.register_system(op.name, op.key, op.offset, op.byte_size)
-        return {}
 
-    def shm_unregister(self, op: S.ShmUnregister, answer: Answer) -> dict:
+    def shm_unregister(self, op: S.ShmUnregister, answer: Answer) -> None:
         self._require_shm()
         self.regions.unregister(op.name, SYSTEM)
-        return {}
 
-    def shm_status(self, op: S.ShmStatus, answer: Answer) -> list[dict]:
-        return self.regions.status(op.name, SYSTEM)
+    def shm_status(self, op: S.ShmStatus, answer: Answer) -> R.ShmStatusReply:
+        return self.regions.system_status(op.name)
 
-    def cuda_register(self, op: S.CudaRegister, answer: Answer) -> dict:
+    def cuda_register(self, op: S.CudaRegister, answer: Answer) -> None:
         """Workers open the IPC handle on first use; the broker never loads CUDA, it only
         checks (cheaply, via nvidia-smi) that the device exists."""
         self._require_shm()
@@ -152,36 +149,33 @@ class ControlHandler:
         if not 0 <= op.device_id < count:
             raise invalid(f"failed to register shared memory region '{op.name}': invalid args")
         self.regions.register_cuda(op.name, op.raw_handle, op.device_id, op.byte_size)
-        return {}
 
-    def cuda_unregister(self, op: S.CudaUnregister, answer: Answer) -> dict:
+    def cuda_unregister(self, op: S.CudaUnregister, answer: Answer) -> None:
         self._require_shm()
         self.regions.unregister(op.name, CUDA)
-        return {}
 
-    def cuda_status(self, op: S.CudaStatus, answer: Answer) -> list[dict]:
-        return self.regions.status(op.name, CUDA)
+    def cuda_status(self, op: S.CudaStatus, answer: Answer) -> R.CudaStatusReply:
+        return self.regions.cuda_status(op.name)
 
     # ---------------------------------------------------------------- settings
 
-    def log_settings(self, op: S.LogSettings, answer: Answer) -> dict:
-        return self.settings.update_log(op.settings)
+    def log_settings(self, op: S.LogSettings, answer: Answer) -> R.LogSettingsReply:
+        return R.LogSettingsReply(self.settings.update_log(op.settings))
 
-    def reopen_log(self, op: S.ReopenLog, answer: Answer) -> dict:
-        return self.settings.reopen_log()
+    def reopen_log(self, op: S.ReopenLog, answer: Answer) -> None:
+        self.settings.reopen_log()
 
-    def trace_settings(self, op: S.TraceSettings, answer: Answer) -> dict:
+    def trace_settings(self, op: S.TraceSettings, answer: Answer) -> R.TraceSettingsReply:
         if op.model and not self.registry.get(op.model):
             self.registry.resolve(op.model, -1)
-        return self.settings.update_trace(op.model, op.settings)
+        return R.TraceSettingsReply(self.settings.update_trace(op.model, op.settings))
 
     # ---------------------------------------------------------------- shutdown
 
-    def drain_op(self, op: S.Drain, answer: Answer) -> Any:
+    def drain_op(self, op: S.Drain, answer: Answer) -> _Deferred:
         self._begin_drain()
         self.drain.wait(answer)
         return DEFERRED
 
-    def stop(self, op: S.StopServer, answer: Answer) -> dict:
+    def stop(self, op: S.StopServer, answer: Answer) -> None:
         self._stop()
-        return {}

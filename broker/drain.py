@@ -3,7 +3,8 @@ cancel what is left at the deadline, then stop (when SIGTERM asked for it)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+
+from tritond.wire.replies import DrainReply
 
 STOP_GRACE_S = 10.0
 
@@ -16,7 +17,7 @@ class Drain:
         self.cancelled = False            # in-flight requests were cancelled at the deadline
         self.stop_after = False           # SIGTERM to the broker: stop once drained
         self.stop_at = 0.0
-        self._waiters: list[Callable[[Any], None]] = []
+        self._waiters: list[Callable[[DrainReply], None]] = []
 
     def begin(self, now: float, then_stop: bool = False) -> bool:
         """Start draining (once); True when this call started it."""
@@ -27,8 +28,8 @@ class Drain:
         self.deadline = now + self.exit_timeout_s
         return True
 
-    def wait(self, answer: Callable[[Any], None]) -> None:
-        """`answer({"drained": bool})` once the drain ends."""
+    def wait(self, answer: Callable[[DrainReply], None]) -> None:
+        """`answer(DrainReply(drained))` once the drain ends."""
         self._waiters.append(answer)
 
     def tick(self, now: float, idle: bool, supervisor_alive: bool) -> tuple[bool, bool]:
@@ -39,7 +40,7 @@ class Drain:
         if idle or now >= self.deadline:
             waiters, self._waiters = self._waiters, []
             for answer in waiters:
-                answer({"drained": idle and not self.cancelled})
+                answer(DrainReply(idle and not self.cancelled))
             if not idle:
                 self.cancelled = cancel = True
             if self.stop_at == 0.0 and self.stop_after:

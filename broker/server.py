@@ -24,6 +24,7 @@ from tritond import logs
 from tritond.shm.naming import PREFIX, sweep
 from tritond.wire import schema as S
 from tritond.wire.options import ServerOptions
+from tritond.wire.replies import ControlResult
 from tritond.wire.errors import Code, TritonError, unavailable
 
 from tritond.broker.scheduling.bls import BlsCalls
@@ -257,7 +258,8 @@ class Broker:
         for release in releases:
             self.route_release(release)
 
-    def answer_control(self, ident: bytes, cid: int, result: Any = None, error: TritonError | None = None) -> None:
+    def answer_control(self, ident: bytes, cid: int, result: ControlResult = None,
+                       error: TritonError | None = None) -> None:
         self.sockets.to_frontend(ident, S.encode(S.ControlReply(cid, result, error)))
 
     def on_infer(self, reply: ReplyTo, msg: S.Infer, caller: bytes | None = None, requester: bytes = b"") -> None:

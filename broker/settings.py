@@ -12,6 +12,7 @@ import msgspec
 
 from tritond.wire.errors import Code, TritonError, invalid
 from tritond.wire.options import TraceConfig
+from tritond.wire.replies import LogSettingValues, TraceSettingValues
 from tritond.wire.schema import LOG_FORMATS, LogConfig
 
 TRACE_LEVELS = ("OFF", "TIMESTAMPS")
@@ -43,12 +44,11 @@ class Settings:
         self.on_change = on_change
 
     @property
-    def log(self) -> dict[str, Any]:
+    def log(self) -> LogSettingValues:
         c = self.log_config
-        return {"log_file": c.file, "log_info": c.info, "log_warning": c.warning, "log_error": c.error,
-                "log_verbose_level": c.verbose, "log_format": c.format}
+        return LogSettingValues(c.file, c.info, c.warning, c.error, c.verbose, c.format)
 
-    def update_log(self, updates: dict[str, Any]) -> dict[str, Any]:
+    def update_log(self, updates: dict[str, Any]) -> LogSettingValues:
         if updates.get("log_file") not in (None, ""):
             raise TritonError(Code.UNSUPPORTED, "log file location can not be updated through network protocol")
         c = self.log_config
@@ -73,13 +73,12 @@ class Settings:
             self.on_change()
         return self.log
 
-    def reopen_log(self) -> dict[str, Any]:
+    def reopen_log(self) -> None:
         """Every process opens its log file again (after logrotate moved it)."""
         self.log_config = msgspec.structs.replace(self.log_config, generation=self.log_config.generation + 1)
         self.on_change()
-        return {}
 
-    def update_trace(self, model: str, updates: dict[str, Any]) -> dict[str, Any]:
+    def update_trace(self, model: str, updates: dict[str, Any]) -> TraceSettingValues:
         """Server-wide settings (model ''), or a model's overrides (None clears one)."""
         if "trace_file" in updates and updates["trace_file"] not in (None, "", []):
             raise invalid("trace file location can not be updated through network protocol")
@@ -99,7 +98,7 @@ class Settings:
                 target.pop(k, None)
         if checked:
             self.on_change()
-        return {**base, **(self.model_trace.get(model, {}) if model else {})}
+        return msgspec.convert({**base, **(self.model_trace.get(model, {}) if model else {})}, TraceSettingValues)
 
     @staticmethod
     def _check(key: str, value: Any) -> Any:

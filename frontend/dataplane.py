@@ -89,7 +89,7 @@ class Streamed:
 @dataclass
 class RequestOptions:
     id: str = ""
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, S.Param] = field(default_factory=dict)
     priority: int = 0
     timeout_us: int = 0
     correlation_id: int | str = 0

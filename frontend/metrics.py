@@ -24,11 +24,12 @@ import logging
 import math
 import os
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from prometheus_client import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from tritond.wire import replies as R
 from tritond.wire.options import MetricsConfig, ServerOptions
 from tritond.wire.schema import ModelMetrics
 
@@ -38,34 +39,38 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 NS = 1000     # ns per µs
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-LATENCY_COUNTERS = [
-    ("nv_inference_request_duration_us", "request_ns",
+# (family, its counter in a model's snapshot, help)
+LATENCY_COUNTERS: list[tuple[str, Callable[[R.ModelSnapshot], int], str]] = [
+    ("nv_inference_request_duration_us", lambda m: m.request_ns,
      "Cumulative inference request duration in microseconds (includes cached requests)"),
-    ("nv_inference_queue_duration_us", "queue_ns",
+    ("nv_inference_queue_duration_us", lambda m: m.queue_ns,
      "Cumulative inference queuing duration in microseconds (includes cached requests)"),
-    ("nv_inference_compute_input_duration_us", "compute_input_ns",
+    ("nv_inference_compute_input_duration_us", lambda m: m.compute_input_ns,
      "Cumulative compute input duration in microseconds (does not include cached requests)"),
-    ("nv_inference_compute_infer_duration_us", "compute_infer_ns",
+    ("nv_inference_compute_infer_duration_us", lambda m: m.compute_infer_ns,
      "Cumulative compute inference duration in microseconds (does not include cached requests)"),
-    ("nv_inference_compute_output_duration_us", "compute_output_ns",
+    ("nv_inference_compute_output_duration_us", lambda m: m.compute_output_ns,
      "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
 ]
-SUMMARIES = [
-    ("nv_inference_request_summary_us", "request", "Summary of inference request duration in microseconds "
-                                                   "(includes cached requests)"),
-    ("nv_inference_queue_summary_us", "queue", "Summary of inference queuing duration in microseconds "
-                                               "(includes cached requests)"),
-    ("nv_inference_compute_input_summary_us", "compute_input", "Summary of compute input duration in "
-                                                               "microseconds (does not include cached requests)"),
-    ("nv_inference_compute_infer_summary_us", "compute_infer", "Summary of compute inference duration in "
-                                                               "microseconds (does not include cached requests)"),
-    ("nv_inference_compute_output_summary_us", "compute_output", "Summary of inference compute output duration "
-                                                                 "in microseconds (does not include cached "
-                                                                 "requests)"),
-    ("nv_cache_hit_summary_per_model", "cache_hit", "Summary of cache hit counts/durations per model, in "
-                                                    "microseconds"),
-    ("nv_cache_miss_summary_per_model", "cache_miss", "Summary of cache miss counts/durations per model, in "
-                                                      "microseconds"),
+# (family, its summary, help, with the cache: True only with it, False only without it, None either way)
+SUMMARIES: list[tuple[str, Callable[[R.LatencySummaries], R.SummarySnapshot], str, bool | None]] = [
+    ("nv_inference_request_summary_us", lambda s: s.request, "Summary of inference request duration in "
+                                                             "microseconds (includes cached requests)", False),
+    ("nv_inference_queue_summary_us", lambda s: s.queue, "Summary of inference queuing duration in microseconds "
+                                                         "(includes cached requests)", None),
+    ("nv_inference_compute_input_summary_us", lambda s: s.compute_input, "Summary of compute input duration in "
+                                                                         "microseconds (does not include cached "
+                                                                         "requests)", None),
+    ("nv_inference_compute_infer_summary_us", lambda s: s.compute_infer, "Summary of compute inference duration "
+                                                                         "in microseconds (does not include "
+                                                                         "cached requests)", None),
+    ("nv_inference_compute_output_summary_us", lambda s: s.compute_output, "Summary of inference compute output "
+                                                                           "duration in microseconds (does not "
+                                                                           "include cached requests)", None),
+    ("nv_cache_hit_summary_per_model", lambda s: s.cache_hit, "Summary of cache hit counts/durations per model, "
+                                                              "in microseconds", True),
+    ("nv_cache_miss_summary_per_model", lambda s: s.cache_miss, "Summary of cache miss counts/durations per "
+                                                                "model, in microseconds", True),
 ]
 
 
@@ -114,64 +119,64 @@ class Families:
     def add(self, name: str, kind: str, doc: str, labels: dict[str, str], value: float) -> None:
         self.family(name, kind, doc).add_sample(name, labels, float(value))
 
-    def summary(self, name: str, doc: str, labels: dict[str, str], data: dict[str, Any]) -> None:
+    def summary(self, name: str, doc: str, labels: dict[str, str], data: R.SummarySnapshot) -> None:
         m = self.family(name, "summary", doc)
-        for q, v in data["quantiles"]:
+        for q, v in data.quantiles:
             m.add_sample(name, {**labels, "quantile": _value(q)}, float(v))
-        m.add_sample(name + "_sum", labels, float(data["sum"]))
-        m.add_sample(name + "_count", labels, float(data["count"]))
+        m.add_sample(name + "_sum", labels, float(data.sum))
+        m.add_sample(name + "_count", labels, float(data.count))
 
-    def histogram(self, name: str, doc: str, labels: dict[str, str], data: dict[str, Any]) -> None:
+    def histogram(self, name: str, doc: str, labels: dict[str, str], data: R.HistogramSnapshot) -> None:
         m = self.family(name, "histogram", doc)
         cumulative = 0
-        for bound, count in zip(data["bounds"] + [math.inf], data["counts"]):
+        for bound, count in zip(data.bounds + [math.inf], data.counts):
             cumulative += count
             m.add_sample(name + "_bucket", {**labels, "le": _value(bound)}, float(cumulative))
-        m.add_sample(name + "_sum", labels, float(data["sum"]))
+        m.add_sample(name + "_sum", labels, float(data.sum))
         m.add_sample(name + "_count", labels, float(cumulative))
 
 
 # ---------------------------------------------------------------------------- per model
 
-def model_families(f: Families, m: dict[str, Any], cfg: MetricsConfig) -> None:
-    labels = {"model": m["name"], "version": str(m["version"])}
-    labels.update({"_" + k: v for k, v in m["tags"].items()})
+def model_families(f: Families, m: R.ModelSnapshot, cfg: MetricsConfig) -> None:
+    labels = {"model": m.name, "version": str(m.version)}
+    labels.update({"_" + k: v for k, v in m.tags.items()})
     c = "counter"
     f.add("nv_inference_request_success", c, "Number of successful inference requests, all batch sizes",
-          labels, m["success"])
-    for reason, n in m["failures"].items():
+          labels, m.success)
+    for reason, n in m.failures.items():
         f.add("nv_inference_request_failure", c, "Number of failed inference requests, all batch sizes",
               {**labels, "reason": reason}, n)
     f.add("nv_inference_count", c, "Number of inferences performed (does not include cached requests)",
-          labels, m["inference_count"])
+          labels, m.inference_count)
     f.add("nv_inference_exec_count", c, "Number of model executions performed (does not include cached requests)",
-          labels, m["execution_count"])
+          labels, m.execution_count)
     if cfg.counter_latencies:
-        for name, key, doc in LATENCY_COUNTERS:
-            f.add(name, c, doc, labels, m[key] // NS)
-        if m["cache"]:
-            f.add("nv_cache_num_hits_per_model", c, "Number of cache hits per model", labels, m["cache_hits"])
-            f.add("nv_cache_num_misses_per_model", c, "Number of cache misses per model", labels, m["cache_misses"])
+        for name, counter, doc in LATENCY_COUNTERS:
+            f.add(name, c, doc, labels, counter(m) // NS)
+        if m.cache:
+            f.add("nv_cache_num_hits_per_model", c, "Number of cache hits per model", labels, m.cache_hits)
+            f.add("nv_cache_num_misses_per_model", c, "Number of cache misses per model", labels, m.cache_misses)
             f.add("nv_cache_hit_duration_per_model", c, "Total cache hit duration per model, in microseconds",
-                  labels, m["cache_hit_ns"] // NS)
+                  labels, m.cache_hit_ns // NS)
             f.add("nv_cache_miss_duration_per_model", c, "Total cache miss (insert+lookup) duration per model, in "
-                  "microseconds", labels, m["cache_miss_ns"] // NS)
+                  "microseconds", labels, m.cache_miss_ns // NS)
     g = "gauge"
     f.add("nv_inference_pending_request_count", g, "Instantaneous number of pending requests awaiting execution "
-          "per-model.", labels, m["pending"])
-    if m.get("load_duration_s") is not None:
-        f.add("nv_model_load_duration_secs", g, "Model load time in seconds", labels, m["load_duration_s"])
-    for name, key, doc in SUMMARIES if m.get("summaries") else ():
-        if (key.startswith("cache") and not m["cache"]) or (key == "request" and m["cache"]):
-            continue        # as Triton: cache summaries only with the cache, no request summary with it
-        f.summary(name, doc, labels, m["summaries"][key])
-    if m.get("first_response"):
+          "per-model.", labels, m.pending)
+    if m.load_duration_s is not None:
+        f.add("nv_model_load_duration_secs", g, "Model load time in seconds", labels, m.load_duration_s)
+    if m.summaries is not None:
+        for name, summary, doc, with_cache in SUMMARIES:
+            if with_cache is None or with_cache == m.cache:    # as Triton: no request summary with the cache
+                f.summary(name, doc, labels, summary(m.summaries))
+    if m.first_response is not None:
         f.histogram("nv_inference_first_response_histogram_ms", "Duration from request to first response in "
-                    "milliseconds", labels, m["first_response"])
+                    "milliseconds", labels, m.first_response)
     f.add("tritond_model_restart_count", c, "Number of times a worker of this model was restarted after dying",
-          labels, m["restarts"])
+          labels, m.restarts)
     f.add("tritond_model_ready_instances", g, "Number of instances of this model able to serve",
-          labels, m["instances_ready"])
+          labels, m.instances_ready)
 
 
 # ---------------------------------------------------------------------------- the host and the tree
@@ -337,7 +342,7 @@ def shm_in_use(server_id: str) -> int:
     return total
 
 
-def server_families(f: Families, snap: dict[str, Any], sampler: HostSampler, server_id: str,
+def server_families(f: Families, snap: R.MetricsReply, sampler: HostSampler, server_id: str,
                     round_trip_s: float) -> None:
     g, c = "gauge", "counter"
     if sampler.cpu is not None:
@@ -353,10 +358,9 @@ def server_families(f: Families, snap: dict[str, Any], sampler: HostSampler, ser
         f.add("nv_gpu_power_limit", g, "GPU power management limit in watts", labels, gpu["power_limit"])
         f.add("nv_energy_consumption", c, "GPU energy consumption in joules since the Triton Server started",
               labels, gpu["energy"])
-    server = snap["server"]
-    roles = {server["broker_pid"]: "broker"}
-    roles.update({p["pid"]: p["role"] for p in server["peers"]})
-    workers = {w["pid"]: (m, w["instance"]) for m in snap["models"] for w in m["workers"]}
+    roles = {snap.broker_pid: "broker"}
+    roles.update({p.pid: p.role for p in snap.peers})
+    workers = {w.pid: (m, w.instance) for m in snap.models for w in m.workers}
     if sampler.cpu_on:
         per_role: dict[str, list[float]] = {}
         for pid in tree(sampler.root):
@@ -367,7 +371,7 @@ def server_families(f: Families, snap: dict[str, Any], sampler: HostSampler, ser
             acc[1] += rss
             if pid in workers:
                 m, instance = workers[pid]
-                labels = {"model": m["name"], "version": str(m["version"]), "instance": instance}
+                labels = {"model": m.name, "version": str(m.version), "instance": instance}
                 f.add("tritond_worker_resident_memory_bytes", g, "Resident memory of a worker process, in bytes",
                       labels, rss)
                 pss, uss = process_memory(pid)
@@ -384,16 +388,16 @@ def server_families(f: Families, snap: dict[str, Any], sampler: HostSampler, ser
               "interval, as a fraction of the host's CPUs [0.0 - 1.0]", {}, sampler.tree_utilization)
     f.add("tritond_shm_bytes_in_use", g, "Memory backing the server's shared-memory segments, in bytes",
           {}, shm_in_use(server_id))
-    f.add("tritond_broker_queue_depth", g, "Requests queued in the broker's schedulers", {}, server["queued"])
-    f.add("tritond_broker_inflight_batches", g, "Batches executing in workers", {}, server["inflight_batches"])
+    f.add("tritond_broker_queue_depth", g, "Requests queued in the broker's schedulers", {}, snap.queued)
+    f.add("tritond_broker_inflight_batches", g, "Batches executing in workers", {}, snap.inflight_batches)
     f.add("tritond_broker_round_trip_seconds", g, "Round trip of this scrape's request from the metrics frontend "
           "to the broker, in seconds", {}, round_trip_s)
-    cache = server.get("cache")
-    if cache:
-        f.add("tritond_cache_size_bytes", g, "Response cache size, in bytes", {}, cache["size"])
-        f.add("tritond_cache_used_bytes", g, "Response cache bytes held by entries", {}, cache["used"])
-        f.add("tritond_cache_entries", g, "Response cache entries", {}, cache["entries"])
-        f.add("tritond_cache_evictions", c, "Response cache entries evicted to make room", {}, cache["evictions"])
+    cache = snap.cache
+    if cache is not None:
+        f.add("tritond_cache_size_bytes", g, "Response cache size, in bytes", {}, cache.size)
+        f.add("tritond_cache_used_bytes", g, "Response cache bytes held by entries", {}, cache.used)
+        f.add("tritond_cache_entries", g, "Response cache entries", {}, cache.entries)
+        f.add("tritond_cache_evictions", c, "Response cache entries evicted to make room", {}, cache.evictions)
 
 
 class _Snapshot(Collector):
@@ -423,7 +427,7 @@ class MetricsEndpoint:
         snap = await self.client.control(ModelMetrics(), timeout=5)
         rtt = time.monotonic() - t0
         f = Families()
-        for m in snap["models"]:
+        for m in snap.models:
             model_families(f, m, self.cfg)
         server_families(f, snap, self.sampler, self.server_id, rtt)
         registry = CollectorRegistry(auto_describe=False)

@@ -40,11 +40,6 @@ class Region:
     users: int = 0
     retiring: bool = False
 
-    def status(self) -> dict:
-        if self.kind == CUDA:
-            return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
-        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
-
 
 def cuda_location(device_id: int, byte_size: int, handle: bytes) -> str:
     return f"{CUDA_PREFIX}{device_id}:{byte_size}:{handle.hex()}"
@@ -152,9 +147,10 @@ class RegionTable:
 
     # ------------------------------------------------------------ queries
 
-    def status(self, name: str | None, kind: str = SYSTEM) -> list[dict]:
+    def listed(self, name: str | None, kind: str = SYSTEM) -> list[Region]:
+        """The regions a status request for `name` (None: every region of `kind`) lists."""
         if not name:
-            return [r.status() for r in self.regions.values() if r.kind == kind]
+            return [r for r in self.regions.values() if r.kind == kind]
         region = self.regions.get(name)
         label = "system" if kind == SYSTEM else "cuda"
         if region is None:
@@ -163,7 +159,7 @@ class RegionTable:
             have, want = ("CUDA", "system") if region.kind == CUDA else ("system", "CUDA")
             raise TritonError(Code.NOT_FOUND, f"The region named '{name}' is registered as {have} shared memory, "
                                            f"not {want} shared memory")
-        return [region.status()]
+        return [region]
 
     def resolve(self, name: str, offset: int, byte_size: int) -> tuple[Region, int]:
         """Check a use of [offset, offset+byte_size) of a region, in Triton's order of checks;

@@ -425,8 +425,8 @@ class Supervisor:
 
     def check_shm(self) -> None:
         """Log an error when /dev/shm cannot hold the arenas of every process."""
-        snapshot = self.control(S.ModelMetrics(), 10.0) or {}
-        workers = sum(int(m.get("instances_ready", 0)) for m in snapshot.get("models", []))
+        snapshot = self.control(S.ModelMetrics(), 10.0)
+        workers = sum(m.instances_ready for m in snapshot.models) if snapshot is not None else 0
         o = self.opts
         frontends = (o.http_workers if o.allow_http else 0) + (o.grpc_workers if o.allow_grpc else 0)
         why = shm_shortfall(frontends, workers)
@@ -562,7 +562,7 @@ class Supervisor:
         log.info("stopping: draining in-flight requests (timeout %gs)", self.opts.exit_timeout_secs)
         self.notify.stopping("draining in-flight requests")
         result = self.control(S.Drain(), self.opts.exit_timeout_secs + 5)
-        drained = bool(result and result.get("drained"))
+        drained = result is not None and result.drained
         self.stop_all()
         if not drained:
             log.error("exit timeout expired with requests in flight; they were cancelled")

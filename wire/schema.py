@@ -15,6 +15,7 @@ Directions:
   broker -> worker                Exec, Stop, Release, InferReply (BLS), Unmap, Gone, Observe,
                                   EndSequences; CancelKeys and Grant on its heartbeat socket
 
+A control operation is answered by a ControlReply whose result is one of replies.py's Structs.
 A request may be answered by several InferReply messages (a decoupled model's responses): all
 but the last carry `more`. A worker sends a decoupled model's responses as `Respond` messages on
 a third socket while it runs (its main thread may be busy in execute()); the broker talks to
@@ -23,13 +24,14 @@ the worker's heartbeat thread, never to its busy main thread, about requests tha
 from __future__ import annotations
 
 import enum
-from typing import Any, Union
+from typing import Any, TypeAlias, Union
 
 import msgspec
 
 from .errors import Code, TritonError
+from .replies import ControlResult
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 # Inline tensors up to this size ride inside the message; larger ones go through shm.
 INLINE_MAX = 64 * 1024
 # At most this many inline bytes per message a frontend or worker builds; the rest go by shm.
@@ -44,16 +46,19 @@ STREAM_SUFFIX = b":rs"
 
 
 class _S(msgspec.Struct, array_like=True, omit_defaults=True):
-    pass
+    """The per-request messages that hold no error are gc=False: the cycle collector never tracks
+    them (it would scan every request a broker holds), and they cannot be part of a cycle, since
+    they hold only scalars, bytes and each other. A message with a TritonError keeps gc: the
+    error's traceback may reach a frame that holds the message (perf/bench_wire.py measures it)."""
 
 
 # ---------------------------------------------------------------- where a tensor's bytes are
 
-class Inline(_S, tag="i"):
+class Inline(_S, tag="i", gc=False):
     data: bytes
 
 
-class Block(_S, tag="b"):
+class Block(_S, tag="b", gc=False):
     """A block of one of this server's segments; `lease` is the owner's id to release (0: none)."""
     seg: str
     offset: int
@@ -61,7 +66,7 @@ class Block(_S, tag="b"):
     lease: int = 0
 
 
-class Region(_S, tag="r"):
+class Region(_S, tag="r", gc=False):
     """A client-registered region. Senders name it and an offset inside it; the broker checks
     the bounds and sets `key` (the segment workers map) with `offset` made absolute."""
     name: str
@@ -70,7 +75,7 @@ class Region(_S, tag="r"):
     key: str = ""
 
 
-class Device(_S, tag="d"):
+class Device(_S, tag="d", gc=False):
     """Device memory handed over by CUDA IPC handle, under the owner's `lease`."""
     handle: bytes
     device: int
@@ -79,7 +84,7 @@ class Device(_S, tag="d"):
     lease: int = 0
 
 
-class Zeros(_S, tag="z"):
+class Zeros(_S, tag="z", gc=False):
     """Zero bytes of the descriptor's shape: the inputs of a padding request in a sequence
     batch. Only the broker writes it; it carries no memory."""
 
@@ -87,7 +92,7 @@ class Zeros(_S, tag="z"):
 Loc = Union[Inline, Block, Region, Device, Zeros]
 
 
-class TensorDesc(_S):
+class TensorDesc(_S, gc=False):
     name: str
     datatype: str
     shape: list[int]
@@ -100,7 +105,7 @@ def lease_of(desc: TensorDesc) -> int:
     return loc.lease if isinstance(loc, (Block, Device)) else 0
 
 
-class OutputSpec(_S):
+class OutputSpec(_S, gc=False):
     name: str
     classification: int = 0
     device_ok: bool = False    # the consumer opens device memory: a GPU output may stay there
@@ -120,7 +125,7 @@ class Refused(_S, tag="refused"):
     reason: str
 
 
-class TraceStart(_S):
+class TraceStart(_S, gc=False):
     """A frontend's part of a request that may be traced: when it was received."""
     recv_start: int             # monotonic ns
     recv_end: int
@@ -128,19 +133,28 @@ class TraceStart(_S):
     forced: bool = False        # the client sent a trace context: traced whatever the rate
 
 
-class Stamp(_S):
+# A request parameter's value, as Triton's parameters take them (bool, int64, double, string).
+Param: TypeAlias = Union[bool, int, float, str]
+# Triton's ModelConfig as JSON (protobuf's json_format of the parsed and completed config.pbtxt).
+# It stays a JSON object rather than Structs: it is Triton's open-ended schema (hundreds of
+# nested fields, backend-specific parameters) served verbatim by the model-config endpoints and
+# handed to backends as Triton hands it; what tritond decides by is parsed once into ModelView.
+ModelConfigJson: TypeAlias = dict[str, Any]
+
+
+class Stamp(_S, gc=False):
     name: str                   # Triton's timestamp names: REQUEST_START, QUEUE_START, ...
     ns: int                     # monotonic ns, comparable across this host's processes
 
 
-class Infer(_S, tag="infer"):
+class Infer(_S, tag="infer", gc=False):
     rid: int
     model: str
     version: int = -1
     inputs: list[TensorDesc] = []
     outputs: list[OutputSpec] = []
     id: str = ""
-    params: dict[str, Any] = {}
+    params: dict[str, Param] = {}
     priority: int = 0
     timeout_us: int = 0
     correlation_id: int | str = 0
@@ -150,7 +164,7 @@ class Infer(_S, tag="infer"):
     trace: TraceStart | None = None
 
 
-class TraceInfo(_S):
+class TraceInfo(_S, gc=False):
     """A traced request's id and the timestamps the broker and the worker took."""
     id: int
     stamps: list[Stamp] = []
@@ -167,7 +181,7 @@ class InferReply(_S, tag="reply"):
     trace: TraceInfo | None = None
 
 
-class TraceDone(_S, tag="trace_done"):
+class TraceDone(_S, tag="trace_done", gc=False):
     """The frontend's last timestamps of a traced request (the response was sent)."""
     id: int
     stamps: list[Stamp] = []
@@ -178,19 +192,19 @@ class Replies(_S, tag="replies"):
     replies: list[InferReply]
 
 
-class Cancel(_S, tag="cancel"):
+class Cancel(_S, tag="cancel", gc=False):
     """The requester gave up on request `rid` (client disconnect, gRPC cancel)."""
     rid: int
 
 
-class Credit(_S, tag="credit"):
+class Credit(_S, tag="credit", gc=False):
     """The requester wrote `n` more streamed replies of request `rid`: the model may send as
     many more."""
     rid: int
     n: int
 
 
-class Release(_S, tag="release"):
+class Release(_S, tag="release", gc=False):
     owner: bytes
     leases: list[int]
 
@@ -252,10 +266,13 @@ class CudaStatus(_S, tag="cuda_status"):
 
 
 class LogSettings(_S, tag="log_settings"):
+    """The logging API's JSON object as the client sent it: the broker checks each key and
+    value with Triton's error texts, which a typed decode here would replace."""
     settings: dict[str, Any] = {}
 
 
 class TraceSettings(_S, tag="trace_settings"):
+    """The trace API's settings as the client sent them (checked as LogSettings' are)."""
     model: str = ""
     settings: dict[str, Any] = {}
 
@@ -284,7 +301,7 @@ class Control(_S, tag="control"):
 
 class ControlReply(_S, tag="creply"):
     cid: int
-    result: Any = None
+    result: ControlResult = None
     error: TritonError | None = None
 
 
@@ -368,7 +385,7 @@ class ModelEntry(_S):
     reason: str = ""
     unloaded: bool = False          # UNAVAILABLE because it was unloaded, not because it failed
     view: ModelView | None = None
-    config: dict[str, Any] | None = None
+    config: ModelConfigJson | None = None
     restarting: bool = False        # UNAVAILABLE while its instances restart; requests still queue
 
 
@@ -425,7 +442,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True):
     model_dir: str
     version_dir: str
     repository: str
-    config: dict[str, Any]
+    config: ModelConfigJson
     instance_name: str
     kind: str = "CPU"
     device_id: int = 0
@@ -434,11 +451,11 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True):
     index: int = 0                  # the instance's place among the model's instances
 
 
-class ExecRequest(_S):
+class ExecRequest(_S, gc=False):
     inputs: list[TensorDesc]
     outputs: list[OutputSpec] = []
     id: str = ""
-    params: dict[str, Any] = {}
+    params: dict[str, Param] = {}
     correlation_id: int | str = 0
     flags: int = 0
     timeout_us: int = 0
@@ -448,7 +465,7 @@ class ExecRequest(_S):
     window: int = 0         # streamed replies the model may send ahead of the requester's credit
 
 
-class Exec(_S, tag="exec"):
+class Exec(_S, tag="exec", gc=False):
     bid: int
     requests: list[ExecRequest]
 
@@ -472,14 +489,14 @@ class BatchDone(_S, tag="done"):
 class WorkerUp(_S, tag="up"):
     proto: int
     pid: int
-    config: dict[str, Any] | None = None   # completed config (python auto_complete_config)
+    config: ModelConfigJson | None = None   # completed config (python auto_complete_config)
 
 
 class WorkerDown(_S, tag="down"):
     reason: str
 
 
-class Heartbeat(_S, tag="hb"):
+class Heartbeat(_S, tag="hb", gc=False):
     busy_ns: int = 0
 
 
@@ -501,12 +518,12 @@ class Respond(_S, tag="respond"):
     empty: bool = False
 
 
-class CancelKeys(_S, tag="cancel_keys"):
+class CancelKeys(_S, tag="cancel_keys", gc=False):
     """These executing requests were cancelled: their `is_cancelled()` turns true."""
     keys: list[int]
 
 
-class Grant(_S, tag="grant"):
+class Grant(_S, tag="grant", gc=False):
     """Request `key` may send `n` more streamed responses."""
     key: int
     n: int

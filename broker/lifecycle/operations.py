@@ -221,7 +221,6 @@ class ModelControl:
             self._drop_override(override_dir)
         if errors:
             raise invalid("".join(errors))
-        return {}
 
     def _load_in_order(self, sources: dict[str, ModelSource], order: list[str], deps: dict[str, list[str]],
                        requested: str = "", override: Any = None, force: bool = False) -> Generator:
@@ -342,7 +341,6 @@ class ModelControl:
             for mv in self.registry.get(n).values():
                 if not mv.unloaded:
                     self.retirement.retire(mv, unload=True)
-        return {}
 
     # ---------------------------------------------------------------- poll mode
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
+from tritond.wire import replies as R
 from tritond.wire.options import MetricsConfig
 
 from tritond.broker.tables.model_version import READY, ModelVersion
@@ -41,12 +42,10 @@ class Summary:
         self.sum += value
         self.window.append(value)
 
-    def snapshot(self, quantiles: Iterable[float]) -> dict[str, Any]:
+    def snapshot(self, quantiles: Iterable[float]) -> R.SummarySnapshot:
         data = sorted(self.window)
-        qs = []
-        for q in quantiles:
-            qs.append([q, data[min(len(data) - 1, int(q * len(data)))] if data else float("nan")])
-        return {"count": self.count, "sum": self.sum, "quantiles": qs}
+        qs = [(q, data[min(len(data) - 1, int(q * len(data)))] if data else float("nan")) for q in quantiles]
+        return R.SummarySnapshot(self.count, self.sum, qs)
 
 
 class Histogram:
@@ -66,8 +65,8 @@ class Histogram:
         self.counts[i] += 1
         self.sum += value
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum}
+    def snapshot(self) -> R.HistogramSnapshot:
+        return R.HistogramSnapshot(list(self.bounds), list(self.counts), self.sum)
 
 
 class Latencies:
@@ -108,15 +107,17 @@ class Latencies:
         if self.first_response is not None:
             self.first_response.observe(ms)
 
-    def snapshot(self, quantiles: Iterable[float]) -> dict[str, Any]:
+    def summaries_snapshot(self, quantiles: Iterable[float]) -> R.LatencySummaries | None:
+        if self.summaries is None:
+            return None
         qs = list(quantiles)
-        return {
-            "summaries": {k: v.snapshot(qs) for k, v in self.summaries.items()} if self.summaries else None,
-            "first_response": self.first_response.snapshot() if self.first_response else None,
-        }
+        return R.LatencySummaries(**{k: v.snapshot(qs) for k, v in self.summaries.items()})
+
+    def first_response_snapshot(self) -> R.HistogramSnapshot | None:
+        return self.first_response.snapshot() if self.first_response is not None else None
 
 
-def latency_factory(cfg: MetricsConfig):
+def latency_factory(cfg: MetricsConfig) -> Callable[[], Latencies] | None:
     """What broker/observe/stats.py builds per model version, or None when nothing is observed."""
     summaries = cfg.summary_latencies
     histogram = cfg.histogram_latencies
@@ -131,32 +132,31 @@ def reported(mv: ModelVersion) -> bool:
     return mv.state is READY or (mv.scheduler is not None and not mv.unloaded)
 
 
-def model_snapshot(mv: ModelVersion, quantiles: Iterable[float], cache_on: bool) -> dict[str, Any]:
+def model_snapshot(mv: ModelVersion, quantiles: Iterable[float], cache_on: bool) -> R.ModelSnapshot:
     s = mv.stats
     config = mv.config or {}
-    out = {
-        "name": mv.name, "version": mv.version,
-        "tags": {str(k): str(v) for k, v in (config.get("metric_tags") or {}).items()},
-        "success": s.success.count, "failures": dict(s.failures),
-        "inference_count": s.inference_count, "execution_count": s.execution_count,
-        "request_ns": s.success.ns, "queue_ns": s.queue.ns, "compute_input_ns": s.compute_input.ns,
-        "compute_infer_ns": s.compute_infer.ns, "compute_output_ns": s.compute_output.ns,
-        "cache": cache_on,
-        "cache_hits": s.cache_hit.count, "cache_hit_ns": s.cache_hit.ns,
-        "cache_misses": s.cache_miss.count, "cache_miss_ns": s.cache_miss.ns,
-        "pending": len(mv.scheduler) if mv.scheduler else 0,
-        "instances_ready": len(mv.serving()),
-        "restarts": s.restarts,
-        "load_duration_s": round(mv.load_duration, 6) if mv.load_duration else None,
-        "workers": [{"instance": i.name, "pid": i.pid} for i in mv.instances if i.pid and i.serving],
-        "state": mv.state.value,
-    }
-    if s.latency is not None:
-        out.update(s.latency.snapshot(quantiles))
-    return out
+    latency = s.latency
+    return R.ModelSnapshot(
+        name=mv.name, version=mv.version,
+        tags={str(k): str(v) for k, v in (config.get("metric_tags") or {}).items()},
+        success=s.success.count, failures=dict(s.failures),
+        inference_count=s.inference_count, execution_count=s.execution_count,
+        request_ns=s.success.ns, queue_ns=s.queue.ns, compute_input_ns=s.compute_input.ns,
+        compute_infer_ns=s.compute_infer.ns, compute_output_ns=s.compute_output.ns,
+        cache=cache_on,
+        cache_hits=s.cache_hit.count, cache_hit_ns=s.cache_hit.ns,
+        cache_misses=s.cache_miss.count, cache_miss_ns=s.cache_miss.ns,
+        pending=len(mv.scheduler) if mv.scheduler else 0,
+        instances_ready=len(mv.serving()),
+        restarts=s.restarts,
+        workers=[R.WorkerProcess(i.name, i.pid) for i in mv.instances if i.pid and i.serving],
+        load_duration_s=round(mv.load_duration, 6) if mv.load_duration else None,
+        summaries=latency.summaries_snapshot(quantiles) if latency is not None else None,
+        first_response=latency.first_response_snapshot() if latency is not None else None,
+    )
 
 
-def snapshot(broker: Any) -> dict[str, Any]:
+def snapshot(broker: Any) -> R.MetricsReply:
     """Everything one scrape reports, taken in one turn of the broker's loop."""
     quantiles = [q for q, _ in broker.opts.metrics.summary_quantiles]
     models = []
@@ -166,12 +166,7 @@ def snapshot(broker: Any) -> dict[str, Any]:
             queued += len(mv.scheduler)
         if reported(mv):
             models.append(model_snapshot(mv, quantiles, bool(mv.view.response_cache)))
-    peers = [{"role": kind, "pid": pid} for ident, (kind, pid) in broker.peers.items() if ident in broker.frontends]
-    peers += [{"role": "template", "pid": pid} for pid in broker.pool.templates.pids()]
-    return {
-        "models": models,
-        "server": {
-            "broker_pid": os.getpid(), "peers": peers, "queued": queued, "inflight_batches": len(broker.inflight),
-            "cache": broker.cache.usage() if broker.cache.enabled else None,
-        },
-    }
+    peers = [R.Peer(kind, pid) for ident, (kind, pid) in broker.peers.items() if ident in broker.frontends]
+    peers += [R.Peer("template", pid) for pid in broker.pool.templates.pids()]
+    return R.MetricsReply(models, os.getpid(), peers, queued, len(broker.inflight),
+                          broker.cache.usage() if broker.cache.enabled else None)

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritond.wire import replies as R
+
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 @dataclass
 class Duration:
@@ -30,8 +32,8 @@ class Duration:
         self.count += 1
         self.ns += ns
 
-    def as_dict(self) -> dict:
-        return {"count": self.count, "ns": self.ns}
+    def statistic(self) -> R.StatisticDuration:
+        return R.StatisticDuration(self.count, self.ns)
 
 
 @dataclass
@@ -111,33 +113,17 @@ class ModelStats:
         self.fail.add(total_ns)
         self.failures[reason] += 1
 
-    def as_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "version": str(self.version),
-            "last_inference": self.last_inference_ms,
-            "inference_count": self.inference_count,
-            "execution_count": self.execution_count,
-            "inference_stats": {
-                "success": self.success.as_dict(),
-                "fail": self.fail.as_dict(),
-                "queue": self.queue.as_dict(),
-                "compute_input": self.compute_input.as_dict(),
-                "compute_infer": self.compute_infer.as_dict(),
-                "compute_output": self.compute_output.as_dict(),
-                "cache_hit": self.cache_hit.as_dict(),
-                "cache_miss": self.cache_miss.as_dict(),
-            },
-            "response_stats": {},
-            "batch_stats": [
-                {
-                    "batch_size": bs,
-                    "compute_input": b.compute_input.as_dict(),
-                    "compute_infer": b.compute_infer.as_dict(),
-                    "compute_output": b.compute_output.as_dict(),
-                }
-                for bs, b in sorted(self.batches.items())
-            ],
-            "memory_usage": [],
-            "restart_count": self.restarts,
-        }
+    def statistics(self) -> R.ModelStatistics:
+        """The version's statistics as the statistics API answers them."""
+        return R.ModelStatistics(
+            name=self.name, version=str(self.version), last_inference=self.last_inference_ms,
+            inference_count=self.inference_count, execution_count=self.execution_count,
+            inference_stats=R.InferStatistics(
+                success=self.success.statistic(), fail=self.fail.statistic(), queue=self.queue.statistic(),
+                compute_input=self.compute_input.statistic(), compute_infer=self.compute_infer.statistic(),
+                compute_output=self.compute_output.statistic(), cache_hit=self.cache_hit.statistic(),
+                cache_miss=self.cache_miss.statistic()),
+            batch_stats=[R.InferBatchStatistics(bs, b.compute_input.statistic(), b.compute_infer.statistic(),
+                                                b.compute_output.statistic())
+                         for bs, b in sorted(self.batches.items())],
+        )

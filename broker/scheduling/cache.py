@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import MappingError, SegmentMaps
+from tritond.wire.replies import CacheUsage
 from tritond.wire.schema import INLINE_BUDGET, INLINE_MAX, Block, Infer, InferReply, Inline, TensorDesc
 
 from tritond.broker.clock import Clock
@@ -226,9 +227,9 @@ class ResponseCache:
 
     # ---------------------------------------------------------------- reporting
 
-    def usage(self) -> dict:
-        return {"size": self.size, "used": self.used, "entries": len(self.entries), "evictions": self.evictions,
-                "insertions": self.insertions, "lookups": self.lookups, "hits": self.hits}
+    def usage(self) -> CacheUsage:
+        return CacheUsage(self.size, self.used, len(self.entries), self.evictions, self.insertions, self.lookups,
+                          self.hits)
 
     def drop_mappings(self, prefix: str) -> None:
         self.maps.drop_prefix(prefix)

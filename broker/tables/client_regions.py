@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from tritond.shm.regions import RegionTable
+from tritond.shm.regions import CUDA, SYSTEM, RegionTable
 from tritond.shm.regions import Region as ClientRegion
+from tritond.wire.replies import CudaRegionStatus, CudaStatusReply, ShmStatusReply, SystemRegionStatus
 from tritond.wire.schema import Infer, Region, TensorDesc
 
 replace = msgspec.structs.replace
@@ -61,6 +62,11 @@ class ClientRegions:
         if keys:
             self._unmap(keys)
 
-    def status(self, name: str, kind: str) -> list[dict]:
-        return self.table.status(name or None, kind)
+    def system_status(self, name: str) -> ShmStatusReply:
+        return ShmStatusReply([SystemRegionStatus(r.name, r.key, r.offset, r.byte_size)
+                               for r in self.table.listed(name or None, SYSTEM)])
+
+    def cuda_status(self, name: str) -> CudaStatusReply:
+        return CudaStatusReply([CudaRegionStatus(r.name, r.device_id, r.byte_size)
+                                for r in self.table.listed(name or None, CUDA)])
 

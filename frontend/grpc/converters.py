@@ -10,11 +10,13 @@ import re
 import struct
 from typing import Any, Iterable
 
+import msgspec
 import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from tritond.repository.datatypes import WIRE_TO_NUMPY, WIRE_TYPES
+from tritond.wire import replies as R
 from tritond.wire import schema as S
 from tritond.wire.errors import invalid
 
@@ -275,35 +277,31 @@ def model_metadata(doc: dict[str, Any]) -> pb.ModelMetadataResponse:
                                     inputs=tensors(doc["inputs"]), outputs=tensors(doc["outputs"]))
 
 
-def model_statistics(stats: list[dict[str, Any]]) -> pb.ModelStatisticsResponse:
-    """The broker's statistics dicts use the proto's field names; keys the proto lacks
-    (such as `restart_count`) are tritond's own and stay off the wire."""
-    out = pb.ModelStatisticsResponse()
-    for s in stats:
-        json_format.ParseDict(s, out.model_stats.add(), ignore_unknown_fields=True)
-    return out
+def model_statistics(reply: R.StatsReply) -> pb.ModelStatisticsResponse:
+    """The statistics Structs have the proto's field names and shapes."""
+    return json_format.ParseDict({"model_stats": msgspec.to_builtins(reply.model_stats)},
+                                 pb.ModelStatisticsResponse())
 
 
-def repository_index(entries: list[dict[str, Any]]) -> pb.RepositoryIndexResponse:
+def repository_index(reply: R.IndexReply) -> pb.RepositoryIndexResponse:
     return pb.RepositoryIndexResponse(models=[
-        pb.RepositoryIndexResponse.ModelIndex(name=e["name"], version=e.get("version", ""),
-                                              state=e.get("state", ""), reason=e.get("reason", ""))
-        for e in entries])
+        pb.RepositoryIndexResponse.ModelIndex(name=e.name, version=e.version, state=e.state, reason=e.reason)
+        for e in reply.models])
 
 
-def shm_status(regions: list[dict[str, Any]]) -> pb.SystemSharedMemoryStatusResponse:
+def shm_status(reply: R.ShmStatusReply) -> pb.SystemSharedMemoryStatusResponse:
     out = pb.SystemSharedMemoryStatusResponse()
-    for r in regions:
-        out.regions[r["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
-            name=r["name"], key=r["key"], offset=r["offset"], byte_size=r["byte_size"]))
+    for r in reply.regions:
+        out.regions[r.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
+            name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
     return out
 
 
-def cuda_status(regions: list[dict[str, Any]]) -> pb.CudaSharedMemoryStatusResponse:
+def cuda_status(reply: R.CudaStatusReply) -> pb.CudaSharedMemoryStatusResponse:
     out = pb.CudaSharedMemoryStatusResponse()
-    for r in regions:
-        out.regions[r["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(
-            name=r["name"], device_id=r.get("device_id", 0), byte_size=r["byte_size"]))
+    for r in reply.regions:
+        out.regions[r.name].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(
+            name=r.name, device_id=r.device_id, byte_size=r.byte_size))
     return out
 
 
@@ -356,11 +354,15 @@ def log_updates(request: Any) -> dict[str, Any]:
     return updates
 
 
-def log_settings(settings: dict[str, Any]) -> pb.LogSettingsResponse:
+def log_settings(reply: R.LogSettingsReply) -> pb.LogSettingsResponse:
+    s = reply.settings
     out = pb.LogSettingsResponse()
-    for key, kind in LOG_KINDS.items():
-        if key in settings:
-            setattr(out.settings[key], kind, settings[key])
+    out.settings["log_file"].string_param = s.log_file
+    out.settings["log_info"].bool_param = s.log_info
+    out.settings["log_warning"].bool_param = s.log_warning
+    out.settings["log_error"].bool_param = s.log_error
+    out.settings["log_verbose_level"].uint32_param = s.log_verbose_level
+    out.settings["log_format"].string_param = s.log_format
     return out
 
 
@@ -381,9 +383,8 @@ def trace_updates(request: Any) -> dict[str, Any]:
     return updates
 
 
-def trace_settings(settings: dict[str, Any]) -> pb.TraceSettingResponse:
+def trace_settings(reply: R.TraceSettingsReply) -> pb.TraceSettingResponse:
     out = pb.TraceSettingResponse()
-    for key, value in settings.items():
-        values = value if isinstance(value, list) else [value]
-        out.settings[key].value.extend(str(v) for v in values)
+    for key, value in msgspec.structs.asdict(reply.settings).items():
+        out.settings[key].value.extend(value if isinstance(value, list) else [value])
     return out

@@ -9,6 +9,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+import msgspec
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -221,10 +222,8 @@ class HttpApi:
 
     async def model_stats(self, request: Request) -> Response:
         name = request.path_params.get("model", "")
-        stats = await self.client.control(S.Statistics(name, self.version(request)))
-        for s in stats:
-            s.pop("restart_count", None)
-        return json_response({"model_stats": stats})
+        reply = await self.client.control(S.Statistics(name, self.version(request)))
+        return json_response({"model_stats": msgspec.to_builtins(reply.model_stats)})
 
     # ------------------------------------------------------------- inference
 
@@ -303,7 +302,8 @@ class HttpApi:
                 if not isinstance(doc["ready"], bool):
                     raise invalid(_BAD_READY)
                 ready = doc["ready"]
-        return json_response(await self.client.control(S.RepositoryIndex(ready)))
+        reply = await self.client.control(S.RepositoryIndex(ready))
+        return json_response(msgspec.to_builtins(reply.models))
 
     async def load(self, request: Request) -> Response:
         if request.path_params.get("repo"):
@@ -337,7 +337,8 @@ class HttpApi:
     # ------------------------------------------------------------- shared memory
 
     async def shm_status(self, request: Request) -> Response:
-        return json_response(await self.client.control(S.ShmStatus(request.path_params.get("region", ""))))
+        reply = await self.client.control(S.ShmStatus(request.path_params.get("region", "")))
+        return json_response(msgspec.to_builtins(reply.regions))
 
     async def shm_register(self, request: Request) -> Response:
         doc = parse_json(await self.body(request))
@@ -355,7 +356,8 @@ class HttpApi:
         return Response(status_code=200)
 
     async def cuda_status(self, request: Request) -> Response:
-        return json_response(await self.client.control(S.CudaStatus(request.path_params.get("region", ""))))
+        reply = await self.client.control(S.CudaStatus(request.path_params.get("region", "")))
+        return json_response(msgspec.to_builtins(reply.regions))
 
     async def cuda_register(self, request: Request) -> Response:
         name = request.path_params["region"]
@@ -386,7 +388,8 @@ class HttpApi:
             settings = parse_json(await self.body(request))
         if not isinstance(settings, dict):
             raise invalid("log settings must be a JSON object")
-        return json_response(await self.client.control(S.LogSettings(settings)))
+        reply = await self.client.control(S.LogSettings(settings))
+        return json_response(msgspec.to_builtins(reply.settings))
 
     async def trace(self, request: Request) -> Response:
         settings = {}
@@ -395,7 +398,8 @@ class HttpApi:
         model = request.path_params.get("model", "")
         if not isinstance(settings, dict):
             raise invalid("trace settings must be a JSON object")
-        return json_response(await self.client.control(S.TraceSettings(model, settings)))
+        reply = await self.client.control(S.TraceSettings(model, settings))
+        return json_response(msgspec.to_builtins(reply.settings))
 
     # ------------------------------------------------------------- app
 

@@ -89,7 +89,7 @@ def _tensor(name: str, view: S.TensorView, batching: bool, value: Any) -> tuple[
     return InputTensor(name, datatype, shape, data), len(data)
 
 
-def _parameter(name: str, value: Any) -> Any:
+def _parameter(name: str, value: Any) -> S.Param:
     if isinstance(value, (str, bool, int, float)):
         return value
     raise invalid(f"parameter '{name}' has invalid type. It should be either 'int', 'bool', or 'string'.")
@@ -120,7 +120,7 @@ def parse_generate(body: bytes, entry: S.ModelEntry, max_input_size: int) -> tup
         raise invalid("Unable to parse 'id'")
     batching = view.max_batch_size > 0
     inputs: list[InputTensor] = []
-    params: dict[str, Any] = {}
+    params: dict[str, S.Param] = {}
     consumed = [0]
 
     seen: set[str] = set()

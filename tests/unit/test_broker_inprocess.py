@@ -9,6 +9,7 @@ from broker_harness import Harness, python_model
 
 from tritond.broker.supervision.pool import BACKOFF_MIN, CRASH_LIMIT, Instance, InstanceState, record_crash
 from tritond.broker.supervision.watch import HEARTBEAT_TIMEOUT_S
+from tritond.wire import replies as R
 from tritond.wire import schema as S
 from tritond.wire.errors import Code
 
@@ -214,7 +215,7 @@ def test_a_drain_lets_in_flight_work_finish_and_refuses_new_requests(repo):
     h.answer(inst, ex, {"Y": S.Inline(X.tobytes())})
     h.tick()
     ((_, done),) = h.to_frontends(S.ControlReply)
-    assert done.result == {"drained": True} and h.replies()[rid].error is None
+    assert done.result == R.DrainReply(True) and h.replies()[rid].error is None
 
 
 def test_at_the_exit_timeout_what_is_in_flight_is_cancelled(repo):
@@ -223,7 +224,7 @@ def test_at_the_exit_timeout_what_is_in_flight_is_cancelled(repo):
     h.control(S.Drain())
     h.tick(6.0)
     ((_, done),) = h.to_frontends(S.ControlReply)
-    assert done.result == {"drained": False}
+    assert done.result == R.DrainReply(False)
     assert h.replies()[rid].error.message == "Server is shutting down: the exit timeout expired"
 
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tritond.frontend.metrics import Families, model_families
+from tritond.wire import replies as R
 from tritond.wire.options import MetricsConfig
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is installed by scripts/setup.sh --test")
@@ -161,10 +162,11 @@ def test_service_monitor_pdb_and_autoscaling_fit_together():
     metric = re.search(r"\b(nv_\w+|tritond_\w+)", trigger["metadata"]["query"]).group(1)
     assert metric == "nv_inference_pending_request_count"
     families = Families()
-    model_families(families, {
-        "name": "m", "version": 1, "tags": {}, "success": 0, "failures": {}, "inference_count": 0,
-        "execution_count": 0, "request_ns": 0, "queue_ns": 0, "compute_input_ns": 0, "compute_infer_ns": 0,
-        "compute_output_ns": 0, "cache": False, "pending": 3, "restarts": 0, "instances_ready": 1}, MetricsConfig())
+    model_families(families, R.ModelSnapshot(
+        name="m", version=1, tags={}, success=0, failures={}, inference_count=0, execution_count=0, request_ns=0,
+        queue_ns=0, compute_input_ns=0, compute_infer_ns=0, compute_output_ns=0, cache=False, cache_hits=0,
+        cache_hit_ns=0, cache_misses=0, cache_miss_ns=0, pending=3, instances_ready=1, restarts=0, workers=[]),
+        MetricsConfig())
     assert families.by_name[metric].type == "gauge"
     assert 1 <= so["spec"]["minReplicaCount"] < so["spec"]["maxReplicaCount"]
 

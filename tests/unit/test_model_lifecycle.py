@@ -14,6 +14,7 @@ from broker_harness import Harness, python_model
 
 from tritond.broker.lifecycle.runner import MAX_WAITING
 from tritond.broker.supervision.pool import InstanceState
+from tritond.wire import replies as R
 from tritond.wire import schema as S
 from tritond.wire.errors import Code
 
@@ -127,9 +128,9 @@ def test_a_failed_reload_keeps_the_old_version_serving(repo):
                            "load failed for model 'm': RuntimeError: weights corrupt;\n")
     assert table(h)[1].state is S.ModelState.READY and h.broker.registry.get("m")[1].instances == [old]
     index = reply(h, send(h, S.RepositoryIndex())).result
-    assert index == [{"name": "m", "version": "1", "state": "READY",
-                      "reason": "a reload failed, this version still serves: "
-                                "load failed for model 'm': RuntimeError: weights corrupt"}]
+    assert index == R.IndexReply([R.ModelIndex("m", "1", "READY", "a reload failed, this version still serves: "
+                                                                  "load failed for model 'm': RuntimeError: "
+                                                                  "weights corrupt")])
     rid = h.infer("m", X=X)
     finish(h, "m")
     assert h.replies()[rid].error is None

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritond.frontend.metrics import Families, exposition
 from tritond.options import UsageError, server_options, start_parser
 from tritond.wire.options import ServerOptions
+from tritond.wire import replies as R
 from tritond.wire import schema as S
 
 X = np.arange(4, dtype=np.float32)
@@ -160,7 +161,7 @@ def test_trace_sampling_rate_count_and_files(harness, tmp_path):
     heads = [r for r in records if "model_name" in r]
     assert [r["request_id"] for r in heads] == ["r1", "r3"]      # every 2nd, 2 at most
     assert h.to_frontends(S.Observe)[-1][1].tracing[""] == ""    # count used up: frontends stop stamping
-    assert h.control(S.TraceSettings("", {}), ident=b"fe").result["trace_count"] == "0"
+    assert h.control(S.TraceSettings("", {}), ident=b"fe").result.settings.trace_count == "0"
 
 
 def test_settings_api_rejects_what_tritond_does_not_do(harness):
@@ -170,7 +171,7 @@ def test_settings_api_rejects_what_tritond_does_not_do(harness):
     reply = h.control(S.TraceSettings("", {"trace_rate": "often"}))
     assert reply.error is not None and reply.error.code.name == "INVALID_ARG"
     reply = h.control(S.LogSettings({"log_format": "json"}))
-    assert reply.error is None and reply.result["log_format"] == "json"
+    assert reply.error is None and reply.result.settings.log_format == "json"
     assert h.to_workers(S.Observe)[-1][1].log.format == "json"
 
 
@@ -207,9 +208,9 @@ def test_exposition_is_tritons_and_parses():
     f.add("nv_inference_request_success", "counter", "Number of successful requests", {"model": 'a"b', "version": "1"}, 5)
     f.add("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]", {}, 0.25)
     f.summary("nv_inference_queue_summary_us", "queue", {"model": "m", "version": "1"},
-              {"count": 2, "sum": 3.5, "quantiles": [[0.5, 1.0]]})
+              R.SummarySnapshot(2, 3.5, [(0.5, 1.0)]))
     f.histogram("nv_inference_first_response_histogram_ms", "first", {"model": "m", "version": "1"},
-                {"bounds": [100.0, 500.0], "counts": [1, 0, 2], "sum": 900.0})
+                R.HistogramSnapshot([100.0, 500.0], [1, 0, 2], 900.0))
     text = exposition(f.by_name.values()).decode()
     assert 'nv_inference_request_success{model="a\\"b",version="1"} 5\n' in text
     assert "# TYPE nv_inference_request_success counter\n" in text and "nv_cpu_utilization 0.25\n" in text

@@ -34,13 +34,11 @@ def test_register_and_status(key):
     t = RegionTable()
     t.register("r", key, 1024, 2048)
     t.register("s", key.lstrip("/"), 0, 4096)
-    assert t.status(None) == [
-        {"name": "r", "key": key, "offset": 1024, "byte_size": 2048},
-        {"name": "s", "key": key.lstrip("/"), "offset": 0, "byte_size": 4096},
-    ]
-    assert t.status("s") == [{"name": "s", "key": key.lstrip("/"), "offset": 0, "byte_size": 4096}]
+    assert [(r.name, r.key, r.offset, r.byte_size) for r in t.listed(None)] == [
+        ("r", key, 1024, 2048), ("s", key.lstrip("/"), 0, 4096)]
+    assert t.listed("s") == [t.regions["s"]]
     assert t.regions["s"].location == key
-    assert error_of(t.status, "nope") == ("NOT_FOUND", "Unable to find system shared memory region: 'nope'")
+    assert error_of(t.listed, "nope") == ("NOT_FOUND", "Unable to find system shared memory region: 'nope'")
 
 
 @pytest.mark.parametrize("offset", [0, 4096])
@@ -127,7 +125,7 @@ def test_unregister_unknown_and_one_and_all(key):
     t.register("b", key, 8, 8)
     assert t.unregister("a") == []            # "b" still maps the same key
     assert t.unregister(None) == [key]
-    assert t.status(None) == []
+    assert t.listed(None) == []
 
 
 def test_unregister_while_in_use_is_deferred(key):
@@ -137,11 +135,11 @@ def test_unregister_while_in_use_is_deferred(key):
     t.acquire(region)
     t.acquire(region)
     assert t.unregister(None) == []
-    assert [s["name"] for s in t.status(None)] == ["r"]   # listed until the last use ends, as Triton does
+    assert [r.name for r in t.listed(None)] == ["r"]   # listed until the last use ends, as Triton does
     assert error_of(t.register, "r", key, 0, 8)[0] == "ALREADY_EXISTS"
     assert t.release(region) == []
     assert t.release(region) == [key]
-    assert t.status(None) == []
+    assert t.listed(None) == []
     t.register("r", key, 0, 8)                          # the name is free again
 
 
@@ -149,13 +147,13 @@ def test_cuda_regions_share_the_name_space_but_not_status(key):
     t = RegionTable()
     t.register("sys", key, 0, 8)
     t.register_cuda("gpu", HANDLE, 1, 256)
-    assert t.status(None, CUDA) == [{"name": "gpu", "device_id": 1, "byte_size": 256}]
-    assert [s["name"] for s in t.status(None, SYSTEM)] == ["sys"]
-    assert error_of(t.status, "gpu", SYSTEM) == (
+    assert [(r.name, r.device_id, r.byte_size) for r in t.listed(None, CUDA)] == [("gpu", 1, 256)]
+    assert [r.name for r in t.listed(None, SYSTEM)] == ["sys"]
+    assert error_of(t.listed, "gpu", SYSTEM) == (
         "NOT_FOUND", "The region named 'gpu' is registered as CUDA shared memory, not system shared memory")
-    assert error_of(t.status, "sys", CUDA) == (
+    assert error_of(t.listed, "sys", CUDA) == (
         "NOT_FOUND", "The region named 'sys' is registered as system shared memory, not CUDA shared memory")
-    assert error_of(t.status, "x", CUDA) == ("NOT_FOUND", "Unable to find cuda shared memory region: 'x'")
+    assert error_of(t.listed, "x", CUDA) == ("NOT_FOUND", "Unable to find cuda shared memory region: 'x'")
     assert parse_cuda_location(t.regions["gpu"].location) == (1, 256, HANDLE)
     assert t.resolve("gpu", 128, 128)[1] == 128
     assert t.unregister("gpu", SYSTEM) == []            # other kind: untouched
