@@ -17,6 +17,12 @@ BURST = 256     # frames handled per socket per loop turn, so neither side starv
 # Two plain sends cost a quarter of send_multipart (which builds its flags with enum operations);
 # replies to many streamed responses and sequence batches made this the broker's largest cost.
 SNDMORE = int(zmq.SNDMORE)
+# The same for reading: a frame read as two recv() calls with int flags costs a third of
+# recv_multipart behind an EVENTS check with enum flags (perf/bench_broker.py).
+NOBLOCK = int(zmq.NOBLOCK)
+RCVMORE = int(zmq.RCVMORE)
+EVENTS = int(zmq.EVENTS)
+POLLIN = int(zmq.POLLIN)
 
 
 def _router(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
@@ -47,13 +53,13 @@ class BrokerSockets:
 
     def worker_pending(self) -> bool:
         """A worker message waits unread."""
-        return bool(self.wk.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return bool(self.wk.getsockopt(EVENTS) & POLLIN)
 
     def wait_briefly(self, seconds: float) -> None:
         """Wait out a delay shorter than the poller's 1 ms resolution without spinning; a
         message arriving meanwhile ends the wait."""
         socks = (self.fe, self.wk)
-        if any(s.getsockopt(zmq.EVENTS) & zmq.POLLIN for s in socks):
+        if any(s.getsockopt(EVENTS) & POLLIN for s in socks):
             return
         select.select([s.getsockopt(zmq.FD) for s in socks], [], [], seconds)
 
@@ -64,14 +70,20 @@ class BrokerSockets:
         Every frame is untrusted: one that breaks its handler is logged and dropped, and the
         broker (with every model it serves) carries on."""
         for _ in range(BURST):
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                ident = sock.recv(NOBLOCK)
+            except zmq.Again:
                 return
-            parts = sock.recv_multipart(zmq.NOBLOCK)
-            if len(parts) != 2:
-                log.warning("dropped a message of %d frames", len(parts))
+            frame = sock.recv(NOBLOCK)      # a ROUTER puts the sender's identity first: never alone
+            if sock.getsockopt(RCVMORE):
+                parts = 2
+                while sock.getsockopt(RCVMORE):
+                    sock.recv(NOBLOCK)
+                    parts += 1
+                log.warning("dropped a message of %d frames", parts)
                 continue
             try:
-                handle(*parts)
+                handle(ident, frame)
             except Exception:
                 log.exception("dropped a message that could not be handled")
 

@@ -33,7 +33,7 @@ def untrusted(msg: Infer, own_prefix: str) -> None:
     discarded."""
     inputs = msg.inputs
     for i, d in enumerate(inputs):
-        if any(x < 0 for x in d.shape):
+        if d.shape and min(d.shape) < 0:
             raise invalid(f"invalid shape for input '{d.name}': negative dimension")
         loc = d.loc
         if isinstance(loc, Block):
