@@ -96,10 +96,13 @@ def is_ready(http: str, context: ssl.SSLContext | None = None) -> bool:
 
 
 class Server:
-    """tritond as a child process: started on free ports, stopped with SIGTERM."""
+    """tritond as a child process: started on free ports, stopped with SIGTERM. env and cwd are
+    the child's (default: this process's); new_session keeps a terminal's Ctrl-C from it, for a
+    caller that stops it itself."""
 
     def __init__(self, repository: Path, log_path: Path, extra: Sequence[str] = (),
-                 https: ssl.SSLContext | None = None):
+                 https: ssl.SSLContext | None = None, env: dict[str, str] | None = None,
+                 cwd: Path | None = None, new_session: bool = False):
         self.https = https   # client context for readiness checks when HTTP is served over TLS
         self.http = f"127.0.0.1:{free_port()}"
         self.grpc = f"127.0.0.1:{free_port()}"
@@ -113,7 +116,8 @@ class Server:
         ]
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                     start_new_session=new_session)
 
     def grpc_listening(self) -> bool:
         host, port = self.grpc.rsplit(":", 1)

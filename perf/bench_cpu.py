@@ -45,6 +45,9 @@ CASES = {
     "mlp-grpc": Case("mlp-grpc", "mlp_onnx", "grpc", True, (1, 256)),
 }
 
+# real Triton's processes (perf/anchors.py), by program name
+TRITON_ROLES = {"tritonserver": "tritonserver", "triton_python_backend_stub": "python stub"}
+
 
 def role(pid: int) -> str:
     try:
@@ -54,6 +57,9 @@ def role(pid: int) -> str:
         return "gone"
     if argv.startswith("tritond-worker"):
         return "worker"
+    program = os.path.basename(argv.split(" ", 1)[0])
+    if program in TRITON_ROLES:
+        return TRITON_ROLES[program]
     for key, name in (("tritond.broker.main", "broker"), ("tritond.frontend.http", "http frontend"),
                       ("tritond.frontend.grpc", "grpc frontend"), ("tritond.workers.template", "template"),
                       ("tritond.cli", "supervisor"), ("tritond start", "supervisor")):
