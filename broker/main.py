@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGHUP, lambda *_: None)      # so does a SIGHUP (rescan in poll mode)
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor turns ^C into a drain
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)      # log reopening comes by message
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})   # started blocked (supervisor.py)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})   # started blocked (supervisor/children.py)
     become_subreaper()
     sockets = BrokerSockets(opts.run_dir)
     pool = WorkerProcesses(Templates(enabled=opts.worker_templates))

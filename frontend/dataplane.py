@@ -28,6 +28,8 @@ from .classification import classify, output_labels
 from .tracing import FrontendTracer
 
 RESERVED_PREFIX = "triton_"
+MAX_CACHED_VIEWS = 1024     # model views whose required inputs are remembered
+_NO_VIEW = S.ModelView()
 
 
 def dims_str(dims) -> str:
@@ -188,6 +190,7 @@ class Dataplane:
         self.remote_repositories = remote_repositories or []
         self.tracer = tracer or FrontendTracer(client)
         self.overrides = overrides      # (run directory, size limit) where file overrides may be written
+        self._required_inputs: dict[int, tuple[S.ModelView, list[str]]] = {}   # id(view) -> (view, names)
 
     async def load_model(self, op: S.LoadModel, files: dict[str, bytes] | None = None) -> None:
         """Ask the broker to load a model. A model of a remote repository is mirrored here
@@ -218,58 +221,73 @@ class Dataplane:
 
     # ---------------------------------------------------------------- validation
 
+    def _required(self, view: S.ModelView) -> list[str]:
+        """The view's required inputs, found once per view (a new model table brings new views)."""
+        cached = self._required_inputs.get(id(view))
+        if cached is not None and cached[0] is view:
+            return cached[1]
+        required = [n for n, i in view.inputs.items() if not i.optional]
+        if len(self._required_inputs) >= MAX_CACHED_VIEWS:
+            self._required_inputs.clear()
+        self._required_inputs[id(view)] = (view, required)
+        return required
+
     def validate(self, entry: S.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
                  request_id: str) -> None:
         """Triton's request normalization checks, in Triton's order, with its messages."""
-        view = entry.view or S.ModelView()
+        view = entry.view or _NO_VIEW
         model = entry.name
-        pre = prefix(request_id)
         config_inputs = view.inputs
-        config_outputs = view.outputs
-        seen: set[str] = set()
-        for t in inputs:
-            if t.name in seen:
-                raise invalid(f"{pre}input '{t.name}' already exists in request")
-            seen.add(t.name)
-        requested: set[str] = set()
-        for o in outputs:
-            if o.name in requested:
-                raise invalid(f"{pre}output '{o.name}' already exists in request")
-            requested.add(o.name)
-        for o in outputs:
-            if o.name not in config_outputs:
-                raise invalid(f"unexpected inference output '{o.name}' for model '{model}'")
-        required = [n for n, i in config_inputs.items() if not i.optional]
+        if len(inputs) > 1:
+            seen: set[str] = set()
+            for t in inputs:
+                if t.name in seen:
+                    raise invalid(f"{prefix(request_id)}input '{t.name}' already exists in request")
+                seen.add(t.name)
+        if outputs:
+            requested: set[str] = set()
+            for o in outputs:
+                if o.name in requested:
+                    raise invalid(f"{prefix(request_id)}output '{o.name}' already exists in request")
+                requested.add(o.name)
+            config_outputs = view.outputs
+            for o in outputs:
+                if o.name not in config_outputs:
+                    raise invalid(f"unexpected inference output '{o.name}' for model '{model}'")
+        required = self._required(view)
         total = len(config_inputs)
         if len(inputs) > total or len(inputs) < len(required):
             if len(required) == total:
                 head = f"expected {total} inputs"
             else:
                 head = f"expected number of inputs between {len(required)} and {total}"
+            names = {t.name for t in inputs}
             got = ",".join(f"'{t.name}'" for t in inputs)
-            miss = ",".join(f"'{n}'" for n in required if n not in seen)
-            raise invalid(f"{pre}{head} but got {len(inputs)} inputs for model '{model}'. Got input(s) [{got}], "
-                          f"but missing required input(s) [{miss}]. Please provide all required input(s).")
+            miss = ",".join(f"'{n}'" for n in required if n not in names)
+            raise invalid(f"{prefix(request_id)}{head} but got {len(inputs)} inputs for model '{model}'. Got "
+                          f"input(s) [{got}], but missing required input(s) [{miss}]. Please provide all required "
+                          f"input(s).")
         for t in inputs:
             if t.name not in config_inputs:
                 raise invalid(f"unexpected inference input '{t.name}' for model '{model}'")
         mbs = view.max_batch_size
-        batch = None
         if mbs > 0:
+            batch = None
             for t in inputs:
                 if config_inputs[t.name].shape_tensor:
                     continue
                 if not t.shape:
-                    raise invalid(f"{pre}input '{t.name}' has no shape but model requires batch dimension "
-                                  f"for '{model}'")
+                    raise invalid(f"{prefix(request_id)}input '{t.name}' has no shape but model requires batch "
+                                  f"dimension for '{model}'")
                 if batch is None:
                     batch = t.shape[0]
                 elif t.shape[0] != batch:
-                    raise invalid(f"{pre}input '{t.name}' batch size does not match other inputs for '{model}'")
+                    raise invalid(f"{prefix(request_id)}input '{t.name}' batch size does not match other inputs "
+                                  f"for '{model}'")
             if batch is not None and batch > mbs:
-                raise invalid(f"{pre}inference request batch-size must be <= {mbs} for '{model}'")
+                raise invalid(f"{prefix(request_id)}inference request batch-size must be <= {mbs} for '{model}'")
             if batch == 0:
-                raise invalid(f"{pre}inference request batch-size must be > 0 for '{model}'")
+                raise invalid(f"{prefix(request_id)}inference request batch-size must be > 0 for '{model}'")
         # Triton checks inputs in its hash map's order, which for a request's few inputs is last to
         # first: a request with several bad inputs names the one Triton names.
         for t in reversed(inputs):
@@ -277,21 +295,20 @@ class Dataplane:
 
     @staticmethod
     def _validate_input(t: InputTensor, ci: S.TensorView, model: str, mbs: int, request_id: str) -> None:
-        pre = prefix(request_id)
-        expected_type = ci.datatype
-        if t.datatype not in WIRE_TYPES:
-            raise invalid(f"{pre}invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'")
-        if t.datatype != expected_type:
-            raise invalid(f"{pre}inference input '{t.name}' data-type is '{t.datatype}', but model "
-                          f"'{model}' expects '{expected_type}'")
+        datatype = t.datatype
+        if datatype not in WIRE_TYPES:
+            raise invalid(f"{prefix(request_id)}invalid datatype '{datatype}' for input '{t.name}' for model "
+                          f"'{model}'")
+        if datatype != ci.datatype:
+            raise invalid(f"{prefix(request_id)}inference input '{t.name}' data-type is '{datatype}', but model "
+                          f"'{model}' expects '{ci.datatype}'")
         dims = ci.dims
-        shape = list(t.shape)
-        batched = mbs > 0 and not ci.shape_tensor
-        body = shape[1:] if batched else shape
-        if any(d < 0 for d in shape):
-            raise invalid(f"{pre}All input dimensions should be specified for input '{t.name}' for model "
-                          f"'{model}', got {dims_str(shape)}")
-        if len(body) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, body)):
+        shape = t.shape
+        body = shape[1:] if mbs > 0 and not ci.shape_tensor else shape
+        if shape and min(shape) < 0:
+            raise invalid(f"{prefix(request_id)}All input dimensions should be specified for input '{t.name}' for "
+                          f"model '{model}', got {dims_str(shape)}")
+        if body != dims and (len(body) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, body))):
             note = ""
             if mbs > 0:
                 note = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
@@ -300,22 +317,22 @@ class Dataplane:
                         "max_batch_size to zero. See the model configuration docs for more info on "
                         "max_batch_size.")
             expected_full = ([-1] + dims) if mbs > 0 else dims
-            raise invalid(f"{pre}unexpected shape for input '{t.name}' for model '{model}'. Expected "
-                          f"{dims_str(expected_full)}, got {dims_str(shape)}. {note}")
+            raise invalid(f"{prefix(request_id)}unexpected shape for input '{t.name}' for model '{model}'. "
+                          f"Expected {dims_str(expected_full)}, got {dims_str(shape)}. {note}")
         try:
             count = element_count(shape)
         except ValueError:
-            raise invalid(f"{pre}invalid shape for input '{t.name}' for model '{model}': shape "
+            raise invalid(f"{prefix(request_id)}invalid shape for input '{t.name}' for model '{model}': shape "
                           f"{dims_str(shape)} causes total element count to exceed maximum size") from None
-        if t.datatype == "BYTES":
+        if datatype == "BYTES":
             if not t.region:
                 count_bytes_elements(t.data, t.name, model, request_id, count)
             return
         size = t.nbytes if t.region else (len(t.data) if t.data is not None else 0)
-        expected_size = count * ELEMENT_SIZE[t.datatype]
+        expected_size = count * ELEMENT_SIZE[datatype]
         if size != expected_size:
-            raise invalid(f"{pre}input byte size mismatch for input '{t.name}' for model '{model}'. "
-                          f"Expected {expected_size}, got {size}")
+            raise invalid(f"{prefix(request_id)}input byte size mismatch for input '{t.name}' for model "
+                          f"'{model}'. Expected {expected_size}, got {size}")
 
     # ---------------------------------------------------------------- execution
 
@@ -362,7 +379,10 @@ class Dataplane:
         self.validate(entry, inputs, outputs, opts.id)
         msg, blocks = self._request(entry, inputs, outputs, opts)
         try:
-            reply = await self.client.infer(msg, on_orphan=lambda held=blocks: self._free(held))
+            # a caller that went away leaves its input blocks (inline inputs have none) to be
+            # freed once the broker answered
+            orphaned = (lambda held=blocks: self._free(held)) if blocks else None
+            reply = await self.client.infer(msg, on_orphan=orphaned)
         except asyncio.CancelledError:
             blocks = []   # the broker still holds the request: freed when it answers
             raise

@@ -1,4 +1,6 @@
-"""Shared test helpers: build the example repository and run real tritond servers.
+"""Shared test helpers: build the example repository, run real tritond servers (`serving`
+starts one and checks it went away cleanly), wait for a condition (`wait_for`) and check a
+client error (`expect_error`). tests/unit/test_helpers_once.py keeps them defined only here.
 
 Every server runs in its own session (process group leader = the supervisor), so a test
 can find every process it left behind; its shared-memory segments carry its server id.
@@ -16,12 +18,66 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_DIR: str | None = None   # server logs go under pytest's temporary directory
+
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 60.0, what: str | Callable[[], str] = "condition",
+             every: float = 0.05, sleep: Callable[[float], Any] = time.sleep) -> T:
+    """Call `predicate` every `every` seconds until it returns a true value, and return that
+    value; after `timeout` seconds fail with `what` (a text, or a function giving one then)
+    and the last value. `sleep` is what waits between calls (gevent.sleep for gevent clients)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        left = deadline - time.monotonic()
+        if left <= 0:
+            text = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {text} (last: {value!r})")
+        sleep(min(every, left))
+
+
+# The gRPC status Triton gives for an HTTP status (tritonclient's gRPC errors read "StatusCode.<name>").
+GRPC_CODE = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 500: "INTERNAL", 501: "UNIMPLEMENTED",
+             503: "UNAVAILABLE"}
+
+
+def expect_error(fn: Callable[[], Any], status: int | None = None, text: str | None = None, *,
+                 protocol: str = "http", grpc_code: str | None = None, exact: bool = False,
+                 absent: tuple[str, ...] = ()):
+    """Call `fn`, which must raise the clients' InferenceServerException, and return it.
+
+    status: the HTTP status it carries; with protocol="grpc" the gRPC code that status maps to
+    (GRPC_CODE), or `grpc_code` when given. text: in the message (exact: the whole message).
+    absent: texts the message must not contain."""
+    from tritonclient.utils import InferenceServerException
+    with pytest.raises(InferenceServerException) as info:
+        fn()
+    error = info.value
+    message = error.message()
+    if status is not None or grpc_code is not None:
+        if protocol == "http":
+            assert error.status() == str(status), message
+        else:
+            assert protocol == "grpc", protocol
+            assert error.status() == f"StatusCode.{grpc_code or GRPC_CODE[status]}", message
+    if text is not None:
+        assert (message == text) if exact else (text in message), message
+    for word in absent:
+        assert word not in message, message
+    return error
 
 
 def free_port() -> int:
@@ -57,6 +113,21 @@ def http_get(url: str, timeout: float = 5.0, context: ssl.SSLContext | None = No
         return 0, b""
 
 
+def metric(server: "TritondServer", name: str, default: float | None = None, **labels: str) -> float:
+    """The value of the one sample of `name` on the server's /metrics whose labels include
+    `labels`; `default` when there is none (None: fail)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    status, body = http_get(f"http://127.0.0.1:{server.metrics_port}/metrics")
+    assert status == 200, body
+    found = [s.value for f in text_string_to_metric_families(body.decode()) for s in f.samples
+             if s.name in (name, name + "_total") and all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(found) <= 1, (name, labels, found)
+    if found:
+        return found[0]
+    assert default is not None, f"no {name} {labels} in /metrics"
+    return default
+
+
 def session_pids(sid: int) -> list[int]:
     """Live processes whose session id is `sid` (the supervisor's pid)."""
     out = []
@@ -72,6 +143,36 @@ def session_pids(sid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[3]) == sid:
             out.append(int(entry))
     return out
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process `pid` holds (none when it is gone)."""
+    out = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(int(link[8:-1]))
+    return out
+
+
+def tcp_connections() -> list[tuple[int, int, int]]:
+    """(local port, remote port, socket inode) of every ESTABLISHED TCP connection on this host."""
+    rows = []
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(path) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "01":
+                    rows.append((int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16),
+                                 int(fields[9])))
+    return rows
 
 
 def worker_title(pid: int) -> dict[str, str] | None:
@@ -123,9 +224,8 @@ class TritondServer:
             cmd.append("--allow-grpc=false")
         return cmd + self.args
 
-    def start(self, wait: str = "ready", timeout: float = 120.0) -> "TritondServer":
-        """Start and wait until `wait` is 'ready', 'live', 'metadata' (it answers /v2), or 'exit'
-        (a startup expected to fail)."""
+    def launch(self) -> "TritondServer":
+        """Start the process (its output goes to the log) without waiting for anything."""
         import tempfile
         fd, path = tempfile.mkstemp(prefix="tritond-test-", suffix=".log", dir=LOG_DIR)
         self.log_path = Path(path)
@@ -133,6 +233,12 @@ class TritondServer:
         self.proc = subprocess.Popen(self.command(), stdout=fd, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, cwd=str(ROOT))
         os.close(fd)
+        return self
+
+    def start(self, wait: str = "ready", timeout: float = 120.0) -> "TritondServer":
+        """Start and wait until `wait` is 'ready', 'live', 'metadata' (it answers /v2), or 'exit'
+        (a startup expected to fail)."""
+        self.launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -235,6 +341,27 @@ class TritondServer:
         assert not segments, f"shared-memory segments left behind: {segments}"
 
 
+@contextmanager
+def serving(server: TritondServer, wait: str = "ready", timeout: float = 120.0,
+            code: int | None = 0) -> Iterator[TritondServer]:
+    """Start `server` (unless the caller already has), yield it, then stop it and assert that
+    it left no process and no shared-memory segment and exited with `code` (None: any code).
+    A body that raises still stops the server (and kills what remains), then re-raises."""
+    if server.proc is None:
+        server.start(wait=wait, timeout=timeout)
+    try:
+        yield server
+    except BaseException:
+        server.stop()
+        if server.pids() or server.segments():
+            server.kill()
+        raise
+    returncode = server.stop()
+    server.assert_clean()
+    if code is not None:
+        assert returncode == code, server.log
+
+
 @pytest.fixture(scope="session", autouse=True)
 def server_log_dir(tmp_path_factory) -> Path:
     global LOG_DIR
@@ -251,19 +378,13 @@ def example_repo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(example_repo):
     """The example repository served with client shared memory allowed."""
-    s = TritondServer(example_repo, ["--allow-client-shm=true"]).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(example_repo, ["--allow-client-shm=true"])) as s:
+        yield s
 
 
 @pytest.fixture(scope="session")
 def streaming_server(tmp_path_factory):
     """The sequence and streaming tests' models (tests/stream_models.py) on one server."""
     from stream_models import streaming_repository
-    s = TritondServer(streaming_repository(tmp_path_factory.mktemp("streaming") / "models")).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(streaming_repository(tmp_path_factory.mktemp("streaming") / "models"))) as s:
+        yield s

@@ -8,6 +8,12 @@ from pathlib import Path
 MODEL_SOURCE = Path(__file__).resolve().parent / "fixtures" / "fault_model.py"
 
 
+def started(markers: Path) -> int:
+    """How many requests fault models with this marker_dir have begun to execute."""
+    path = markers / "started"
+    return sum(int(n) for n in path.read_text().split()) if path.exists() else 0
+
+
 def add_fault_model(repo: Path, name: str, *, count: int = 1, max_batch: int = 4, dims: str = "-1",
                     batching: str | None = "", params: dict[str, object] | None = None,
                     pid_outputs: bool = False, tag_output: bool = False, random_output: bool = False,

@@ -1,21 +1,10 @@
 """Helpers the model lifecycle tests share (explicit and poll mode, warmup, rate limiter)."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import tritonclient.http as httpclient
 
 from conftest import TritondServer, http_get
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition", every: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def infer(client: httpclient.InferenceServerClient, model: str, rows: int = 1, version: str = "",

@@ -77,6 +77,11 @@ ensemble_scheduling { step [ { model_name: "accumulator" model_version: -1
 ''')
 
 
+def slow_echo_markers(repo: Path) -> Path:
+    """Where slow_echo leaves its fault-model markers (`started`: one line per batch begun)."""
+    return repo.parent / "slow_echo-markers"
+
+
 def streaming_repository(dest: Path) -> Path:
     """toy_llm, accumulator (direct) and its variants, the decoupled test model, a BLS caller
     and an ensemble of toy_llm, and a slow one-at-a-time model (slow_echo)."""
@@ -89,5 +94,8 @@ def streaming_repository(dest: Path) -> Path:
     bls_llm(repo)
     llm_ensemble(repo)
     acc_ensemble(repo)
-    add_fault_model(repo, "slow_echo", max_batch=1, dims="1", batching=None, params={"sleep_ms": 1000})
+    markers = slow_echo_markers(repo)
+    markers.mkdir()
+    add_fault_model(repo, "slow_echo", max_batch=1, dims="1", batching=None,
+                    params={"sleep_ms": 1000, "marker_dir": markers})
     return repo

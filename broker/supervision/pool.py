@@ -7,8 +7,9 @@ processes; an in-process harness replaces it to drive the broker without any.
 
 Crash-loop policy: each death of a worker that never completed a batch counts; a worker
 generation that completed one clears the count (it was serving, so the next death is not
-part of a loop). More than CRASH_LIMIT counted deaths inside CRASH_WINDOW seconds mark the
-instance FAILED instead of restarting it forever. Backoff doubles with the count.
+part of a loop). More than CRASH_LIMIT counted deaths inside CRASH_WINDOW seconds (a
+CrashWindow: the supervisor's rule for the broker too) mark the instance FAILED instead of
+restarting it forever. Backoff doubles with the count.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from tritond.crash_window import CrashWindow
 from tritond.process import EXIT_NO_MEMORY
 from tritond.wire.schema import WorkerSpec
 
@@ -101,7 +103,7 @@ class Instance:
     batch_started: float = 0.0
     batch_padding: int = 0         # the in-flight sequence batch's padding slots (counted in its size)
     last_heartbeat: float = 0.0
-    crashes: list[float] = field(default_factory=list)
+    crashes: CrashWindow = field(default_factory=lambda: CrashWindow(CRASH_LIMIT, CRASH_WINDOW))
     restarts: int = 0
     restart_at: float = 0.0
     last_error: str = ""
@@ -135,9 +137,8 @@ def record_crash(inst: Instance, now: float) -> bool:
     """Note a death; True when the instance may restart (at inst.restart_at), False when it
     must be marked failed."""
     if inst.served:
-        inst.crashes = []
-    inst.crashes = [t for t in inst.crashes if now - t < CRASH_WINDOW] + [now]
-    if len(inst.crashes) > CRASH_LIMIT:
+        inst.crashes.clear()
+    if not inst.crashes.record(now):
         return False
     delay = min(BACKOFF_MAX, BACKOFF_MIN * (2 ** (len(inst.crashes) - 1)))
     inst.restart_at = now + delay

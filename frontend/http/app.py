@@ -1,11 +1,10 @@
-"""The KServe v2 / Triton HTTP API as one Starlette app."""
+"""The KServe v2 / Triton HTTP API: Starlette serves every route but inference, whose hot path
+is the raw ASGI InferRoute (infer.py)."""
 from __future__ import annotations
 
 import base64
 import logging
 import re
-import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -18,18 +17,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tritond import logs
 from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError, invalid
 
 from ..client_subject import SubjectRule
-from ..dataplane import Dataplane, split_parameters
-from ..errors import http_status
+from ..dataplane import Dataplane
 from ..metadata import SERVER_VERSION, model_metadata
-from ..tracing import Pending
-from .codec import parse_infer, parse_json, render_response
-from .disconnect import until_disconnect
+from .body import read_body
+from .codec import parse_json
 from .generate import generate, generate_stream, parse_generate
+from .infer import InferRoute, error_response, json_response
 
 _BAD_READY = "Invalid value for 'ready': expected a boolean"
 # A repository index body whose 'ready' is an array or object (checked before parsing, so a
@@ -52,48 +49,13 @@ class HttpOptions:
     init_failed: bool = False       # started although a repository failed (--exit-on-error=false)
 
 
-def json_response(doc: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
-
-
-class UnsupportedEncoding(TritonError):
-    """A Content-Encoding other than gzip/deflate/identity; the reply names the ones accepted."""
-
-    def __init__(self) -> None:
-        super().__init__(Code.UNSUPPORTED, "Unsupported compression type")
-
-
-def error_response(e: TritonError) -> Response:
-    response = json_response({"error": e.message}, http_status(e))
-    if isinstance(e, UnsupportedEncoding):
-        response.headers["Accept-Encoding"] = "gzip, deflate"
-    return response
-
-
-def parse_header_length(value: str) -> int:
-    """Inference-Header-Content-Length as C++ std::stoi reads it (leading digits, int32 range)."""
-    text = value.lstrip()
-    sign_len = 1 if text[:1] in ("+", "-") else 0
-    end = sign_len
-    while end < len(text) and text[end] in "0123456789":
-        end += 1
-    if end == sign_len:
-        raise invalid(f"Unable to parse Inference-Header-Content-Length, got: {value}")
-    n = int(text[:end])
-    if not -(1 << 31) <= n < (1 << 31):
-        raise invalid(f"Unable to parse Inference-Header-Content-Length, value is out of range "
-                      f"[ {-(1 << 31)}, {(1 << 31) - 1} ], got: {value}")
-    return n
-
-
-INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
-
-
 class HttpApi:
     def __init__(self, dataplane: Dataplane, opts: HttpOptions) -> None:
         self.dp = dataplane
         self.client = dataplane.client
         self.opts = opts
+        self.infer_route = InferRoute(dataplane, opts.max_input_size, opts.restricted.get("inference"),
+                                      opts.subjects.get("inference"), opts.client_certificate)
 
     # ------------------------------------------------------------- plumbing
 
@@ -124,58 +86,11 @@ class HttpApi:
                 return json_response({"error": "internal error while handling the request"}, 500)
         return endpoint
 
-    def _too_large(self, request: Request, size: int) -> TritonError:
-        """Triton's wording for an oversized body depends on what the body holds."""
-        limit = self.opts.max_input_size
-        hint = "Use --http-max-input-size to increase the limit."
-        header = request.headers.get("inference-header-content-length")
-        if not request.url.path.endswith("/infer") or header is None:
-            return invalid(f"request JSON size of {size} bytes exceeds the maximum allowed input size of {limit} "
-                           f"bytes. {hint}")
-        if header.strip() == "0":
-            return invalid(f"Raw input has a byte_size ({size} bytes) that exceeds the maximum allowed value of "
-                           f"{limit} bytes. {hint}")
-        return invalid(f"request size of {size} bytes exceeds the maximum allowed input size of {limit} bytes. {hint}")
-
     async def body(self, request: Request) -> bytes | bytearray:
         """The request body, decompressed, never more than --http-max-input-size bytes."""
-        limit = self.opts.max_input_size
-        encoding = request.headers.get("content-encoding", "").strip().lower()
-        if encoding not in ("", "identity", "gzip", "deflate"):
-            raise UnsupportedEncoding()
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise self._too_large(request, int(declared))
-        first: bytes = b""
-        grown: bytearray | None = None     # a body of several chunks grows in place (no 2x join)
-        total = 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                raise self._too_large(request, total)
-            if grown is not None:
-                grown += chunk
-            elif first:
-                grown = bytearray(first)
-                grown += chunk
-            else:
-                first = chunk
-        body = first if grown is None else grown
-        if encoding in ("", "identity"):
-            return body
-        if not body:
-            raise invalid("nothing to be decompressed")
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
-        try:
-            out = d.decompress(body, limit + 1)
-        except zlib.error as e:
-            raise invalid(f"failed to decompress the request body: {e}") from None
-        if len(out) > limit or d.unconsumed_tail:
-            raise invalid(f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. "
-                          f"Use --http-max-input-size to increase the limit.")
-        if not d.eof:
-            raise invalid("failed to decompress the request body: the compressed stream is truncated")
-        return out
+        headers = request.headers
+        return await read_body(request.receive, headers.get("content-encoding", "").strip().lower(),
+                               headers.get("content-length"), self.opts.max_input_size)
 
     @staticmethod
     def version(request: Request) -> int:
@@ -226,55 +141,6 @@ class HttpApi:
         return json_response({"model_stats": msgspec.to_builtins(reply.model_stats)})
 
     # ------------------------------------------------------------- inference
-
-    async def infer(self, request: Request) -> Response:
-        name = request.path_params["model"]
-        mode = self.client.trace_mode(name)
-        pending = Pending("HTTP", mode, request.headers.get("traceparent", "")) if mode else None
-        entry = self.dp.entry(name, self.version(request))
-        body = await self.body(request)
-        header = request.headers.get("inference-header-content-length")
-        header_len = None
-        if header is not None:
-            header_len = parse_header_length(header)
-            if header_len < 0 or header_len > len(body):
-                raise invalid(f"inference header size should be in range (0, {len(body)}), got: {header}")
-        if entry.view is not None and entry.view.decoupled:
-            raise TritonError(Code.UNSUPPORTED, "HTTP end point doesn't support models with decoupled transaction policy")
-        doc, inputs, outputs, default_binary = parse_infer(body, header_len, name, entry.view,
-                                                           self.opts.max_input_size)
-        request_id = doc.get("id", "")
-        if not isinstance(request_id, str):
-            raise invalid("Unable to parse 'id'")
-        params = doc.get("parameters") or {}
-        opts = split_parameters(params)
-        opts.id = request_id
-        if request_id:
-            logs.REQUEST_ID.set(request_id)      # this request's task: its log lines carry the id
-        if pending is not None:
-            opts.trace = pending.start()
-        result = await until_disconnect(request, self.dp.infer(entry, inputs, outputs, opts))
-        info = result.reply.trace if result.reply is not None else None
-        try:
-            body_out, json_len = render_response(result, default_binary)
-        finally:
-            self.dp.release(result)
-        headers = {}
-        media = "application/json"
-        if json_len is not None:
-            headers["Inference-Header-Content-Length"] = str(json_len)
-            media = "application/octet-stream"
-        encoding = choose_encoding(request.headers.get("accept-encoding", ""))
-        if encoding == "gzip":
-            body_out = gzip_compress(body_out)
-            headers["Content-Encoding"] = "gzip"
-        elif encoding == "deflate":
-            body_out = zlib.compress(body_out)
-            headers["Content-Encoding"] = "deflate"
-        response = Response(body_out, headers=headers, media_type=media)
-        if info is not None:
-            response.trace = (info, pending, entry.name, result.model_version, request_id)
-        return response
 
     async def generate(self, request: Request) -> Response:
         return await generate(self.dp, request, *await self._generate_request(request))
@@ -404,28 +270,16 @@ class HttpApi:
     # ------------------------------------------------------------- app
 
     def app(self) -> ASGIApp:
-        """Starlette serves every route; inference, the hot path, skips its router and
-        middleware stack (about a tenth of the frontend's CPU per request)."""
+        """Starlette serves every route but inference, the hot path: a POST to an infer path
+        goes to the raw InferRoute, past Starlette's router and middleware stack."""
         starlette = self.starlette()
-        infer = self.guard(self.infer, "inference")
-        pattern = INFER_PATH
+        infer = self.infer_route
 
         async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http" and scope["method"] == "POST":
-                match = pattern.fullmatch(scope["path"])
-                if match is not None:
-                    params = {"model": match.group(1)}
-                    if match.group(2) is not None:
-                        params["version"] = int(match.group(2))
-                    scope["path_params"] = params
-                    response = await infer(Request(scope, receive))
-                    traced = getattr(response, "trace", None)
-                    if traced is None:
-                        await response(scope, receive, send)
-                        return
-                    sent = time.monotonic_ns()
-                    await response(scope, receive, send)
-                    self.dp.tracer.finish(*traced, sent, time.monotonic_ns())
+                target = infer.target(scope["path"])
+                if target is not None:
+                    await infer.serve(scope, receive, send, target)
                     return
             await starlette(scope, receive, send)
 
@@ -464,7 +318,7 @@ class HttpApi:
                 r(base + "/ready", self.model_ready, ["GET"], "health"),
                 r(base + "/config", self.model_config, ["GET"], "model-config"),
                 r(base + "/stats", self.model_stats, ["GET"], "statistics"),
-                r(base + "/infer", self.infer, ["POST"], "inference"),
+                Route(base + "/infer", self.infer_route, methods=["POST"]),     # other methods: 405
                 r(base + "/generate", self.generate, ["POST"], "inference"),
                 r(base + "/generate_stream", self.generate_stream, ["POST"], "inference"),
             ]
@@ -477,28 +331,3 @@ class HttpApi:
 
         return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
-
-def choose_encoding(accept: str) -> str:
-    """Pick identity/deflate/gzip by the client's q-weights (Triton's rule)."""
-    best, best_q = "identity", 0.0
-    for part in accept.split(","):
-        bits = part.strip().split(";")
-        name = bits[0].strip().lower()
-        if name not in ("gzip", "deflate", "identity"):
-            continue
-        q = 1.0
-        for b in bits[1:]:
-            b = b.strip()
-            if b.startswith("q="):
-                try:
-                    q = float(b[2:])
-                except ValueError:
-                    q = 0.0
-        if q > best_q:
-            best, best_q = name, q
-    return best
-
-
-def gzip_compress(data: bytes) -> bytes:
-    c = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    return c.compress(data) + c.flush()

@@ -7,11 +7,13 @@ import msgspec
 import numpy as np
 import orjson
 
-from tritond.repository.datatypes import ELEMENT_SIZE, WIRE_TO_NUMPY, WIRE_TYPES, array_to_bytes, serialize_bytes
-from tritond.wire.errors import Code, TritonError, invalid, request_prefix as prefix
-from tritond.wire.schema import ModelView
+from tritond.repository.datatypes import (ELEMENT_SIZE, WIRE_TO_NUMPY, WIRE_TYPES, array_to_bytes, element_count,
+                                          serialize_bytes)
+from tritond.wire.errors import Code, TritonError, invalid, request_prefix as prefix, unsupported
+from tritond.wire.schema import INLINE_MAX, ModelView
 
-from ..dataplane import InferResult, InputTensor, OutputRequest
+from ..dataplane import (FLAG_END, FLAG_START, MAX_STRING_CORRID, RESERVED_PREFIX, InferResult, InputTensor,
+                         OutputRequest, OutputTensor, RequestOptions)
 
 MAX_JSON_DEPTH = 100
 INT64_MAX = (1 << 63) - 1
@@ -72,8 +74,8 @@ class _JsonRequest(msgspec.Struct):
 _decode_request = msgspec.json.Decoder(_JsonRequest).decode
 
 
-def _parse_request(buf: bytes | memoryview) -> tuple[dict, list[_JsonInput]]:
-    """(the request's other members as a dict, its inputs) with parse_json's errors."""
+def _parse_request(buf: bytes | memoryview) -> _JsonRequest:
+    """The request's members (inputs as structs, data unparsed), with parse_json's errors."""
     try:
         req = _decode_request(buf)
     except RecursionError:
@@ -86,17 +88,21 @@ def _parse_request(buf: bytes | memoryview) -> tuple[dict, list[_JsonInput]]:
         raise invalid(f"failed to parse the request JSON buffer: {e}") from None
     if req.inputs is msgspec.UNSET:
         raise invalid("Unable to parse 'inputs'")
-    doc = {k: getattr(req, k) for k in ("id", "parameters", "outputs") if getattr(req, k) is not msgspec.UNSET}
-    return doc, req.inputs
+    return req
 
 
-def _count(buf: memoryview, needle: bytes, step: int = 1 << 20) -> int:
+_WHOLE = 1 << 20     # a data text up to this size is counted in one piece
+
+
+def _count(buf: bytes | memoryview, needle: bytes, step: int = _WHOLE) -> int:
     """Occurrences of `needle` in `buf`, a slice at a time (no copy of the whole buffer)."""
+    if isinstance(buf, bytes):
+        return buf.count(needle)
     overlap = len(needle) - 1
     return sum(buf[max(0, i - overlap):i + step].tobytes().count(needle) for i in range(0, len(buf), step))
 
 
-def _estimated_elements(text: memoryview, datatype: str) -> int:
+def _estimated_elements(text: bytes | memoryview, datatype: str) -> int:
     """How many values a JSON array's text holds at least: one more than its commas (a nested
     array has as many separators as values less one), or for strings half their unescaped
     quotes. Never more than it holds, so refusing above the declared count is always right."""
@@ -110,10 +116,16 @@ def _shape(value: Any) -> list[int]:
     non-integer dimension is an INTERNAL one, HTTP 500, which its qa tests pin)."""
     if not isinstance(value, list):
         raise invalid("Unable to parse 'shape'")
-    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < (1 << 64) for x in value):
-        raise TritonError(Code.INTERNAL, "Unable to parse 'shape': attempt to access JSON "
-                                         "non-unsigned-integer as unsigned-integer")
+    for x in value:
+        if type(x) is not int or not 0 <= x < (1 << 64):     # JSON gives exact ints; bool is not one
+            raise TritonError(Code.INTERNAL, "Unable to parse 'shape': attempt to access JSON "
+                                             "non-unsigned-integer as unsigned-integer")
     return value
+
+
+_BOOL = frozenset((bool,))
+_NUMBER = frozenset((int, float))
+_INT = frozenset((int,))
 
 
 def _too_big(name: str, size: int, max_bytes: int) -> Exception:
@@ -131,7 +143,7 @@ def _json_data(name: str, datatype: str, shape: list[int], raw: msgspec.Raw, max
     count = 1
     for d in shape:
         count *= d
-    if any(d > INT64_MAX for d in shape):
+    if shape and max(shape) > INT64_MAX:
         raise invalid(f"invalid shape for input '{name}': shape {_shape_text(shape)} contains one or more invalid "
                       f"dimensions")
     if count > INT64_MAX:
@@ -150,6 +162,8 @@ def _json_data(name: str, datatype: str, shape: list[int], raw: msgspec.Raw, max
     if least > max_bytes:
         raise _too_big(name, least, max_bytes)
     text = memoryview(raw)
+    if len(text) <= _WHOLE:
+        text = text.tobytes()       # small: one copy serves the estimate and the parse
     if _estimated_elements(text, datatype) > count:
         raise invalid("Unable to parse 'data': Shape does not match true shape of 'data' field")
     try:
@@ -179,27 +193,29 @@ def _json_data(name: str, datatype: str, shape: list[int], raw: msgspec.Raw, max
         raise invalid("Unable to parse 'data': Shape does not match true shape of 'data' field")
     if len(flat) < count:
         raise invalid("Failed to parse 'data' field: shape does not match true shape")
-    allowed = {bool} if datatype == "BOOL" else {int, float} if datatype.startswith("FP") else {int}
-    if not types <= allowed:
+    if not types <= (_BOOL if datatype == "BOOL" else _NUMBER if datatype.startswith("FP") else _INT):
         raise invalid(f"Unable to parse 'data': expected {datatype} values for input '{name}'")
     try:
         arr = np.array(flat, dtype=WIRE_TO_NUMPY[datatype])
     except (TypeError, ValueError, OverflowError):
         raise invalid(f"Unable to parse 'data': expected {datatype} values for input '{name}'") from None
+    if arr.nbytes <= INLINE_MAX:
+        return arr.tobytes()        # the bytes the request carries inline, as they are
     return array_to_bytes(arr, datatype)
 
 
 def parse_infer(body: bytes, header_len: int | None, model: str, view: ModelView | None, max_bytes: int
-                ) -> tuple[dict, list[InputTensor], list[OutputRequest], bool]:
-    """Returns (json doc, inputs, requested outputs, default binary-output flag)."""
+                ) -> tuple[RequestOptions, list[InputTensor], list[OutputRequest], bool]:
+    """The finished request: (options, inputs, requested outputs, default binary-output flag),
+    each member checked once, in Triton's order and with its messages."""
     if header_len == 0:
         return _parse_raw(body, model, view or ModelView())
     json_part = body if header_len is None else memoryview(body)[:header_len]
     binary = memoryview(body)[header_len:] if header_len is not None else memoryview(b"")
-    doc, raw_inputs = _parse_request(json_part)
+    req = _parse_request(json_part)
     inputs: list[InputTensor] = []
     pos = 0
-    for item in raw_inputs:
+    for item in req.inputs:
         params = _parameter_map(item.parameters)
         has_data = item.data is not msgspec.UNSET
         has_bin = "binary_data_size" in params
@@ -237,14 +253,20 @@ def parse_infer(body: bytes, header_len: int | None, model: str, view: ModelView
         inputs.append(t)
     if pos != len(binary):
         raise invalid(f"unexpected additional input data for model '{model}'")
-    default_binary = _request_parameters(doc)
+    opts, default_binary, long_correlation_id = _request_options(_parameter_map(req.parameters))
     outputs: list[OutputRequest] = []
-    raw_outputs = doc.get("outputs", [])
+    raw_outputs = [] if req.outputs is msgspec.UNSET else req.outputs
     if not isinstance(raw_outputs, list):
         raise invalid("Unable to parse 'outputs'")
     for item in raw_outputs:
         outputs.append(_output(item))
-    return doc, inputs, outputs, default_binary
+    if req.id is not msgspec.UNSET:
+        if not isinstance(req.id, str):
+            raise invalid("Unable to parse 'id'")
+        opts.id = req.id
+    if long_correlation_id:
+        raise unsupported(f"string correlation ID cannot be longer than {MAX_STRING_CORRID} characters")
+    return opts, inputs, outputs, default_binary
 
 
 def _uint(value: Any, what: str) -> int:
@@ -265,34 +287,53 @@ def _parameter_map(params: Any) -> dict:
     return params
 
 
-# Request parameters Triton's HTTP frontend interprets, with the JSON type each must have.
-_REQUEST_PARAMETER_CHECKS = {
-    "sequence_id": lambda v: (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 64))
-    or isinstance(v, str),
-    "sequence_start": lambda v: isinstance(v, bool),
-    "sequence_end": lambda v: isinstance(v, bool),
-    "priority": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 64),
-    "timeout": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 64),
-    "binary_data_output": lambda v: isinstance(v, bool),
-}
+def _is_uint64(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 64)
 
 
-def _request_parameters(doc: dict) -> bool:
-    """Check request parameters as Triton's HTTP frontend does; returns the binary_data_output default."""
-    params = _parameters(doc)
+def _request_options(params: dict) -> tuple[RequestOptions, bool, bool]:
+    """Request parameters checked as Triton's HTTP frontend does them, in one pass: (the request's
+    options, the binary_data_output default, whether a string sequence_id is too long; Triton
+    finds that only after the rest of the request parsed, so the caller raises it then)."""
+    opts = RequestOptions()
+    if not params:
+        return opts, False, False
+    binary_output = False
+    long_correlation_id = False
     for key, value in params.items():
-        check = _REQUEST_PARAMETER_CHECKS.get(key)
-        if check is not None:
-            if not check(value):
+        if key == "sequence_id":
+            if isinstance(value, str):
+                long_correlation_id = len(value) > MAX_STRING_CORRID
+            elif not _is_uint64(value):
+                raise invalid("Unable to parse 'sequence_id'")
+            opts.correlation_id = value
+        elif key == "sequence_start" or key == "sequence_end":
+            if not isinstance(value, bool):
                 raise invalid(f"Unable to parse '{key}'")
-        elif key.startswith("triton_"):
+            if value:
+                opts.flags |= FLAG_START if key == "sequence_start" else FLAG_END
+        elif key == "priority":
+            if not _is_uint64(value):
+                raise invalid("Unable to parse 'priority'")
+            opts.priority = value
+        elif key == "timeout":
+            if not _is_uint64(value):
+                raise invalid("Unable to parse 'timeout'")
+            opts.timeout_us = value
+        elif key == "binary_data_output":
+            if not isinstance(value, bool):
+                raise invalid("Unable to parse 'binary_data_output'")
+            binary_output = value
+        elif key.startswith(RESERVED_PREFIX):
             raise invalid("parameter keys starting with 'triton_' are reserved for Triton usage and should not "
                           "be specified.")
         elif isinstance(value, int) and not isinstance(value, bool) and not -(1 << 63) <= value < (1 << 63):
-            params[key] = float(value)
+            opts.params[key] = float(value)
         elif not isinstance(value, (str, int, float)):
             raise invalid(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
-    return params.get("binary_data_output", False)
+        else:
+            opts.params[key] = value
+    return opts, binary_output, long_correlation_id
 
 
 def _output(item: Any) -> OutputRequest:
@@ -333,7 +374,8 @@ def _shm_parameters(params: dict) -> tuple[str, int, int]:
     return region, offset, size
 
 
-def _parse_raw(body: bytes, model: str, view: ModelView) -> tuple[dict, list[InputTensor], list[OutputRequest], bool]:
+def _parse_raw(body: bytes, model: str, view: ModelView
+               ) -> tuple[RequestOptions, list[InputTensor], list[OutputRequest], bool]:
     """Inference-Header-Content-Length: 0: the whole body is the data of the model's only input."""
     pre = prefix("")
     model_inputs = list(view.inputs.values())
@@ -362,17 +404,23 @@ def _parse_raw(body: bytes, model: str, view: ModelView) -> tuple[dict, list[Inp
     elif dynamic_axis != -1:
         size = ELEMENT_SIZE.get(datatype, 0)
         shape[dynamic_axis] = len(body) // known // size if known and size else 0
-    return {}, [InputTensor(ci.name, datatype, shape, data)], [], True
+    return RequestOptions(), [InputTensor(ci.name, datatype, shape, data)], [], True
 
 
-def _json_numbers(arr: np.ndarray) -> np.ndarray:
-    """A flat array orjson writes as JSON numbers without a Python object per value (a JSON
-    rendering of a large output would otherwise take ~30 bytes per value); floats go as float64,
-    so they print exactly as Python floats of the same values do."""
-    flat = arr.reshape(-1)
+def _json_numbers(t: OutputTensor) -> np.ndarray:
+    """A fixed-size output as a flat array orjson writes as JSON numbers without a Python object
+    per value (a JSON rendering of a large output would otherwise take ~30 bytes per value);
+    floats go as float64, so they print exactly as Python floats of the same values do. Bytes
+    that do not hold the shape's elements are refused as a reshape would (ValueError)."""
+    flat = np.frombuffer(t.data, WIRE_TO_NUMPY[t.datatype])
+    if flat.size != element_count(t.shape):
+        raise ValueError(f"output '{t.name}' holds {flat.size} elements, not those of shape {t.shape}")
+    if t.datatype == "BF16":
+        raise invalid("sending BF16 data via JSON is not supported. Please use the binary data format "
+                      "for output")
     if flat.dtype.kind == "f":
         return flat.astype(np.float64)
-    return np.ascontiguousarray(flat)
+    return flat
 
 
 def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, int | None]:
@@ -389,15 +437,11 @@ def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, i
             entry["parameters"] = {"binary_data_size": len(t.data)}
             blobs.append(t.data)
         else:
-            arr = t.as_numpy()
             if t.datatype == "BYTES":
                 entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
-                                 for x in arr.reshape(-1)]
-            elif t.datatype == "BF16":
-                raise invalid("sending BF16 data via JSON is not supported. Please use the binary data format "
-                              "for output")
+                                 for x in t.as_numpy().reshape(-1)]
             else:
-                entry["data"] = _json_numbers(arr)
+                entry["data"] = _json_numbers(t)
         outputs.append(entry)
     doc: dict[str, Any] = {}
     if result.id:

@@ -198,7 +198,7 @@ async def generate(dp: Dataplane, request: Request, entry: S.ModelEntry, inputs:
     """/generate: one response as JSON (a decoupled model must send exactly one); as in
     Triton, the status is the first response's."""
     if entry.view is None or not entry.view.decoupled:
-        result = await until_disconnect(request, dp.infer(entry, inputs, [], opts))
+        result = await until_disconnect(request.receive, dp.infer(entry, inputs, [], opts))
         try:
             return Response(orjson.dumps(render_generate(result)), media_type="application/json")
         finally:
@@ -222,7 +222,7 @@ async def generate_stream(dp: Dataplane, request: Request, entry: S.ModelEntry, 
     """/generate_stream: each response as a Server-Sent Event; the status is the first one's.
     A client that goes away cancels the request (Starlette stops the event iterator)."""
     if entry.view is None or not entry.view.decoupled:
-        result = await until_disconnect(request, dp.infer(entry, inputs, [], opts))
+        result = await until_disconnect(request.receive, dp.infer(entry, inputs, [], opts))
         try:
             return Response(event(orjson.dumps(render_generate(result))), media_type=SSE_MEDIA_TYPE)
         finally:

@@ -35,6 +35,7 @@ MAX_CHUNKS = 65536          # Triton's kMaxChunkedChunks
 TOO_MANY_CHUNKS = (f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. "
                    f"Send fewer or larger HTTP chunks.")
 DRAIN_SECS = 5.0            # how long a refused chunked body is still read (and dropped)
+TIMER_SLACK_S = 0.001       # a timer may fire this much early (the loop's clock counts milliseconds)
 
 
 class HttpLimits(HttpLimitsConfig, frozen=True):
@@ -95,10 +96,21 @@ class _LimitExceeded(Exception):
 
 
 def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type:
-    """`base` (uvicorn's HttpToolsProtocol, or a subclass) enforcing `limits`."""
+    """`base` (uvicorn's HttpToolsProtocol, or a subclass) enforcing `limits`.
+
+    The head and body deadlines share one timer per connection that is re-armed only when a
+    deadline comes sooner than it fires: a request on a kept-alive connection moves the
+    deadline, not a timer (a timer that fires early finds the deadline later and waits for it)."""
+    max_header_size = limits.max_header_size
+    max_headers = limits.max_headers
+    head_seconds, head_late = limits.header_timeout_secs, limits.head_timeout()
+    body_seconds, body_late = limits.body_timeout_secs, limits.body_timeout()
 
     class Limited(base):   # type: ignore[misc, valid-type]
         _timer: asyncio.TimerHandle | None = None
+        _timer_at = 0.0                 # when _timer fires (loop time)
+        _deadline: float | None = None  # when the armed limit expires; None: none is armed
+        _late = ""                      # what the 408 says when it does
         _refusal: tuple[int, str] | None = None
 
         _in_head = False
@@ -118,23 +130,42 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
             self._in_head = True
             self._head_bytes = 0
             self._fields = 0
-            self._arm(limits.header_timeout_secs, limits.head_timeout())
+            self._arm(head_seconds, head_late)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _arm(self, seconds: float, message: str) -> None:
-            self._disarm()
-            self._timer = self.loop.call_later(seconds, self._expired, message)
-
-        def _disarm(self) -> None:
+            self._deadline = None
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            super().connection_lost(exc)
+
+        def _arm(self, seconds: float, late: str) -> None:
+            deadline = self.loop.time() + seconds
+            self._deadline = deadline
+            self._late = late
+            timer = self._timer
+            if timer is None or self._timer_at > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = self.loop.call_at(deadline, self._check)
+                self._timer_at = deadline
+
+        def _disarm(self) -> None:
+            self._deadline = None       # the timer, when it fires, finds nothing armed
+
+        def _check(self) -> None:
+            self._timer = None
+            deadline = self._deadline
+            if deadline is None:
+                return
+            if self.loop.time() < deadline - TIMER_SLACK_S:
+                self._timer = self.loop.call_at(deadline, self._check)
+                self._timer_at = deadline
+                return
+            self._deadline = None
+            self._expired(self._late)
 
         def _expired(self, message: str) -> None:
-            self._timer = None
             if self.transport.is_closing():
                 return
             if self.cycle is None or not self.cycle.response_started:
@@ -170,7 +201,7 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
             super().data_received(data)
             # A head that grows without completing a field is cut here; completed fields
             # are counted in on_url/on_header.
-            if self._in_head and self._refusal is None and self._unparsed > limits.max_header_size:
+            if self._in_head and self._refusal is None and self._unparsed > max_header_size:
                 self._reply(431, limits.head_too_large())
 
         def on_message_begin(self) -> None:
@@ -180,35 +211,40 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
             self._in_head = True
             self._head_bytes = 0
             self._fields = 0
-            if self._timer is None:
-                self._arm(limits.header_timeout_secs, limits.head_timeout())
-
-        def _count(self, n: int) -> None:
-            self._unparsed = 0
-            self._head_bytes += n
-            if self._head_bytes > limits.max_header_size:
-                self._refuse(431, limits.head_too_large())
+            if self._deadline is None:
+                self._arm(head_seconds, head_late)
 
         def on_url(self, url: bytes) -> None:
-            self._count(len(url))
+            self._unparsed = 0
+            self._head_bytes += len(url)
+            if self._head_bytes > max_header_size:
+                self._refuse(431, limits.head_too_large())
             super().on_url(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
-            lower = name.lower()
-            if lower == b"transfer-encoding" and b"chunked" in value.lower():
-                self._framing |= 1
-            elif lower == b"content-length":
+            """Counts the field and its bytes, notes the framing, then does what uvicorn's
+            on_header does (one lowercasing for both)."""
+            name = name.lower()
+            if name == b"content-length":
                 self._framing |= 2
+            elif name == b"transfer-encoding":
+                if b"chunked" in value.lower():
+                    self._framing |= 1
+            elif name == b"expect" and value.lower() == b"100-continue":
+                self.expect_100_continue = True
             self._fields += 1
-            if self._fields > limits.max_headers:
+            if self._fields > max_headers:
                 self._refuse(431, limits.too_many_headers(self._fields))
-            self._count(len(name) + len(value) + 4)
-            super().on_header(name, value)
+            self._unparsed = 0
+            self._head_bytes += len(name) + len(value) + 4
+            if self._head_bytes > max_header_size:
+                self._refuse(431, limits.head_too_large())
+            self.headers.append((name, value))
 
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._unparsed = 0
-            self._arm(limits.body_timeout_secs, limits.body_timeout())
+            self._arm(body_seconds, body_late)
             super().on_headers_complete()
             if self._framing == 3 and self.cycle is not None:
                 self.cycle.keep_alive = False
@@ -222,7 +258,7 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
             super().on_body(body)
 
         def on_message_complete(self) -> None:
-            self._disarm()
+            self._deadline = None
             super().on_message_complete()
 
     return Limited

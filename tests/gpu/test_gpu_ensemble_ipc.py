@@ -26,7 +26,7 @@ pytest.importorskip("cuda.bindings.runtime", reason="cuda-python (cuda.bindings)
 import tritonclient.http as httpclient  # noqa: E402
 import tritonclient.utils.cuda_shared_memory as cudashm  # noqa: E402
 
-from conftest import TritondServer  # noqa: E402
+from conftest import TritondServer, serving  # noqa: E402
 
 WIDTH = 1024
 
@@ -83,11 +83,8 @@ def server(tmp_path_factory):
     for name, second in (("chain_gpu", "step_two"), ("chain_to_cpu", "step_two_cpu")):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(ENSEMBLE.format(name=name, width=WIDTH, second=second))
-    s = TritondServer(repo, ["--log-verbose", "1", "--allow-client-shm=true"]).start(timeout=300)
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--log-verbose", "1", "--allow-client-shm=true"]), timeout=300) as s:
+        yield s
 
 
 def worker_lines(log: str, model: str, text: str) -> list[str]:

@@ -26,7 +26,7 @@ if not torch.cuda.is_available():
 
 import tritonclient.http as httpclient  # noqa: E402
 
-from conftest import TritondServer  # noqa: E402
+from conftest import TritondServer, serving  # noqa: E402
 
 SIZE = 1024
 
@@ -70,12 +70,9 @@ def server(tmp_path_factory):
     (repo / "busy" / "1").mkdir(parents=True)
     (repo / "busy" / "config.pbtxt").write_text(CONFIG)
     torch.jit.save(torch.jit.script(Busy()), str(repo / "busy" / "1" / "model.pt"))
-    s = TritondServer(repo, ["--mps"]).start(timeout=300)
-    yield s
-    pipe_dir = environ(s.worker_pids("busy")[0])["CUDA_MPS_PIPE_DIRECTORY"] if s.worker_pids("busy") else ""
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--mps"]), timeout=300) as s:
+        yield s
+        pipe_dir = environ(s.worker_pids("busy")[0])["CUDA_MPS_PIPE_DIRECTORY"] if s.worker_pids("busy") else ""
     if pipe_dir:
         assert not Path(pipe_dir).exists()       # the run directory, with the daemon's pipes, is gone
 

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 
 import tritonclient.http as httpclient  # noqa: E402
 
-from conftest import TritondServer  # noqa: E402
+from conftest import TritondServer, serving  # noqa: E402
 from tritond.repository.view import model_view  # noqa: E402
 from tritond.workers.backends import create  # noqa: E402
 from tritond.workers.backends.base import InstanceInfo, WorkerRequest  # noqa: E402
@@ -61,11 +61,8 @@ def server(model_file, tmp_path_factory):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, width=WIDTH, extra=extra))
         shutil.copy(model_file, repo / name / "1" / "model.pt")
-    s = TritondServer(repo).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo)) as s:
+        yield s
 
 
 def expected(x: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ import pytest
 import tritonclient.http as httpclient
 from google.protobuf import json_format, text_format
 
-from conftest import ROOT, TritondServer, session_pids
+from conftest import ROOT, TritondServer, serving, session_pids
 from tritond.analyze.space import Candidate, from_config
 from tritond.repository.render import ModelConfig
 
@@ -71,11 +71,8 @@ def mlp_repo(example_repo, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def explicit_server(mlp_repo):
-    s = TritondServer(mlp_repo, ["--model-control-mode=explicit", "--load-model=mlp_onnx"]).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(mlp_repo, ["--model-control-mode=explicit", "--load-model=mlp_onnx"])) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

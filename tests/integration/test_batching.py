@@ -8,7 +8,6 @@ shared by every process), so tests assert on counts and orderings.
 """
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, TritondServer, http_get
+from conftest import ROOT, TritondServer, metric, serving, wait_for
 
 WAIT_S = 60.0
 
@@ -146,11 +145,8 @@ def repo(tmp_path_factory, example_repo) -> Path:
 
 @pytest.fixture(scope="module")
 def srv(repo):
-    s = TritondServer(repo).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo)) as s:
+        yield s
 
 
 @pytest.fixture
@@ -179,15 +175,7 @@ class Gates:
         Path(self.path(name)).touch()
 
     def wait(self, name: str) -> None:
-        wait_until(lambda: Path(self.path(name)).exists(), f"file {name}")
-
-
-def wait_until(cond, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+        wait_for(lambda: Path(self.path(name)).exists(), WAIT_S, f"file {name}", every=0.01)
 
 
 def rows(n: int, width: int = 4, value: float = 0.0) -> np.ndarray:
@@ -208,16 +196,9 @@ def submit(pool, srv, model: str, x: np.ndarray, **kw) -> Future:
     return pool.submit(infer, srv, model, x, **kw)
 
 
-def pending(srv, model: str) -> int:
-    status, body = http_get(f"http://127.0.0.1:{srv.metrics_port}/metrics")
-    assert status == 200, body
-    m = re.search(rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\d+)$',
-                  body.decode(), re.M)
-    return int(m.group(1)) if m else 0
-
-
 def wait_pending(srv, model: str, n: int) -> None:
-    wait_until(lambda: pending(srv, model) == n, f"{n} requests pending on {model}")
+    wait_for(lambda: metric(srv, "nv_inference_pending_request_count", 0, model=model, version="1") == n, WAIT_S,
+             f"{n} requests pending on {model}", every=0.01)
 
 
 def stats(srv, model: str) -> dict:
@@ -444,7 +425,8 @@ def _second_finishes_first(srv, gates, pool, model: str):
     first = occupy(pool, srv, gates, model)
     before = stats(srv, model)["execution_count"]
     second = submit(pool, srv, model, rows(1))
-    wait_until(lambda: stats(srv, model)["execution_count"] == before + 1, "the second request to execute")
+    wait_for(lambda: stats(srv, model)["execution_count"] == before + 1, WAIT_S, "the second request to execute",
+             every=0.01)
     return first, second
 
 
@@ -458,7 +440,7 @@ def test_without_preserve_ordering_a_later_request_may_answer_first(srv, gates, 
 
 def test_preserve_ordering_holds_later_responses(srv, gates, pool):
     first, second = _second_finishes_first(srv, gates, pool, "ordered")
-    time.sleep(0.5)
+    time.sleep(0.5)                                      # time for an early answer to arrive
     assert not second.done()                             # executed, but answered only after the first
     gates.open("gate")
     first.result(WAIT_S)

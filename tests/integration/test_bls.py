@@ -8,14 +8,13 @@ from __future__ import annotations
 import concurrent.futures as futures
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import TritondServer, http_get
+from conftest import TritondServer, http_get, serving, wait_for
 
 CALLER = '''
 import asyncio, json, os, time
@@ -174,11 +173,8 @@ def server(example_repo, tmp_path_factory):
     python_model(root, "failing", FAILING, [("OUTPUT0", "TYPE_FP32", "-1")])
     (root / "ens_identity" / "1").mkdir(parents=True)
     (root / "ens_identity" / "config.pbtxt").write_text(ENSEMBLE)
-    s = TritondServer(root, grpc=False).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(root, grpc=False)) as s:
+        yield s
 
 
 @pytest.fixture
@@ -281,14 +277,10 @@ def test_calls_made_while_the_server_drains_are_served(server, tmp_path):
     with futures.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(lambda: via(httpclient.InferenceServerClient(server.http_url, network_timeout=120), x,
                                       target="identity_fp32", gate=str(gate)))
-        deadline = time.monotonic() + 60
-        while not (gate / "started").exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for((gate / "started").exists, 60, "the request to reach the gate", every=0.02)
         server.send_signal(signal.SIGTERM)
-        while http_get(f"http://{server.http_url}/v2/health/ready")[0] == 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(lambda: http_get(f"http://{server.http_url}/v2/health/ready")[0] != 200, 60,
+                 "the server to stop being ready", every=0.02)
         (gate / "open").touch()
         out, error = fut.result(timeout=60)
     assert error == "" and out.tolist() == x.tolist()

@@ -12,7 +12,6 @@ import re
 import secrets
 import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import ROOT, free_port, http_get
+from conftest import ROOT, free_port, http_get, wait_for
 
 IMAGE = os.environ.get("TRITOND_IMAGE", "localhost/tritond:latest")
 
@@ -62,11 +61,12 @@ class Container:
         return subprocess.run(["podman", "logs", self.name], capture_output=True, text=True).stderr
 
     def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while http_get(f"http://127.0.0.1:{self.http}/v2/health/ready", 1.0)[0] != 200:
+        def ready() -> bool:
+            if http_get(f"http://127.0.0.1:{self.http}/v2/health/ready", 1.0)[0] == 200:
+                return True
             assert self.state()["Running"], f"the container exited:\n{self.logs()}"
-            assert time.monotonic() < deadline, f"not ready in {timeout}s:\n{self.logs()}"
-            time.sleep(0.25)
+            return False
+        wait_for(ready, timeout, lambda: f"the container to be ready:\n{self.logs()}", every=0.25)
 
     def stop(self) -> int:
         subprocess.run(["podman", "stop", "-t", "60", self.name], capture_output=True, check=True)

@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer
+from conftest import TritondServer, serving
 
 PROTOCOLS = ["http", "grpc"]
 ENSEMBLE = "search_pipeline_ensemble"
@@ -25,11 +25,8 @@ ENCODER = "image_encoder_onnx"
 
 @pytest.fixture(scope="module")
 def server(example_repo):
-    s = TritondServer(example_repo, ["--allow-client-shm=true"], grpc=True).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(example_repo, ["--allow-client-shm=true"], grpc=True)) as s:
+        yield s
 
 
 def connect(server, protocol):

@@ -8,7 +8,6 @@ import concurrent.futures as futures
 import os
 import signal
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer
+from conftest import TritondServer, serving, wait_for
 
 MODEL = '''
 import json, os, time
@@ -175,11 +174,8 @@ def repo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo):
-    s = TritondServer(repo, ["--exit-on-error=false", "--strict-readiness=false"], grpc=True).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--exit-on-error=false", "--strict-readiness=false"], grpc=True)) as s:
+        yield s
 
 
 @pytest.fixture
@@ -206,13 +202,6 @@ def outputs(*names: str):
 
 def executions(client, model: str) -> int:
     return client.get_inference_statistics(model)["model_stats"][0]["inference_stats"]["success"]["count"]
-
-
-def wait_for(predicate, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 def expected_sum(x: np.ndarray) -> np.ndarray:
@@ -265,7 +254,7 @@ def test_a_full_step_queue_ends_every_request(server, client, tmp_path):
     x = np.ones((1, 4), np.float32)
     pool = futures.ThreadPoolExecutor(8)
     held = submit(pool, server, "through_slow", [fp32("IN", x)], parameters={"gate_slow": str(gate)})
-    wait_for(lambda: (gate / "started").exists())
+    wait_for(lambda: (gate / "started").exists(), what="the gated step to start")
     burst = [submit(pool, server, "through_slow", [fp32("IN", x)]) for _ in range(6)]
     rejected = 0
     for f in futures.as_completed(burst, timeout=60):
@@ -287,7 +276,7 @@ def test_a_step_timeout_propagates(server, client, tmp_path):
     x = np.ones((1, 4), np.float32)
     with futures.ThreadPoolExecutor(2) as pool:
         held = submit(pool, server, "through_slow", [fp32("IN", x)], parameters={"gate_slow": str(gate)})
-        wait_for(lambda: (gate / "started").exists())
+        wait_for(lambda: (gate / "started").exists(), what="the gated step to start")
         with pytest.raises(InferenceServerException, match="Request timeout expired"):
             client.infer("through_slow", [fp32("IN", x)], timeout=100_000)
         (gate / "open").touch()
@@ -301,16 +290,17 @@ def test_a_killed_composing_worker_fails_only_its_requests(server, client, tmp_p
     pool = futures.ThreadPoolExecutor(4)
     splits = executions(client, "split")
     victim = submit(pool, server, "diamond", [fp32("IN", x)], parameters={"gate_left": str(gate)})
-    wait_for(lambda: (gate / "started").exists())
+    wait_for(lambda: (gate / "started").exists(), what="the gated step to start")
     queued = submit(pool, server, "diamond", [fp32("IN", x)])
-    wait_for(lambda: executions(client, "split") == splits + 2)   # its 'left' step now waits in the queue
+    wait_for(lambda: executions(client, "split") == splits + 2,   # its 'left' step now waits in the queue
+             what="the second request's split step")
     (pid,) = server.worker_pids("left")
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(InferenceServerException) as e:
         victim.result(timeout=60)
     assert "step 1 (model 'left') failed" in str(e.value) and "instance" in str(e.value)
     np.testing.assert_allclose(queued.result(timeout=120).as_numpy("SUM"), expected_sum(x), rtol=1e-6)
-    wait_for(lambda: client.is_model_ready("diamond"))
+    wait_for(lambda: client.is_model_ready("diamond"), what="diamond to be ready again")
     again = client.infer("diamond", [fp32("IN", x)]).as_numpy("SUM")
     np.testing.assert_allclose(again, expected_sum(x), rtol=1e-6)
     assert server.worker_pids("left") != [pid]
@@ -337,11 +327,8 @@ def test_invalid_ensembles_are_unavailable_with_their_reason(client):
 
 @pytest.fixture
 def explicit(repo):
-    s = TritondServer(repo, ["--model-control-mode=explicit", "--load-model=diamond"], grpc=False).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--model-control-mode=explicit", "--load-model=diamond"], grpc=False)) as s:
+        yield s
 
 
 def test_explicit_mode_loads_and_unloads_what_an_ensemble_composes(explicit, tmp_path):
@@ -361,22 +348,24 @@ def test_explicit_mode_loads_and_unloads_what_an_ensemble_composes(explicit, tmp
     gate.mkdir()
     with futures.ThreadPoolExecutor(2) as pool:
         held = submit(pool, server, "diamond", [fp32("IN", x)], parameters={"gate_left": str(gate)})
-        wait_for(lambda: (gate / "started").exists())
+        wait_for(lambda: (gate / "started").exists(), what="the gated step to start")
         splits = executions(client, "split")
         queued = submit(pool, server, "diamond", [fp32("IN", x)])
-        wait_for(lambda: executions(client, "split") == splits + 1)
+        wait_for(lambda: executions(client, "split") == splits + 1, what="the queued request's split step")
         client.unload_model("left")
         (gate / "open").touch()
         np.testing.assert_allclose(held.result(timeout=60).as_numpy("SUM"), expected_sum(x))
         np.testing.assert_allclose(queued.result(timeout=60).as_numpy("SUM"), expected_sum(x))
     assert states()["diamond"] == "UNAVAILABLE" and not client.is_model_ready("diamond")
-    wait_for(lambda: not server.worker_pids("left"))    # a reload must not race the old worker's exit
+    # a reload must not race the old worker's exit
+    wait_for(lambda: not server.worker_pids("left"), what="the unloaded worker of 'left' to exit")
 
     client.load_model("diamond")           # reloads 'left' with it
     assert states()["left"] == "READY" and client.is_model_ready("diamond")
     client.unload_model("diamond", unload_dependents=True)
-    wait_for(lambda: all(states()[n] == "UNAVAILABLE" for n in ("diamond", "split", "left", "right", "join")))
-    wait_for(lambda: not server.worker_pids())
+    wait_for(lambda: all(states()[n] == "UNAVAILABLE" for n in ("diamond", "split", "left", "right", "join")),
+             what="diamond and its steps to unload")
+    wait_for(lambda: not server.worker_pids(), what="every worker to exit")
     client.load_model("nested")            # an ensemble of an ensemble: everything below loads
     assert all(states()[n] == "READY" for n in ("nested", "diamond", "split", "left", "right", "join"))
     np.testing.assert_allclose(client.infer("nested", [fp32("IN", x)]).as_numpy("OUT"), expected_sum(x) + 1)

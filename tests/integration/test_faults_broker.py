@@ -6,22 +6,19 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer, http_get
-from fault_models import add_fault_model
+from conftest import TritondServer, http_get, serving, wait_for
+from fault_models import add_fault_model, started
 
-def build(repo: Path) -> Path:
+def build(repo: Path, markers: Path | None = None) -> Path:
     for name, count in (("pair", 2), ("other", 1)):
-        add_fault_model(repo, name, count=count)
+        add_fault_model(repo, name, count=count, params={"marker_dir": markers} if markers else None)
     return repo
-
 
 def infer(url: str, model: str, **params):
     client = httpclient.InferenceServerClient(url, network_timeout=60, connection_timeout=60)
@@ -33,15 +30,6 @@ def infer(url: str, model: str, **params):
         client.close()
 
 
-def wait_for(predicate, timeout: float = 90.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def owners_alive(server: TritondServer) -> None:
     """Every segment belongs to a live process of this server (w<pid> or f<pid>)."""
     live = set(server.pids())
@@ -50,10 +38,10 @@ def owners_alive(server: TritondServer) -> None:
         assert int(owner[1:]) in live, f"stale segment of a dead process: {owner}"
 
 
-@pytest.mark.slow
 def test_broker_killed_is_restarted_and_frontends_reconnect(tmp_path):
-    s = TritondServer(build(tmp_path / "models")).start()
-    try:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    with serving(TritondServer(build(tmp_path / "models", markers))) as s:
         infer(s.http_url, "pair")
         [broker] = s.role_pids("tritond.broker.main")
         workers = s.worker_pids()
@@ -70,7 +58,7 @@ def test_broker_killed_is_restarted_and_frontends_reconnect(tmp_path):
         inflight = [threading.Thread(target=slow_request) for _ in range(2)]
         for t in inflight:
             t.start()
-        time.sleep(0.5)
+        wait_for(lambda: started(markers) == 3, 30, "the two slow requests to execute")
         os.kill(broker, signal.SIGKILL)
         for pid in workers:
             wait_for(lambda: pid not in s.pids(), 10, f"worker {pid} of the dead broker to exit")
@@ -88,35 +76,22 @@ def test_broker_killed_is_restarted_and_frontends_reconnect(tmp_path):
         infer(s.http_url, "other")
         owners_alive(s)
         assert "the broker is back" in s.log
-    finally:
-        code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
 
 
 def test_broker_that_cannot_restart_makes_the_server_exit_non_zero(tmp_path):
     repo = build(tmp_path / "models")
-    s = TritondServer(repo).start()
-    try:
+    with serving(TritondServer(repo), code=3) as s:
         [broker] = s.role_pids("tritond.broker.main")
         repo.rename(tmp_path / "gone")
         os.kill(broker, signal.SIGKILL)
         s.proc.wait(60)
-    finally:
-        code = s.stop()
-    assert code == 3, s.log
     assert "could not restart the broker" in s.log
-    s.assert_clean()
 
 
 def test_supervisor_killed_takes_every_process_and_segment_with_it(tmp_path):
-    s = TritondServer(build(tmp_path / "models")).start()
-    try:
+    with serving(TritondServer(build(tmp_path / "models")), code=None) as s:
         infer(s.http_url, "pair")
         os.kill(s.proc.pid, signal.SIGKILL)
         s.proc.wait(10)
         wait_for(lambda: not s.pids(), 60, "every process of the server to exit")
         wait_for(lambda: not s.segments(), 10, "every segment to be removed")
-    finally:
-        s.stop()
-    s.assert_clean()

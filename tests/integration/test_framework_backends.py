@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer, build_example_repository, http_get
+from conftest import TritondServer, build_example_repository, http_get, metric, serving, wait_for
 
 ov = pytest.importorskip("openvino", reason="openvino is not installed (pip install 'tritond[openvino]')")
 tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (pip install 'tritond[tensorflow]')")
@@ -124,17 +123,12 @@ BROKEN = [
 
 @pytest.fixture(scope="module")
 def server(repo):
-    s = TritondServer(repo, ["--exit-on-error=false", "--strict-readiness=false"])
-    s.start(wait="live", timeout=180)
-    deadline = time.monotonic() + 180
     wanted = ["mlp_openvino", "mlp_tensorflow", "tf_triple", "tf_batched"]
-    while not all(http_get(f"http://{s.http_url}/v2/models/{m}/ready")[0] == 200 for m in wanted):
-        assert time.monotonic() < deadline, s.log
-        time.sleep(0.2)
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--exit-on-error=false", "--strict-readiness=false"]), wait="live",
+                 timeout=180) as s:
+        wait_for(lambda: all(http_get(f"http://{s.http_url}/v2/models/{m}/ready")[0] == 200 for m in wanted), 180,
+                 lambda: f"{wanted} to be ready:\n{s.log}", every=0.2)
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -277,16 +271,16 @@ def test_killed_worker_fails_its_batch_and_is_replaced(server, http, model):
     inp.set_data_from_numpy(x)
     os.kill(victim, signal.SIGSTOP)
     pending = http.async_infer(model, [inp])
-    time.sleep(0.5)                       # dispatched to the stopped worker, inside the heartbeat grace
+    # dispatched to the stopped worker (kill it inside the heartbeat grace)
+    wait_for(lambda: metric(server, "tritond_broker_inflight_batches") == 1, 10, "the batch to be dispatched",
+             every=0.02)
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(InferenceServerException) as failed:
         pending.get_result()
     assert failed.value.status() == "503" and f"'{model}'" in failed.value.message()
     assert "signal 9" in failed.value.message(), failed.value.message()
-    deadline = time.monotonic() + 120
-    while not (http.is_model_ready(model) and server.worker_pids(model)):
-        assert time.monotonic() < deadline, server.log
-        time.sleep(0.2)
+    wait_for(lambda: http.is_model_ready(model) and server.worker_pids(model), 120,
+             lambda: f"{model} ready again:\n{server.log}", every=0.2)
     assert server.worker_pids(model) != [victim]
     assert infer(http, model, x).shape == (1, WIDTH)
     assert http.is_model_ready("mlp_onnx")
@@ -303,21 +297,15 @@ def test_without_the_packages_only_those_models_are_unavailable(repo, tmp_path):
         shutil.copytree(repo / name, small / name)
     s = TritondServer(small, ["--exit-on-error=false", "--strict-readiness=false"], grpc=False,
                       env={"PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])})
-    s.start(wait="live", timeout=120)
-    try:
+    with serving(s, wait="live", timeout=120):
         client = httpclient.InferenceServerClient(s.http_url)
-        deadline = time.monotonic() + 60
-        while True:
+
+        def both_unavailable() -> dict | None:
             index = {e["name"]: e for e in client.get_model_repository_index()}
-            if all(index[m].get("state") == "UNAVAILABLE" for m in ("mlp_openvino", "mlp_tensorflow")):
-                break
-            assert time.monotonic() < deadline, s.log
-            time.sleep(0.2)
+            return index if all(index[m].get("state") == "UNAVAILABLE" for m in ("mlp_openvino", "mlp_tensorflow")) \
+                else None
+        index = wait_for(both_unavailable, 60, lambda: f"both framework models to be UNAVAILABLE:\n{s.log}", every=0.2)
         assert "pip install 'tritond[openvino]'" in index["mlp_openvino"]["reason"]
         assert "pip install 'tritond[tensorflow]'" in index["mlp_tensorflow"]["reason"]
         assert infer(client, "mlp_onnx", np.ones((1, WIDTH), np.float32)).shape == (1, WIDTH)
         client.close()
-    finally:
-        code = s.stop()
-        s.assert_clean()
-    assert code == 0, s.log

@@ -17,6 +17,8 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
 from tritonclient.utils import shared_memory as shm
 
+from conftest import expect_error
+
 UNKNOWN_ID = "[request id: <id_unknown>] "
 
 
@@ -41,10 +43,7 @@ def stub(channel):
 
 def fails(code: str, fn, *args, **kwargs) -> str:
     """Call through tritonclient, expect gRPC status `code`, return the message."""
-    with pytest.raises(InferenceServerException) as info:
-        fn(*args, **kwargs)
-    assert info.value.status() == f"StatusCode.{code}", info.value
-    return info.value.message()
+    return expect_error(lambda: fn(*args, **kwargs), protocol="grpc", grpc_code=code).message()
 
 
 def stub_fails(code: grpc.StatusCode, fn, request, **kwargs) -> str:

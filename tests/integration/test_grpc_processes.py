@@ -2,7 +2,6 @@
 client shared memory switched off, and a graceful stop of one frontend with work in flight."""
 import os
 import signal
-import time
 
 import grpc
 import numpy as np
@@ -12,7 +11,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer
+from conftest import TritondServer, serving, socket_inodes, tcp_connections, wait_for
 
 GRPC_MODULE = "tritond.frontend.grpc.server"
 
@@ -54,12 +53,9 @@ def server(tmp_path_factory):
     (repo / "sleeper" / "1").mkdir(parents=True)
     (repo / "sleeper" / "config.pbtxt").write_text(SLEEPER_CONFIG)
     (repo / "sleeper" / "1" / "model.py").write_text(SLEEPER_MODEL)
-    s = TritondServer(repo, ["--grpc-workers", "2",
-                             "--grpc-restricted-protocol=model-repository,logging:admin=secret"]).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--grpc-workers", "2",
+                                      "--grpc-restricted-protocol=model-repository,logging:admin=secret"])) as s:
+        yield s
 
 
 def local_channel(server) -> grpc.Channel:
@@ -67,39 +63,10 @@ def local_channel(server) -> grpc.Channel:
     return grpc.insecure_channel(server.grpc_url, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
-def socket_inodes(pid: int) -> set[int]:
-    out = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            out.add(int(link[8:-1]))
-    return out
-
-
-def established() -> list[tuple[int, int, int]]:
-    """(local port, remote port, inode) of every ESTABLISHED TCP connection."""
-    rows = []
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(path) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if fields[3] == "01":
-                    rows.append((int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16),
-                                 int(fields[9])))
-    return rows
-
-
 def serving_pids(server) -> dict[int, int]:
     """For each gRPC frontend pid, how many of this test process's connections it accepted."""
     port = server.grpc_port
-    rows = established()
+    rows = tcp_connections()
     mine = socket_inodes(os.getpid())
     our_ports = {local for local, remote, inode in rows if remote == port and inode in mine}
     counts = {}
@@ -176,19 +143,19 @@ def test_sigterm_refuses_new_rpcs_and_finishes_in_flight(server, tmp_path):
         req.parameters["marker"].string_param = str(marker)
         req.parameters["sleep_ms"].int64_param = 2000
         in_flight = stub.ModelInfer.future(req)
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert time.monotonic() < deadline, "the slow request never reached the model"
-            time.sleep(0.02)
+        wait_for(marker.exists, 60, "the slow request to reach the model", every=0.02)
         os.kill(pid, signal.SIGTERM)
-        refused = None
-        while refused is None and not in_flight.done():
+
+        def refused_or_done() -> grpc.RpcError | str | None:
+            if in_flight.done():
+                return "the in-flight request finished"
             try:
                 stub.ServerLive(pb.ServerLiveRequest())
-                time.sleep(0.01)
             except grpc.RpcError as e:
-                refused = e
-        assert refused is not None, "no RPC was refused while the frontend drained"
+                return e
+            return None
+        refused = wait_for(refused_or_done, 60, "an RPC to be refused or the in-flight one to finish", every=0.01)
+        assert isinstance(refused, grpc.RpcError), "no RPC was refused while the frontend drained"
         assert refused.code() == grpc.StatusCode.UNAVAILABLE
         assert refused.details() == "GRPC server is shutting down and has stopped accepting new requests."
         response = in_flight.result(timeout=60)
@@ -196,8 +163,5 @@ def test_sigterm_refuses_new_rpcs_and_finishes_in_flight(server, tmp_path):
         assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == [0, 1, 2]
     finally:
         channel.close()
-    # the supervisor replaces the stopped frontend
-    deadline = time.monotonic() + 60
-    while len(server.role_pids(GRPC_MODULE)) != 2 or pid in server.role_pids(GRPC_MODULE):
-        assert time.monotonic() < deadline, server.log
-        time.sleep(0.1)
+    wait_for(lambda: len(server.role_pids(GRPC_MODULE)) == 2 and pid not in server.role_pids(GRPC_MODULE), 60,
+             lambda: "the supervisor to replace the stopped frontend:\n" + server.log)

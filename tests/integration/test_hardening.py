@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -21,8 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-import conftest
-from conftest import ROOT, TritondServer, http_get
+from conftest import TritondServer, http_get, serving, wait_for
 from fault_models import add_fault_model
 from tritond.frontend.broker_client import BROKER_SILENCE_S
 
@@ -33,14 +29,12 @@ FLAGS = ["--model-control-mode=explicit", "--load-model=*", "--grpc-workers=2",
 def start_watching_grpc(s: TritondServer) -> list[str]:
     """Start `s` and, the moment HTTP first answers ready, open fresh gRPC connections (one per
     gRPC worker and some): what failed. SO_REUSEPORT spreads them over the gRPC processes."""
-    fd, path = tempfile.mkstemp(prefix="tritond-test-", suffix=".log", dir=conftest.LOG_DIR)
-    s.log_path = Path(path)
-    s.proc = subprocess.Popen(s.command(), stdout=fd, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT))
-    os.close(fd)
-    deadline = time.monotonic() + 120
-    while http_get(f"http://{s.http_url}/v2/health/ready", 1.0)[0] != 200:
-        assert s.proc.poll() is None and time.monotonic() < deadline, s.log
-        time.sleep(0.01)
+    s.launch()
+
+    def http_ready() -> bool:
+        assert s.proc.poll() is None, s.log
+        return http_get(f"http://{s.http_url}/v2/health/ready", 1.0)[0] == 200
+    wait_for(http_ready, 120, lambda: "HTTP ready:\n" + s.log, every=0.01)
     failures = []
     for _ in range(8):
         client = grpcclient.InferenceServerClient(s.grpc_url)
@@ -61,10 +55,8 @@ def hserver(tmp_path_factory):
     add_fault_model(repo, "other", count=1, batching=None)
     s = TritondServer(repo, FLAGS)
     s.grpc_on_ready = start_watching_grpc(s)
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(s):
+        yield s
 
 
 def infer_http(s: TritondServer, model: str, **params):
@@ -119,10 +111,8 @@ def test_requests_wait_for_a_restarting_instance_instead_of_404(hserver):
     os.kill(pid, signal.SIGKILL)
     # Once the broker has seen the death (readiness turns false at once), new requests queue for
     # the replacement; one sent before that may still reach the dead worker and fail with it.
-    deadline = time.monotonic() + 30
-    while http_get(f"http://{hserver.http_url}/v2/models/solo/ready", 2.0)[0] == 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    wait_for(lambda: http_get(f"http://{hserver.http_url}/v2/models/solo/ready", 2.0)[0] != 200, 30,
+             "solo to be not ready", every=0.005)
     threads = [threading.Thread(target=call, args=(kind,)) for kind in ("http", "grpc") * 4]
     for t in threads:
         t.start()
@@ -179,15 +169,13 @@ def test_live_stays_true_while_the_broker_is_stopped(hserver):
     client = grpcclient.InferenceServerClient(hserver.grpc_url)
     os.kill(broker, signal.SIGSTOP)
     try:
-        time.sleep(BROKER_SILENCE_S + 1.5)        # every frontend has given the broker up by now
+        time.sleep(BROKER_SILENCE_S + 1.5)        # every frontend has given the broker up by now (its timeout)
         assert http_get(f"http://{hserver.http_url}/v2/health/ready", 2.0)[0] == 400
         assert not client.is_server_ready()
         assert http_get(f"http://{hserver.http_url}/v2/health/live", 2.0)[0] == 200
         assert client.is_server_live()
     finally:
         os.kill(broker, signal.SIGCONT)
-    deadline = time.monotonic() + 30
-    while http_get(f"http://{hserver.http_url}/v2/health/ready", 2.0)[0] != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(lambda: http_get(f"http://{hserver.http_url}/v2/health/ready", 2.0)[0] == 200, 30,
+             "the server to be ready again")
     infer_http(hserver, "other")

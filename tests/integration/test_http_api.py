@@ -17,9 +17,8 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aiohttpclient
-from tritonclient.utils import InferenceServerException
 
-from conftest import http_get
+from conftest import expect_error, http_get
 
 # Triton's list less what this server does not do: the sequence batcher, trace and log settings
 # that take effect, CUDA shared memory on a host without a GPU.
@@ -66,14 +65,6 @@ def fp32_input(name: str, array: np.ndarray, binary: bool = True) -> httpclient.
 def onnx_reference(repo, model: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     session = ort.InferenceSession(str(repo / model / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
-
-
-def expect_error(fn, status: int, message: str, exact: bool = False) -> None:
-    with pytest.raises(InferenceServerException) as info:
-        fn()
-    assert info.value.status() == str(status), info.value
-    text = info.value.message()
-    assert (text == message) if exact else (message in text), text
 
 
 # ------------------------------------------------------------------------- health and metadata

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
-import os
 import shutil
 import signal
 import socket
@@ -20,7 +19,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import TritondServer, http_get
+from conftest import TritondServer, http_get, metric, serving, socket_inodes, tcp_connections, wait_for
+from fault_models import add_fault_model, started
 
 LIMIT = 64 * 1024
 HINT = "Use --http-max-input-size to increase the limit."
@@ -50,20 +50,13 @@ def identity(client: httpclient.InferenceServerClient, x: np.ndarray, model: str
     return client.infer(model, [t]).as_numpy("OUTPUT0")
 
 
-def stop_clean(server: TritondServer) -> None:
-    code = server.stop()
-    server.assert_clean()
-    assert code == 0, server.log
-
-
 # ------------------------------------------------------------------------- --http-max-input-size
 
 @pytest.fixture(scope="module")
 def limited(example_repo, tmp_path_factory):
     repo = small_repo(example_repo, tmp_path_factory.mktemp("limited"), ["identity_fp32"])
-    s = TritondServer(repo, [f"--http-max-input-size={LIMIT}"]).start()
-    yield s
-    stop_clean(s)
+    with serving(TritondServer(repo, [f"--http-max-input-size={LIMIT}"])) as s:
+        yield s
 
 
 def test_raw_body_over_limit(limited):
@@ -146,16 +139,15 @@ def bad_models(example_repo: Path, dest: Path) -> Path:
 
 
 def test_bad_model_served_beside_good_ones(example_repo, tmp_path):
-    s = TritondServer(bad_models(example_repo, tmp_path / "repo"), ["--exit-on-error=false"]).start(wait="live")
-    try:
+    with serving(TritondServer(bad_models(example_repo, tmp_path / "repo"), ["--exit-on-error=false"]),
+                 wait="live") as s:
         client = httpclient.InferenceServerClient(s.http_url)
-        deadline = time.monotonic() + 120
-        index = {}
-        while time.monotonic() < deadline:
+
+        def settled() -> dict | None:
             index = {e["name"]: e for e in client.get_model_repository_index()}
-            if all(e.get("state") in ("READY", "UNAVAILABLE") for e in index.values()) and len(index) == 4:
-                break
-            time.sleep(0.2)
+            done = len(index) == 4 and all(e.get("state") in ("READY", "UNAVAILABLE") for e in index.values())
+            return index if done else None
+        index = wait_for(settled, 120, "every model to be READY or UNAVAILABLE")
         assert index["identity_fp32"]["state"] == "READY"
         assert index["mlp_onnx"]["state"] == "READY"
         assert index["broken_init"]["state"] == "UNAVAILABLE"
@@ -175,8 +167,6 @@ def test_bad_model_served_beside_good_ones(example_repo, tmp_path):
         with pytest.raises(Exception) as info:
             identity(client, x, "broken_init")
         assert info.value.status() in ("400", "404", "503")
-    finally:
-        stop_clean(s)
 
 
 def test_bad_model_exits_by_default(example_repo, tmp_path):
@@ -187,38 +177,18 @@ def test_bad_model_exits_by_default(example_repo, tmp_path):
 
 # ------------------------------------------------------------------------- workers, SIGTERM, hypercorn
 
-def socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return inodes
-
-
-def accepted(port: int) -> dict[int, str]:
+def accepted(port: int) -> dict[int, int]:
     """Established connections accepted on `port`: peer port -> socket inode."""
-    out = {}
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            fields = line.split()
-            if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":
-                out[int(fields[2].split(":")[1], 16)] = fields[9]
-    return out
-
-
-def established(pid: int, port: int) -> int:
-    """Accepted TCP connections on `port` held by process `pid`."""
-    return len(set(accepted(port).values()) & socket_inodes(pid))
+    return {remote: inode for local, remote, inode in tcp_connections() if local == port}
 
 
 def test_two_http_workers_then_sigterm_with_requests_in_flight(example_repo, tmp_path):
-    repo = small_repo(example_repo, tmp_path / "repo", ["identity_fp32", "batch_reporter"])
-    s = TritondServer(repo, ["--http-workers", "2"]).start()
-    try:
+    repo = small_repo(example_repo, tmp_path / "repo", ["identity_fp32"])
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    # 200 ms to gather a batch, as batch_reporter; its markers count the requests it began
+    add_fault_model(repo, "slow", batching="max_queue_delay_microseconds: 200000", params={"marker_dir": markers})
+    with serving(TritondServer(repo, ["--http-workers", "2"])) as s:
         frontends = s.role_pids("tritond.frontend.http.server")
         assert len(frontends) == 2, frontends
         # New connections are spread over both processes by SO_REUSEPORT; each one that served a
@@ -244,7 +214,7 @@ def test_two_http_workers_then_sigterm_with_requests_in_flight(example_repo, tmp
             t = httpclient.InferInput("INPUT0", [1, 4], "FP32")
             t.set_data_from_numpy(x)
             try:
-                r = c.infer("batch_reporter", [t], parameters={"sleep_ms": 1500})
+                r = c.infer("slow", [t], parameters={"sleep_ms": 1500})
                 np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x)
                 finished.append(time.monotonic())
                 results.append("ok")
@@ -254,21 +224,16 @@ def test_two_http_workers_then_sigterm_with_requests_in_flight(example_repo, tmp
         threads = [threading.Thread(target=slow, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 60
-        while sum(established(p, s.http_port) for p in frontends) < 4 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.3)   # let the frontends read the requests they accepted
+        # The frontends have read all four once the model began them or they wait in its queue
+        # (begun is read first: a request moving between the two is then counted in neither).
+        wait_for(lambda: started(markers) + metric(s, "nv_inference_pending_request_count", 0, model="slow") == 4,
+                 60, "the four requests to reach the model", every=0.02)
         signalled = time.monotonic()
         s.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(120)
         assert results == ["ok"] * 4, results
         assert min(finished) > signalled     # they really were in flight when the signal came
-        code = s.stop()
-        assert code == 0, s.log
-    finally:
-        s.stop()
-    s.assert_clean()
 
 
 def disconnect_mid_request(server: TritondServer) -> None:
@@ -279,14 +244,13 @@ def disconnect_mid_request(server: TritondServer) -> None:
     sock = socket.create_connection(("127.0.0.1", server.http_port))
     sock.sendall(b"POST /v2/models/batch_reporter/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
                  + str(len(body)).encode() + b"\r\n\r\n" + body)
-    time.sleep(0.4)
+    wait_for(lambda: metric(server, "tritond_broker_inflight_batches") == 1, 30, "the request to execute", every=0.02)
     sock.close()
 
 
 def test_hypercorn(example_repo, tmp_path):
     repo = small_repo(example_repo, tmp_path / "repo", ["identity_fp32", "batch_reporter"])
-    s = TritondServer(repo, ["--http-server", "hypercorn"]).start()
-    try:
+    with serving(TritondServer(repo, ["--http-server", "hypercorn"])) as s:
         client = httpclient.InferenceServerClient(s.http_url)
         assert client.is_server_live() and client.is_server_ready()
         x = np.arange(1000, dtype=np.float32)
@@ -295,13 +259,6 @@ def test_hypercorn(example_repo, tmp_path):
         assert (status, json.loads(body)) == (400, {"error": "Request for unknown model: 'nope' is not found"})
         assert headers["server"].startswith("hypercorn")
         disconnect_mid_request(s)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:   # the abandoned request still runs to completion
-            (stats,) = client.get_inference_statistics("batch_reporter")["model_stats"]
-            if stats["inference_stats"]["success"]["count"] == 1:
-                break
-            time.sleep(0.1)
-        assert stats["inference_stats"]["success"]["count"] == 1
+        wait_for(lambda: client.get_inference_statistics("batch_reporter")["model_stats"][0]["inference_stats"]
+                 ["success"]["count"] == 1, 60, "the abandoned request to run to completion")
         np.testing.assert_array_equal(identity(client, x), x)
-    finally:
-        stop_clean(s)

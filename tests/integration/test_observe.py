@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, TritondServer, build_example_repository, http_get
+from conftest import ROOT, TritondServer, build_example_repository, http_get, serving, wait_for
 
 CACHED = "identity_cached"
 CACHE_BYTES = 4096          # room for a few 1 KiB entries: the eviction test fills it
@@ -83,18 +82,17 @@ def env(tmp_path_factory):
     record = tmp / "executions.txt"
     recording_model(repo, CACHED, record)
     otlp = OtlpReceiver()
-    s = TritondServer(repo, [
-        f"--cache-config=local,size={CACHE_BYTES}",
-        f"--trace-config=triton,file={tmp / 'trace.json'}", "--trace-config=level=TIMESTAMPS",
-        "--trace-config=rate=1", "--trace-config=triton,log-frequency=1",
-        f"--trace-config=opentelemetry,url={otlp.url}", "--trace-config=opentelemetry,bsp_schedule_delay=100",
-        "--metrics-config=summary_latencies=true", "--metrics-config=histogram_latencies=true",
-        f"--log-file={tmp / 'server.log'}", "--log-format=json"]).start()
-    yield {"server": s, "tmp": tmp, "record": record, "otlp": otlp}
-    code = s.stop()
-    otlp.close()
-    s.assert_clean()
-    assert code == 0, s.log
+    try:
+        with serving(TritondServer(repo, [
+                f"--cache-config=local,size={CACHE_BYTES}",
+                f"--trace-config=triton,file={tmp / 'trace.json'}", "--trace-config=level=TIMESTAMPS",
+                "--trace-config=rate=1", "--trace-config=triton,log-frequency=1",
+                f"--trace-config=opentelemetry,url={otlp.url}", "--trace-config=opentelemetry,bsp_schedule_delay=100",
+                "--metrics-config=summary_latencies=true", "--metrics-config=histogram_latencies=true",
+                f"--log-file={tmp / 'server.log'}", "--log-format=json"])) as s:
+            yield {"server": s, "tmp": tmp, "record": record, "otlp": otlp}
+    finally:
+        otlp.close()
 
 
 def scrape(s: TritondServer) -> dict:
@@ -214,8 +212,8 @@ def test_trace_files_order_timestamps_across_processes(env):
                 "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END",
                 "INFER_RESPONSE_COMPLETE", "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"]
     found = {}
-    deadline = time.monotonic() + 10
-    while len(found) < 2 and time.monotonic() < deadline:
+
+    def both_written() -> bool:
         for path in tmp.glob("trace.json.*"):
             records = json.loads(path.read_text())
             heads = {r["id"]: r for r in records if "model_name" in r}
@@ -223,7 +221,8 @@ def test_trace_files_order_timestamps_across_processes(env):
                 if head.get("request_id", "").startswith("traced"):
                     found[head["request_id"]] = [(t["name"], t["ns"]) for r in records if r["id"] == tid
                                                  for t in r.get("timestamps", [])]
-        time.sleep(0.1)
+        return len(found) >= 2
+    wait_for(both_written, 10, lambda: f"both traces in the trace files, found {sorted(found)}")
     assert set(found) == {"traced0", "traced1"}
     for stamps in found.values():
         assert [n for n, _ in stamps] == expected
@@ -238,13 +237,14 @@ def test_opentelemetry_export_with_client_context(env):
         "opentelemetry"
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     parent = "00f067aa0ba902b7"
-    time.sleep(0.3)         # the settings reach the frontends with the broker's next broadcast
-    infer(client, "identity_fp32", np.arange(4, dtype=np.float32), request_id="otel",
-          headers={"traceparent": f"00-{trace_id}-{parent}-01"})
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not any(sp.name == "compute" for sp in otlp.spans):
-        time.sleep(0.1)
-    client.update_trace_settings("identity_fp32", {"trace_mode": None})
+    # No wait: the broker sends the new gates to every process before it answers the update,
+    # on the pipes the request then travels (one HTTP frontend, the broker, the worker).
+    try:
+        infer(client, "identity_fp32", np.arange(4, dtype=np.float32), request_id="otel",
+              headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+        wait_for(lambda: any(sp.name == "compute" for sp in otlp.spans), 15, "the compute span to be exported")
+    finally:
+        client.update_trace_settings("identity_fp32", {"trace_mode": None})
     by_name = {sp.name: sp for sp in otlp.spans if sp.trace_id.hex() == trace_id}
     assert set(by_name) >= {"InferRequest", "identity_fp32", "compute"}, [sp.name for sp in otlp.spans]
     root, model, compute = by_name["InferRequest"], by_name["identity_fp32"], by_name["compute"]
@@ -269,11 +269,11 @@ def test_log_settings_reach_workers_and_lines_carry_request_ids(env):
     grpc = grpcclient.InferenceServerClient(s.grpc_url)
     x = np.arange(3, dtype=np.float32) + 100
     infer(http, CACHED, x, request_id="quiet")
+    # No waits: the broker sends new log settings to the workers before it answers the update,
+    # on the pipe it later sends the request on, so the next request's model lines follow them.
     assert http.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
-    time.sleep(0.3)
     infer(http, CACHED, x + 1, request_id="loud")
     grpc.update_log_settings({"log_info": False})
-    time.sleep(0.3)
     infer(http, CACHED, x + 2, request_id="muted")
     grpc.update_log_settings({"log_info": True, "log_verbose_level": 0})
     lines = log_lines(tmp)
@@ -288,21 +288,37 @@ def test_log_settings_reach_workers_and_lines_carry_request_ids(env):
     assert {"tritond", "broker", "http"} <= roles and any(r.startswith("worker:") for r in roles)
 
 
+def holds_open(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` open."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def test_log_file_reopened_on_sigusr1(env):
     s, tmp = env["server"], env["tmp"]
     log = tmp / "server.log"
     os.replace(log, tmp / "server.log.1")
+
+    def holders() -> list[int]:
+        return [pid for pid in s.pids() if holds_open(pid, tmp / "server.log.1")]
+    assert holders()
     s.send_signal(signal.SIGUSR1)
     client = httpclient.InferenceServerClient(s.http_url)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not log.exists():
-        time.sleep(0.1)
-    time.sleep(0.5)         # the broker's broadcast reaches the workers
+    wait_for(log.exists, 10, "the log file to be opened again")
+    # The broker's broadcast has reached every process once none writes to the moved file.
+    wait_for(lambda: not holders(), 10, lambda: f"every process to let go of the moved file: {holders()}")
     infer(client, CACHED, np.arange(5, dtype=np.float32) + 7, request_id="rotated")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not any(line.get("request_id") == "rotated" for line in log_lines(tmp)):
-        time.sleep(0.1)
-    assert any(line.get("request_id") == "rotated" for line in log_lines(tmp))
+    wait_for(lambda: any(line.get("request_id") == "rotated" for line in log_lines(tmp)), 10,
+             "the request's line in the new log file")
 
 
 def test_v2_advertises_trace_and_logging(env):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TritondServer
+from conftest import ROOT, TritondServer, serving
 
 MODELS = ["identity_fp32", "identity_dyn", "add_sub_onnx", "string_upper"]
 THROUGHPUT = re.compile(r"Concurrency: (\d+), throughput: ([0-9.]+) infer/sec")
@@ -40,11 +40,8 @@ def pa_server(example_repo, tmp_path_factory):
     repo = tmp_path_factory.mktemp("pa") / "models"
     for name in MODELS:
         shutil.copytree(Path(example_repo) / name, repo / name)
-    s = TritondServer(repo, ["--allow-client-shm=true"], grpc=True).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--allow-client-shm=true"], grpc=True)) as s:
+        yield s
 
 
 def client_regions() -> set[str]:

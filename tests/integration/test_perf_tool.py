@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import ROOT, TritondServer
+from conftest import ROOT, TritondServer, serving
 
 PA_COLUMNS = ["Concurrency", "Inferences/Second", "Client Send", "Network+Server Send/Recv", "Server Queue",
               "Server Compute Input", "Server Compute Infer", "Server Compute Output", "Client Recv",
@@ -35,11 +35,8 @@ def perf_analyzer() -> str | None:
 def perf_server(example_repo, tmp_path_factory):
     repo = tmp_path_factory.mktemp("perf") / "models"
     shutil.copytree(Path(example_repo) / "mlp_onnx", repo / "mlp_onnx")
-    s = TritondServer(repo, ["--allow-client-shm=true"]).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--allow-client-shm=true"])) as s:
+        yield s
 
 
 def tritond_perf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -13,9 +13,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer
+from conftest import TritondServer, serving, wait_for
 from fault_models import add_fault_model
-from lifecycle_util import index, infer, model_ready, tag, wait_for
+from lifecycle_util import index, infer, model_ready, tag
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +29,8 @@ def repo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo):
-    s = TritondServer(repo, ["--model-control-mode=poll", "--repository-poll-secs=1"]).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--model-control-mode=poll", "--repository-poll-secs=1"])) as s:
+        yield s
 
 
 @pytest.fixture
@@ -116,12 +113,8 @@ def test_a_model_broken_on_disk_keeps_its_loaded_version_serving(server, repo, c
 def test_sighup_rescans_at_once(tmp_path):
     repo = tmp_path / "models"
     repo.mkdir()
-    s = TritondServer(repo, ["--model-control-mode=poll", "--repository-poll-secs=0"]).start()
-    try:
+    with serving(TritondServer(repo, ["--model-control-mode=poll", "--repository-poll-secs=0"])) as s:
         add_fault_model(repo, "late")
         s.send_signal(signal.SIGHUP)
         wait_for(lambda: model_ready(s, "late"), what="the model to load after SIGHUP")
         assert "SIGHUP: rescanning the model repository" in s.log
-    finally:
-        assert s.stop() == 0, s.log
-        s.assert_clean()

@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 from tritonclient.utils import shared_memory as shm
 
-from conftest import TritondServer
+from conftest import TritondServer, serving
 from tritond.repository.devices import gpu_count
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
@@ -91,12 +91,9 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
 
 @pytest.fixture(scope="module")
 def server(repo):
-    s = TritondServer(repo, ["--exit-on-error=false", "--strict-readiness=false", "--allow-client-shm=true"])
-    s.start(wait="live")
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--exit-on-error=false", "--strict-readiness=false", "--allow-client-shm=true"]),
+                 wait="live") as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

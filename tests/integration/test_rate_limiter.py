@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import TritondServer
+from conftest import TritondServer, serving
 from fault_models import add_fault_model
 from lifecycle_util import infer
 
@@ -32,11 +32,8 @@ def server(tmp_path_factory):
         dirs[name] = tmp_path_factory.mktemp(f"spans-{name}")
         add_fault_model(repo, name, count=2, batching=None, group=group,
                         params={"marker_dir": dirs[name], "sleep_ms": 120})
-    s = TritondServer(repo, ["--rate-limit=execution_count"]).start()
-    yield s, dirs
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--rate-limit=execution_count"])) as s:
+        yield s, dirs
 
 
 def test_models_sharing_a_resource_never_execute_together(server):

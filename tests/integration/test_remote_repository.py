@@ -8,7 +8,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer, free_port, http_get, worker_title
+from conftest import TritondServer, free_port, http_get, serving, wait_for, worker_title
 
 boto3 = pytest.importorskip("boto3", reason="boto3 comes with moto[server] (scripts/setup.sh --test)")
 pytest.importorskip("s3fs", reason="s3fs is installed by scripts/setup.sh --test")
@@ -31,10 +30,10 @@ def s3(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while http_get(f"http://127.0.0.1:{port}/", 1.0)[0] == 0:
-            assert proc.poll() is None and time.monotonic() < deadline, "moto server did not start"
-            time.sleep(0.1)
+        def answering() -> bool:
+            assert proc.poll() is None, "the moto server exited"
+            return http_get(f"http://127.0.0.1:{port}/", 1.0)[0] != 0
+        wait_for(answering, 30, "the moto server to answer")
         creds = tmp_path_factory.mktemp("aws") / "credentials"
         creds.write_text("[default]\naws_access_key_id = tritond-test\naws_secret_access_key = tritond-secret\n")
         env = {"AWS_SHARED_CREDENTIALS_FILE": str(creds), "AWS_DEFAULT_REGION": "us-east-1"}
@@ -70,8 +69,7 @@ def test_serve_from_s3_with_credentials_file(s3, example_repo):
     upload(client, example_repo / "identity_fp32", "repo-a/identity_fp32")
     upload(client, example_repo / "mlp_onnx", "repo-a/mlp_onnx")
     client.put_object(Bucket=BUCKET, Key="repo-a/README.txt", Body=b"not a model")
-    s = TritondServer(f"s3://127.0.0.1:{port}/{BUCKET}/repo-a", env=env).start()
-    try:
+    with serving(TritondServer(f"s3://127.0.0.1:{port}/{BUCKET}/repo-a", env=env)) as s:
         np.testing.assert_array_equal(infer_identity(s, "identity_fp32", [1, 2, 3]), [1, 2, 3])
         mlp = httpclient.InferenceServerClient(s.http_url)
         meta = mlp.get_model_metadata("mlp_onnx")
@@ -85,10 +83,6 @@ def test_serve_from_s3_with_credentials_file(s3, example_repo):
         cache = dirs[0].split("/model-cache/")[0] + "/model-cache"
         for d in [cache, os.path.dirname(dirs[0]), dirs[0]]:
             assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
-        assert s.stop() == 0, s.log
-    finally:
-        s.stop()
-    s.assert_clean()
     assert not os.path.exists(cache)
 
 
@@ -100,9 +94,8 @@ def test_explicit_load_reads_the_bucket_again(s3, example_repo, tmp_path):
     (model / "config.pbtxt").write_text(config)
     (model / "1" / "model.py").write_text((example_repo / "identity_fp32" / "1" / "model.py").read_text())
     upload(client, model, "repo-b/m")
-    s = TritondServer(f"s3://127.0.0.1:{port}/{BUCKET}/repo-b",
-                      ["--model-control-mode=explicit"], env=env).start()
-    try:
+    with serving(TritondServer(f"s3://127.0.0.1:{port}/{BUCKET}/repo-b", ["--model-control-mode=explicit"],
+                               env=env)) as s:
         c = httpclient.InferenceServerClient(s.http_url)
         assert not c.is_model_ready("m")
         c.load_model("m")
@@ -126,10 +119,6 @@ def test_explicit_load_reads_the_bucket_again(s3, example_repo, tmp_path):
         with pytest.raises(InferenceServerException, match="failed to poll from model repository"):
             c.load_model("absent")
         assert c.is_server_live()
-        assert s.stop() == 0, s.log
-    finally:
-        s.stop()
-    s.assert_clean()
 
 
 def test_missing_bucket_fails_startup_with_the_reason(s3):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import concurrent.futures as futures
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -16,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import worker_title
+from conftest import metric, wait_for, worker_title
 
 
 def value(x: float) -> np.ndarray:
@@ -108,7 +107,8 @@ def test_a_full_slot_holds_new_sequences_in_the_backlog_until_one_ends(streaming
     client = httpclient.InferenceServerClient(s.http_url, concurrency=2)
     assert step(client, "acc_one", 1, 1.0, start=True) == 1.0
     waiting = client.async_infer("acc_one", [_input(5.0)], sequence_id=2, sequence_start=True)
-    time.sleep(0.3)
+    wait_for(lambda: metric(s, "nv_inference_pending_request_count", 0, model="acc_one") == 1, 30,
+             "the new sequence's request to wait in the backlog")
     assert step(client, "acc_one", 1, 1.0) == 2.0          # the bound sequence goes on meanwhile
     assert step(client, "acc_one", 1, 1.0, end=True) == 3.0
     assert float(waiting.get_result().as_numpy("OUTPUT")[0, 0]) == 5.0
@@ -167,29 +167,23 @@ def test_a_worker_killed_mid_sequence_loses_that_sequence_only(streaming_server)
     assert step(client, "acc_two", 1, 1.0, start=True) == 1.0      # acc_two_0_0
     assert step(client, "acc_two", 2, 10.0, start=True) == 10.0    # acc_two_0_1
     os.kill(_worker_of(s, "acc_two_0_0"), signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    lost = None
-    while time.monotonic() < deadline:
+
+    def lost_error() -> InferenceServerException | None:
         try:
             step(client, "acc_two", 1, 1.0)
         except InferenceServerException as e:
-            lost = e
             if "was lost" in e.message():
-                break
-        time.sleep(0.05)
-    assert lost is not None and lost.status() == "StatusCode.UNAVAILABLE"
+                return e
+        return None
+    lost = wait_for(lost_error, 10, "sequence 1 to be answered as lost")
+    assert lost.status() == "StatusCode.UNAVAILABLE"
     assert lost.message().startswith("sequence 1 of model 'acc_two' was lost: instance 'acc_two_0_0', which held its "
                                      "state, died (killed by signal 9 (SIGKILL))")
     assert step(client, "acc_two", 2, 1.0) == 11.0                  # the other sequence continues
     with pytest.raises(InferenceServerException, match="sequence 1 of model 'acc_two' was lost"):
         step(client, "acc_two", 1, 1.0, end=True)
-    ready = threading.Event()
-    for _ in range(100):
-        if client.is_model_ready("acc_two") and len(s.worker_pids("acc_two")) == 2:
-            ready.set()
-            break
-        time.sleep(0.1)
-    assert ready.is_set()
+    wait_for(lambda: client.is_model_ready("acc_two") and len(s.worker_pids("acc_two")) == 2, 20,
+             "acc_two ready with two workers again")
     for corrid in (3, 4, 5):                                       # new sequences work, on both
         assert step(client, "acc_two", corrid, 2.0, start=True) == 2.0
         assert step(client, "acc_two", corrid, 2.0, end=True) == 4.0

@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import secrets
-import time
 from pathlib import Path
 
 import gevent
@@ -24,11 +23,10 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer
+from conftest import TritondServer, expect_error, serving, wait_for
 from tritond.repository.devices import gpu_count
 
 PROTOCOLS = ["http", "grpc"]
-GRPC_CODE = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 500: "INTERNAL", 501: "UNIMPLEMENTED"}
 
 SUM_DIFF_MODEL = '''
 import json, os, time
@@ -127,11 +125,8 @@ def build_repo(repo: Path) -> Path:
 @pytest.fixture(scope="module")
 def shm_server(tmp_path_factory):
     repo = build_repo(tmp_path_factory.mktemp("shm") / "models")
-    s = TritondServer(repo, ["--allow-client-shm=true"], grpc=True).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--allow-client-shm=true"], grpc=True)) as s:
+        yield s
 
 
 class Client:
@@ -159,17 +154,10 @@ class Client:
         return self.mod.InferRequestedOutput(name, binary_data=True) if self.protocol == "http" \
             else self.mod.InferRequestedOutput(name)
 
-    def expect_error(self, fn, http_status: int, text: str, grpc_code: str | None = None) -> str:
-        with pytest.raises(InferenceServerException) as e:
-            fn()
-        message = e.value.message()
-        if self.protocol == "http":
-            assert e.value.status() == str(http_status), message
-        else:
-            assert e.value.status() == f"StatusCode.{grpc_code or GRPC_CODE[http_status]}", message
-        assert text in message
-        assert "tritond." not in message
-        return message
+    def refuses(self, fn, http_status: int, text: str, grpc_code: str | None = None) -> str:
+        """expect_error over this client's protocol, with no internal segment name in the message."""
+        return expect_error(fn, http_status, text, protocol=self.protocol, grpc_code=grpc_code,
+                            absent=("tritond.",)).message()
 
 
 @pytest.fixture(params=PROTOCOLS)
@@ -264,8 +252,8 @@ def test_register_status_unregister(client, regions):
         {"name": "region_b", "key": key, "offset": 1024, "byte_size": 2048},
     ]
     assert client.status("region_b") == [{"name": "region_b", "key": key, "offset": 1024, "byte_size": 2048}]
-    client.expect_error(lambda: client.c.get_system_shared_memory_status("nope"), 404,
-                        "Unable to find system shared memory region: 'nope'")
+    client.refuses(lambda: client.c.get_system_shared_memory_status("nope"), 404,
+                   "Unable to find system shared memory region: 'nope'")
     client.c.unregister_system_shared_memory("nope")                 # unknown: a no-op
     client.c.unregister_system_shared_memory("region_a")
     assert [r["name"] for r in client.status()] == ["region_b"]
@@ -276,28 +264,28 @@ def test_register_status_unregister(client, regions):
 def test_duplicate_name_already_exists(client, regions):
     _, key = regions("dup", 64)
     client.c.register_system_shared_memory("dup", key, 64)
-    client.expect_error(lambda: client.c.register_system_shared_memory("dup", key, 64), 400,
-                        "shared memory region 'dup' already in manager", grpc_code="ALREADY_EXISTS")
+    client.refuses(lambda: client.c.register_system_shared_memory("dup", key, 64), 400,
+                   "shared memory region 'dup' already in manager", grpc_code="ALREADY_EXISTS")
     assert len(client.status()) == 1
 
 
 @pytest.mark.parametrize("size,offset", [(65, 0), (64, 1), (1, 64), (0, 65)])
 def test_register_beyond_the_object_is_invalid_args(client, regions, size, offset):
     _, key = regions("oob", 64)
-    client.expect_error(lambda: client.c.register_system_shared_memory("oob", key, size, offset=offset), 400,
-                        "failed to register shared memory region 'oob': invalid args")
+    client.refuses(lambda: client.c.register_system_shared_memory("oob", key, size, offset=offset), 400,
+                   "failed to register shared memory region 'oob': invalid args")
     assert client.status() == []
 
 
 def test_register_unknown_key(client):
-    client.expect_error(lambda: client.c.register_system_shared_memory("r", "/no_such_region_here", 8), 500,
-                        "Unable to open shared memory region: '/no_such_region_here'")
+    client.refuses(lambda: client.c.register_system_shared_memory("r", "/no_such_region_here", 8), 500,
+                   "Unable to open shared memory region: '/no_such_region_here'")
 
 
 @pytest.mark.parametrize("key", ["/", "///"])
 def test_register_slash_keys_refused(client, key):
-    client.expect_error(lambda: client.c.register_system_shared_memory("r", key, 8), 400,
-                        f"cannot register shared memory region 'r' - invalid shm key '{key}'")
+    client.refuses(lambda: client.c.register_system_shared_memory("r", key, 8), 400,
+                   f"cannot register shared memory region 'r' - invalid shm key '{key}'")
 
 
 def test_internal_segments_cannot_be_registered(client, shm_server):
@@ -305,17 +293,17 @@ def test_internal_segments_cannot_be_registered(client, shm_server):
     live = shm_server.segments()
     assert live
     for name in (live[0], "/" + live[0], "//" + live[0], "///" + live[-1], "tritond.x", "/tritond."):
-        message = client.expect_error(lambda: client.c.register_system_shared_memory("r", name, 64), 400,
-                                      "cannot register shared memory region 'r'")
+        message = client.refuses(lambda: client.c.register_system_shared_memory("r", name, 64), 400,
+                                 "cannot register shared memory region 'r'")
         assert "reserved" in message
     assert client.status() == []
 
 
 def test_python_backend_prefix_refused(client):
     key = "triton_python_backend_shm_region__my_key"
-    client.expect_error(lambda: client.c.register_system_shared_memory("n", key, 10000), 400,
-                        f"cannot register shared memory region 'n' with key '{key}' as the key contains the "
-                        f"reserved prefix 'triton_python_backend_shm_region_'")
+    client.refuses(lambda: client.c.register_system_shared_memory("n", key, 10000), 400,
+                   f"cannot register shared memory region 'n' with key '{key}' as the key contains the "
+                   f"reserved prefix 'triton_python_backend_shm_region_'")
 
 
 # ---------------------------------------------------------------- inference
@@ -416,31 +404,31 @@ def test_output_offset_beyond_region(client, regions):
     # HTTP can carry 2^64-32 (a negative offset if read as signed); gRPC's int64 cannot, so it tests 64.
     offset = 2**64 - 32 if client.protocol == "http" else 64
     inputs, outputs = simple_request(client, out_offset=offset)
-    client.expect_error(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
-                        "Invalid offset for shared memory region: 'output0_data'")
+    client.refuses(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
+                   "Invalid offset for shared memory region: 'output0_data'")
 
 
 def test_input_offset_beyond_region(client, regions):
     four_regions(client, regions)
     inputs, outputs = simple_request(client)
     inputs[0].set_shared_memory("input0_data", 64, offset=64)
-    client.expect_error(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
-                        "Invalid offset for shared memory region: 'input0_data'")
+    client.refuses(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
+                   "Invalid offset for shared memory region: 'input0_data'")
 
 
 def test_output_byte_size_beyond_region(client, regions):
     four_regions(client, regions)
     inputs, outputs = simple_request(client, out_offset=60, out_size=64)
-    client.expect_error(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
-                        "Invalid offset + byte size for shared memory region: 'output0_data'")
+    client.refuses(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
+                   "Invalid offset + byte size for shared memory region: 'output0_data'")
 
 
 def test_input_byte_size_beyond_region(client, regions):
     four_regions(client, regions)
     inputs, outputs = simple_request(client)
     inputs[1].set_shared_memory("input1_data", 64, offset=32)
-    client.expect_error(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
-                        "Invalid offset + byte size for shared memory region: 'input1_data'")
+    client.refuses(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
+                   "Invalid offset + byte size for shared memory region: 'input1_data'")
 
 
 def test_integer_overflow(client, regions):
@@ -450,24 +438,24 @@ def test_integer_overflow(client, regions):
             simple_request(client, out_offset=32, out_size=2**64 - 32)
         return
     inputs, outputs = simple_request(client, out_offset=32, out_size=2**64 - 32)
-    client.expect_error(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
-                        f"Integer overflow detected: byte_size ({2**64 - 32}) + offset (32) exceeds maximum value "
-                        f"({2**64 - 1}) for region 'output0_data'")
+    client.refuses(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
+                   f"Integer overflow detected: byte_size ({2**64 - 32}) + offset (32) exceeds maximum value "
+                   f"({2**64 - 1}) for region 'output0_data'")
 
 
 def test_unknown_region(client, regions):
     four_regions(client, regions)
     inputs, outputs = simple_request(client, out0_region="no_such_region")
-    client.expect_error(lambda: client.c.infer("simple", inputs, outputs=outputs), 404,
-                        "Unable to find shared memory region: 'no_such_region'")
+    client.refuses(lambda: client.c.infer("simple", inputs, outputs=outputs), 404,
+                   "Unable to find shared memory region: 'no_such_region'")
 
 
 def test_output_region_too_small(client, regions):
     four_regions(client, regions)
     inputs, outputs = simple_request(client, out_size=32)
-    client.expect_error(lambda: client.c.infer("simple", inputs, outputs=outputs), 500,
-                        "shared memory size specified with the request for output 'OUTPUT0' (32 bytes) should be "
-                        "at least 64 bytes to hold the results")
+    client.refuses(lambda: client.c.infer("simple", inputs, outputs=outputs), 500,
+                   "shared memory size specified with the request for output 'OUTPUT0' (32 bytes) should be "
+                   "at least 64 bytes to hold the results")
 
 
 def test_input_region_larger_than_the_tensor(client, regions):
@@ -476,8 +464,8 @@ def test_input_region_larger_than_the_tensor(client, regions):
     client.c.register_system_shared_memory("input2_data", key, 128)
     inputs, outputs = simple_request(client)
     inputs[1].set_shared_memory("input2_data", 128)
-    client.expect_error(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
-                        "input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 128")
+    client.refuses(lambda: client.c.infer("simple", inputs, outputs=outputs), 400,
+                   "input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 128")
 
 
 # ---------------------------------------------------------------- unregister under load
@@ -502,19 +490,10 @@ def _fire(client: Client, model: str, count: int, params: dict, inputs, outputs)
                              parameters=params)
 
     def collect() -> list:
-        assert _wait(lambda: len(results) == count), f"{len(results)} of {count} answered"
+        wait_for(lambda: len(results) == count, what=lambda: f"all answers, {len(results)} of {count} came",
+                 sleep=gevent.sleep)
         return results
     return collect
-
-
-def _wait(predicate, timeout: float = 60.0) -> bool:
-    """Poll; gevent.sleep lets the HTTP client's request greenlets run meanwhile."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        gevent.sleep(0.05)
-    return predicate()
 
 
 @pytest.mark.parametrize("which", ["all", "one"])
@@ -534,7 +513,9 @@ def test_unregister_while_16_requests_in_flight(client, regions, shm_server, tmp
     gate.mkdir()
     loader = Client(client.protocol, shm_server, concurrency=16)     # its 16 connections stay busy
     collect = _fire(loader, "gated", 16, {"gate": str(gate)}, inputs, outputs)
-    assert _wait(lambda: (gate / "started").exists()), shm_server.log
+    # gevent.sleep while waiting lets the HTTP client's request greenlets run
+    wait_for(lambda: (gate / "started").exists(), what=lambda: "the gated batch to start\n" + shm_server.log,
+             sleep=gevent.sleep)
     assert (gate / "started").read_text() == "16"
     worker = shm_server.worker_pids("gated")[0]
     assert keys["input0_data"] in maps_of(worker)
@@ -558,11 +539,13 @@ def test_unregister_while_16_requests_in_flight(client, regions, shm_server, tmp
     np.testing.assert_array_equal(out0, IN0 + IN1)
     np.testing.assert_array_equal(out1, IN0 - IN1)
 
-    assert _wait(lambda: [r["name"] for r in client.status()] == sorted(set(keys) - set(gone)))
-    assert _wait(lambda: not any(keys[n] in maps_of(worker) for n in gone)), maps_of(worker)
+    wait_for(lambda: [r["name"] for r in client.status()] == sorted(set(keys) - set(gone)),
+             what="the unregistered regions to leave the status", sleep=gevent.sleep)
+    wait_for(lambda: not any(keys[n] in maps_of(worker) for n in gone),
+             what=lambda: f"the worker to unmap the unregistered regions: {maps_of(worker)}", sleep=gevent.sleep)
     for name in gone:
-        client.expect_error(lambda: client.c.get_system_shared_memory_status(name), 404,
-                            f"Unable to find system shared memory region: '{name}'")
+        client.refuses(lambda: client.c.get_system_shared_memory_status(name), 404,
+                       f"Unable to find system shared memory region: '{name}'")
     if which == "one":
         assert keys["input0_data"] in maps_of(worker)       # still registered, so still mapped
 
@@ -590,17 +573,17 @@ def test_region_destroyed_by_client_after_unregister(client, regions):
 @pytest.mark.skipif(gpu_count() > 0, reason="this host has a GPU; tests/gpu covers CUDA shared memory")
 def test_cuda_register_without_gpu(client, regions):
     handle = base64.b64encode(secrets.token_bytes(64))
-    client.expect_error(lambda: client.c.register_cuda_shared_memory("cuda_region", handle, 0, 64), 400,
-                        "failed to register CUDA shared memory region: 'cuda_region', GPUs not supported")
+    client.refuses(lambda: client.c.register_cuda_shared_memory("cuda_region", handle, 0, 64), 400,
+                   "failed to register CUDA shared memory region: 'cuda_region', GPUs not supported")
     assert client.cuda_status() == []
     client.c.unregister_cuda_shared_memory("cuda_region")
     client.c.unregister_cuda_shared_memory()
-    client.expect_error(lambda: client.c.get_cuda_shared_memory_status("cuda_region"), 404,
-                        "Unable to find cuda shared memory region: 'cuda_region'")
+    client.refuses(lambda: client.c.get_cuda_shared_memory_status("cuda_region"), 404,
+                   "Unable to find cuda shared memory region: 'cuda_region'")
     _, key = regions("sys_region", 64)
     client.c.register_system_shared_memory("sys_region", key, 64)
-    client.expect_error(lambda: client.c.get_cuda_shared_memory_status("sys_region"), 404,
-                        "The region named 'sys_region' is registered as system shared memory, not CUDA shared memory")
+    client.refuses(lambda: client.c.get_cuda_shared_memory_status("sys_region"), 404,
+                   "The region named 'sys_region' is registered as system shared memory, not CUDA shared memory")
     client.c.unregister_cuda_shared_memory()                     # the system region stays
     assert [r["name"] for r in client.status()] == ["sys_region"]
 
@@ -623,11 +606,8 @@ def test_cuda_raw_handle_must_be_64_bytes(shm_server):
 def shm_off_server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("shm_off") / "models"
     write_model(repo, "simple", f'name: "simple"\nbackend: "python"\nmax_batch_size: 8\n{SUM_DIFF_IO}', SUM_DIFF_MODEL)
-    s = TritondServer(repo, grpc=True).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, grpc=True)) as s:
+        yield s
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -635,9 +615,9 @@ def test_client_shm_off_by_default(shm_off_server, regions, protocol):
     c = Client(protocol, shm_off_server)
     text = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
     _, key = regions("off", 64)
-    c.expect_error(lambda: c.c.register_system_shared_memory("off", key, 64), 501, text)
-    c.expect_error(lambda: c.c.unregister_system_shared_memory(), 501, text)
-    c.expect_error(lambda: c.c.register_cuda_shared_memory("off", base64.b64encode(bytes(64)), 0, 64), 501, text)
+    c.refuses(lambda: c.c.register_system_shared_memory("off", key, 64), 501, text)
+    c.refuses(lambda: c.c.unregister_system_shared_memory(), 501, text)
+    c.refuses(lambda: c.c.register_cuda_shared_memory("off", base64.b64encode(bytes(64)), 0, 64), 501, text)
     assert c.status() == []
     assert c.cuda_status() == []
     c.c.close()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import TritondServer
+from conftest import TritondServer, serving
 
 
 def can_mount_tmpfs() -> str:
@@ -36,8 +36,7 @@ def test_small_dev_shm_is_reported_at_startup(example_repo, tmp_path):
         pytest.skip(why)
     repo = tmp_path / "repo"
     shutil.copytree(example_repo / "identity_fp32", repo / "identity_fp32")
-    s = SmallShmServer(repo).start()
-    try:
+    with serving(SmallShmServer(repo)) as s:
         assert "/dev/shm is 40 MiB, less than the 96 MiB the shared-memory arenas of 2 frontend and " \
                "1 worker processes need" in s.log, s.log
         assert "--shm-size=1g" in s.log
@@ -46,7 +45,3 @@ def test_small_dev_shm_is_reported_at_startup(example_repo, tmp_path):
         x.set_data_from_numpy(np.arange(4, dtype=np.float32))
         r = client.infer("identity_fp32", [x])
         np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), np.arange(4, dtype=np.float32))
-        assert s.stop() == 0, s.log
-    finally:
-        s.stop()
-    s.assert_clean()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +13,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer
-from fault_models import add_fault_model
+from conftest import TritondServer, serving, wait_for
+from fault_models import add_fault_model, started
 
 def build(root: Path) -> tuple[Path, Path]:
     repo, markers = root / "models", root / "markers"
@@ -24,21 +23,6 @@ def build(root: Path) -> tuple[Path, Path]:
         add_fault_model(repo, name, max_batch=8, batching="max_queue_delay_microseconds: 100000",
                         params={"marker_dir": markers})
     return repo, markers
-
-
-def started(markers: Path) -> int:
-    """How many requests the model has begun to execute."""
-    path = markers / "started"
-    return sum(int(n) for n in path.read_text().split()) if path.exists() else 0
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Protocol:
@@ -81,22 +65,21 @@ def send_in_background(proto: Protocol, n: int, sleep_ms: int) -> tuple[list, li
 @pytest.mark.parametrize("kind", ["http", "grpc"])
 def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(tmp_path, kind):
     repo, markers = build(tmp_path)
-    s = TritondServer(repo, grpc=kind == "grpc").start()
-    proto = Protocol(kind, s)
-    try:
+    with serving(TritondServer(repo, grpc=kind == "grpc")) as s:
+        proto = Protocol(kind, s)
         proto.infer("other")
         outcomes, threads = send_in_background(proto, 4, 3000)
         wait_for(lambda: started(markers) == 5, what="the slow requests to start")
         s.send_signal(signal.SIGTERM)
-        refused = None
-        deadline = time.monotonic() + 30
-        while refused is None and time.monotonic() < deadline:
+
+        def refused_new() -> InferenceServerException | None:
             try:
                 proto.infer("other")
-                time.sleep(0.05)
             except InferenceServerException as e:
-                refused = e
-        assert refused is not None and refused.status() == proto.unavailable, refused
+                return e
+            return None
+        refused = wait_for(refused_new, 30, "a new request to be refused")
+        assert refused.status() == proto.unavailable, refused
         for t in threads:
             t.join(120)
         assert len(outcomes) == 4
@@ -104,30 +87,21 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(tmp_path, kind):
             assert not isinstance(r, InferenceServerException), r
             np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), np.ones((1, 2)))
         s.proc.wait(120)
-    finally:
-        code = s.stop()
-    assert code == 0, s.log
-    s.assert_clean()
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
 def test_in_flight_requests_past_the_exit_timeout_are_cancelled(tmp_path, kind):
     repo, markers = build(tmp_path)
-    s = TritondServer(repo, ["--exit-timeout-secs", "2"], grpc=kind == "grpc").start()
-    proto = Protocol(kind, s)
-    try:
+    with serving(TritondServer(repo, ["--exit-timeout-secs", "2"], grpc=kind == "grpc"), code=2) as s:
+        proto = Protocol(kind, s)
         outcomes, threads = send_in_background(proto, 3, 60000)
         wait_for(lambda: started(markers) == 3, what="the slow requests to start")
         s.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(120)
         s.proc.wait(120)
-    finally:
-        code = s.stop()
-    assert code == 2, s.log
     assert len(outcomes) == 3
     for e in outcomes:
         assert isinstance(e, InferenceServerException) and e.status() == proto.unavailable, e
         assert "exit timeout" in e.message()
     assert "cancelled" in s.log
-    s.assert_clean()

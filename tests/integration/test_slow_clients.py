@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import TritondServer, http_get
+from conftest import TritondServer, http_get, serving, socket_inodes, tcp_connections, wait_for
 from fault_models import add_fault_model
 
 CAP = 24
@@ -27,12 +27,9 @@ LIMITS = ["--http-max-header-size=8192", "--http-max-headers=50", "--http-header
 def limited(request, tmp_path_factory):
     repo = tmp_path_factory.mktemp(f"slow-{request.param}") / "models"
     add_fault_model(repo, "m", batching=None)
-    s = TritondServer(repo, [*LIMITS, f"--http-server={request.param}"]).start()
-    s.kind = request.param
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, [*LIMITS, f"--http-server={request.param}"])) as s:
+        s.kind = request.param
+        yield s
 
 
 def connect(s: TritondServer) -> socket.socket:
@@ -68,6 +65,12 @@ def answer(sock: socket.socket, within: float = 5.0) -> tuple[int | None, float]
     return status, time.monotonic() - start
 
 
+def accepted(s: TritondServer) -> int:
+    """Connections to the HTTP port that an HTTP frontend has accepted (holds the socket of)."""
+    held = set().union(*(socket_inodes(pid) for pid in s.role_pids("tritond.frontend.http")))
+    return sum(1 for local, _, inode in tcp_connections() if local == s.http_port and inode in held)
+
+
 def test_an_oversized_head_is_431(limited):
     sock = connect(limited)
     send(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
@@ -98,7 +101,6 @@ def test_a_body_that_does_not_arrive_in_time_is_408(limited):
 def test_an_idle_keep_alive_connection_is_closed(limited):
     sock = connect(limited)
     send(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-    time.sleep(0.2)
     first = sock.recv(65536)
     assert first.startswith(b"HTTP/1.1 200")
     status, waited = answer(sock)
@@ -108,17 +110,17 @@ def test_an_idle_keep_alive_connection_is_closed(limited):
 def test_connections_beyond_the_cap_get_503_and_a_log_line(limited):
     held = [connect(limited) for _ in range(CAP)]
     try:
-        time.sleep(0.2)                      # accepted by the server, not yet timed out
+        # accepted by the server (within their 1 s header timeout)
+        wait_for(lambda: accepted(limited) >= CAP, 1, lambda: f"{CAP} connections accepted, {accepted(limited)} are",
+                 every=0.02)
         status, _ = answer(connect(limited))
         assert status == 503
     finally:
         for sock in held:
             sock.close()
     assert f"is at its cap of {CAP} open connections (--http-max-connections)" in limited.log
-    deadline = time.monotonic() + 5
-    while http_get(f"http://{limited.http_url}/v2/health/live", 1.0)[0] != 200:    # the closed ones are gone
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: http_get(f"http://{limited.http_url}/v2/health/live", 1.0)[0] == 200, 5,
+             "live to answer again once the held connections are closed")
 
 
 def test_the_server_still_serves(limited):
@@ -139,8 +141,8 @@ def test_a_grpc_connection_carries_at_most_max_concurrent_streams(limited):
         yield
 
     with grpc.insecure_channel(limited.grpc_url) as channel:
+        grpc.channel_ready_future(channel).result(timeout=10)    # the server's stream limit is known
         stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")(held_open())
-        time.sleep(0.3)
         live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
         with pytest.raises(grpc.RpcError) as e:
             live(b"", timeout=1)

@@ -9,7 +9,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer, http_get
+from conftest import TritondServer, http_get, serving
 
 
 def test_a_port_in_use_is_refused_at_startup(example_repo):
@@ -39,17 +39,13 @@ def test_misspelt_restricted_category_is_a_usage_error(example_repo):
 
 def test_a_missing_repository_with_exit_on_error_false_is_up_but_neither_live_nor_ready(tmp_path):
     """As tritonserver: the server answers metadata, health says not live and not ready."""
-    s = TritondServer(tmp_path / "missing", ["--exit-on-error=false"]).start(wait="metadata")
-    try:
+    with serving(TritondServer(tmp_path / "missing", ["--exit-on-error=false"]), wait="metadata") as s:
         assert http_get(f"http://{s.http_url}/v2/health/live")[0] == 400
         assert http_get(f"http://{s.http_url}/v2/health/ready")[0] == 400
         g = grpcclient.InferenceServerClient(s.grpc_url)
         assert (g.is_server_live(), g.is_server_ready()) == (False, False)
         assert g.get_server_metadata().name == "triton"
         assert "failed to initialize: model repository" in s.log
-    finally:
-        assert s.stop() == 0
-        s.assert_clean()
 
 
 def test_classification_of_a_bytes_output_is_refused(server):

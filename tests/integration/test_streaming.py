@@ -19,6 +19,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import TritondServer, build_example_repository, http_get, metric, serving, wait_for
+from fault_models import started
+from stream_models import slow_echo_markers
+
 VOCAB = ["the", "a", "model", "server", "streams", "tokens", "one", "at", "time", "fast",
          "tiny", "and", "stateful", "triton", "python", "."]
 
@@ -178,10 +182,7 @@ def test_a_client_that_cancels_mid_stream_stops_the_model(streaming_server, tmp_
     for _ in range(3):
         assert s.results.get(timeout=30)[1] is None
     s.close(cancel=True)
-    deadline = time.monotonic() + 10
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), "the model never saw is_cancelled()"
+    wait_for(marker.exists, 10, "the model to see is_cancelled()")
     sent = int(marker.read_text())
     assert 3 <= sent < 3000
 
@@ -196,10 +197,7 @@ def test_an_sse_client_that_goes_away_stops_the_model(streaming_server, tmp_path
         received = b""
         while received.count(b"data: ") < 3:
             received += sock.recv(4096)
-    deadline = time.monotonic() + 10
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), "the model never saw is_cancelled()"
+    wait_for(marker.exists, 10, "the model to see is_cancelled()")
 
 
 def test_a_bls_model_iterates_a_decoupled_model(streaming_server):
@@ -245,12 +243,15 @@ def test_a_client_that_disconnects_takes_its_queued_request_out(streaming_server
     body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}).encode()
     request = (b"POST /v2/models/slow_echo/infer HTTP/1.1\r\nHost: x\r\n"
                + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    markers = slow_echo_markers(streaming_server.repos[0])
     first = socket.create_connection((host, int(port)))
     first.sendall(request)
-    time.sleep(0.2)
+    wait_for(lambda: started(markers) == 1, 30, "the first request to execute")
     with socket.create_connection((host, int(port))) as second:
         second.sendall(request)
-        time.sleep(0.3)                               # queued behind the first; then gone
+        wait_for(lambda: metric(streaming_server, "nv_inference_pending_request_count", 0, model="slow_echo") == 1,
+                 30, "the second request to queue behind the first")
+    # ... and now it is gone
     grpc = grpcclient.InferenceServerClient(streaming_server.grpc_url)
     inp = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
     inp.set_data_from_numpy(np.ones((1, 1), np.float32))
@@ -258,7 +259,8 @@ def test_a_client_that_disconnects_takes_its_queued_request_out(streaming_server
         grpc.infer("slow_echo", [inp], client_timeout=0.2)
     assert b"200 OK" in first.recv(4096)
     first.close()
-    time.sleep(1.2)
+    time.sleep(1.2)                                   # a queued request that ran would take 1 s
+    assert started(markers) == 1
     stats = httpclient.InferenceServerClient(streaming_server.http_url).get_inference_statistics("slow_echo")
     assert stats["model_stats"][0]["execution_count"] == 1
     assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 2      # both answered CANCELLED
@@ -269,12 +271,10 @@ def test_the_first_response_histogram_times_a_decoupled_requests_first_response(
     first response, not the whole request."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from conftest import TritondServer, build_example_repository, http_get
     repo = build_example_repository(tmp_path / "models", ("toy_llm",))
     with open(repo / "toy_llm" / "config.pbtxt", "a") as f:
         f.write('\nparameters { key: "token_delay_ms" value: { string_value: "100" } }\n')
-    s = TritondServer(repo, ["--metrics-config=histogram_latencies=true"]).start()
-    try:
+    with serving(TritondServer(repo, ["--metrics-config=histogram_latencies=true"])) as s:
         status, _, data = post(s, "/v2/models/toy_llm/generate_stream", {"text_input": "x", "max_tokens": 6})
         assert status == 200 and len(events(data)) == 6
         _, body = http_get(f"http://127.0.0.1:{s.metrics_port}/metrics")
@@ -283,6 +283,3 @@ def test_the_first_response_histogram_times_a_decoupled_requests_first_response(
         assert samples["nv_inference_first_response_histogram_ms_count"] == 1
         request_ms = samples["nv_inference_request_duration_us_total"] / 1000
         assert request_ms >= 500 and samples["nv_inference_first_response_histogram_ms_sum"] < request_ms - 300
-    finally:
-        assert s.stop() == 0
-        s.assert_clean()

@@ -7,14 +7,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import ROOT, free_port, http_get, session_pids
+from conftest import ROOT, free_port, http_get, session_pids, wait_for
 
 pytest.importorskip("supervisor", reason="supervisord (PyPI 'supervisor') is not installed")
 
@@ -61,15 +60,6 @@ def ctl(conf: Path, *args: str) -> str:
     return out.stdout + out.stderr
 
 
-def wait_for(predicate, timeout: float = 120.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def server_ids(log: Path) -> list[str]:
     return re.findall(r"server id ([0-9a-f]{32})", log.read_text()) if log.exists() else []
 
@@ -81,7 +71,6 @@ def assert_nothing_left(supervisord: subprocess.Popen, server_id: str) -> None:
     assert not segments, f"segments left behind: {segments}"
 
 
-@pytest.mark.slow
 def test_supervisorctl_stops_and_starts_tritond(tmp_path, example_repo):
     ports = (free_port(), free_port(), free_port())
     conf = write_conf(tmp_path, example_repo, ports)
@@ -93,7 +82,7 @@ def test_supervisorctl_stops_and_starts_tritond(tmp_path, example_repo):
         for round_ in range(2):
             if round_:
                 assert "started" in ctl(conf, "start", "tritond")
-            wait_for(lambda: http_get(f"http://{url}/v2/health/ready", 1.0)[0] == 200, what="tritond ready")
+            wait_for(lambda: http_get(f"http://{url}/v2/health/ready", 1.0)[0] == 200, 120, "tritond ready")
             client = httpclient.InferenceServerClient(url)
             inp = httpclient.InferInput("INPUT0", [4], "FP32")
             inp.set_data_from_numpy(np.arange(4, dtype=np.float32))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
-from conftest import TritondServer
+from conftest import TritondServer, serving, wait_for
 
 HANG_S = 6.0
 
@@ -90,50 +90,42 @@ def test_ready_watchdog_hung_broker_and_stopping(example_repo, tmp_path):
                       env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "1000000"})
     holder["s"] = s
     try:
-        s.start()
-        deadline = time.monotonic() + 30
-        while not notify.ready_checks and time.monotonic() < deadline:
-            time.sleep(0.05)
-        # READY=1 came only once every HTTP and gRPC worker answers ready.
-        assert notify.ready_checks == [[200, True] * 8], notify.ready_checks
-        assert notify.statuses()[0] == "loading models", notify.statuses()
-        [ready] = [m for _, m in notify.messages if m.get("READY") == "1"]
-        assert ready["STATUS"].startswith("serving 1 model versions; HTTPService 127.0.0.1:"), ready
+        with serving(s):
+            wait_for(lambda: notify.ready_checks, 30, "READY=1", every=0.05)
+            # READY=1 came only once every HTTP and gRPC worker answers ready.
+            assert notify.ready_checks == [[200, True] * 8], notify.ready_checks
+            assert notify.statuses()[0] == "loading models", notify.statuses()
+            [ready] = [m for _, m in notify.messages if m.get("READY") == "1"]
+            assert ready["STATUS"].startswith("serving 1 model versions; HTTPService 127.0.0.1:"), ready
 
-        time.sleep(2.0)
-        ready_at = notify.times("READY", "1")[0]
-        pets = [t for t in notify.times("WATCHDOG", "1") if t > ready_at]
-        assert len(pets) >= 3, notify.messages       # every 0.5 s (half of WatchdogSec=1s)
-        assert max(b - a for a, b in zip(pets, pets[1:])) < 0.9, pets
+            ready_at = notify.times("READY", "1")[0]
 
-        # A hung (stopped, not dead) broker: the watchdog goes quiet, the supervisor kills it
-        # after the hang timeout and starts a new one; then the pets resume.
-        [broker] = s.role_pids("tritond.broker.main")
-        stopped_at = time.monotonic()
-        os.kill(broker, signal.SIGSTOP)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            now = s.role_pids("tritond.broker.main")
-            if now and now != [broker] and "the broker is back" in s.log:
-                break
-            time.sleep(0.1)
-        assert "sent nothing for" in s.log and "it is hung; killing it" in s.log, s.log
-        assert "the broker is hung; restarting it" in notify.statuses()
-        # Not healthy after 3 s of silence (as the frontends judge it); killed HANG_S after its
-        # last ping, which came at most 0.5 s before it stopped.
-        quiet = [t for t in notify.times("WATCHDOG", "1") if stopped_at + 3.1 < t < stopped_at + HANG_S - 0.6]
-        assert not quiet, "WATCHDOG=1 was sent while the broker was hung: " + str([round(t - stopped_at, 2) for t in notify.times("WATCHDOG", "1")])
-        back_at = time.monotonic()
-        deadline = time.monotonic() + 30
-        while not [t for t in notify.times("WATCHDOG", "1") if t > back_at] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert [t for t in notify.times("WATCHDOG", "1") if t > back_at], "the watchdog did not resume"
+            def pets_after_ready() -> list[float] | None:     # every 0.5 s (half of WatchdogSec=1s)
+                pets = [t for t in notify.times("WATCHDOG", "1") if t > ready_at]
+                return pets if len(pets) >= 4 else None
+            pets = wait_for(pets_after_ready, 10, lambda: f"four watchdog pets after READY=1: {notify.messages}")
+            assert max(b - a for a, b in zip(pets, pets[1:])) < 0.9, pets
 
-        code = s.stop()
-        assert code == 0, s.log
-        assert notify.times("STOPPING", "1"), notify.messages
-        assert "draining in-flight requests" in notify.statuses()
+            # A hung (stopped, not dead) broker: the watchdog goes quiet, the supervisor kills it
+            # after the hang timeout and starts a new one; then the pets resume.
+            [broker] = s.role_pids("tritond.broker.main")
+            stopped_at = time.monotonic()
+            os.kill(broker, signal.SIGSTOP)
+            wait_for(lambda: s.role_pids("tritond.broker.main") not in ([], [broker]) and "the broker is back" in s.log,
+                     60, lambda: "a new broker:\n" + s.log)
+            assert "sent nothing for" in s.log and "it is hung; killing it" in s.log, s.log
+            assert "the broker is hung; restarting it" in notify.statuses()
+            # Not healthy after 3 s of silence (as the frontends judge it); killed HANG_S after its
+            # last ping, which came at most 0.5 s before it stopped.
+            quiet = [t for t in notify.times("WATCHDOG", "1") if stopped_at + 3.1 < t < stopped_at + HANG_S - 0.6]
+            assert not quiet, "WATCHDOG=1 was sent while the broker was hung: " + str(
+                [round(t - stopped_at, 2) for t in notify.times("WATCHDOG", "1")])
+            back_at = time.monotonic()
+            wait_for(lambda: [t for t in notify.times("WATCHDOG", "1") if t > back_at], 30, "the watchdog to resume")
+
+            code = s.stop()
+            assert code == 0, s.log
+            assert notify.times("STOPPING", "1"), notify.messages
+            assert "draining in-flight requests" in notify.statuses()
     finally:
-        s.stop()
         notify.close()
-    s.assert_clean()

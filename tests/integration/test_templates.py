@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from conftest import TritondServer, http_get
+from conftest import TritondServer, http_get, serving, socket_inodes, wait_for
 from fault_models import add_fault_model
 
 from tritond.check import check
@@ -21,11 +20,8 @@ def tserver(tmp_path_factory):
     repo = tmp_path_factory.mktemp("templates") / "models"
     add_fault_model(repo, "pair", count=2, pid_outputs=True, random_output=True)
     add_fault_model(repo, "single", pid_outputs=True)
-    s = TritondServer(repo).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo)) as s:
+        yield s
 
 
 def infer(server: TritondServer, model: str, outputs=("PID",)) -> dict[str, np.ndarray]:
@@ -42,27 +38,6 @@ def infer(server: TritondServer, model: str, outputs=("PID",)) -> dict[str, np.n
 def parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def socket_inodes(pid: int) -> set[str]:
-    out = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:"):
-            out.add(target)
-    return out
-
-
-def wait_for(predicate, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out")
 
 
 def test_workers_are_forked_children_of_the_broker_holding_nothing_of_the_template(tserver):
@@ -95,8 +70,10 @@ def test_forked_workers_do_not_share_random_streams(tserver):
 def test_a_killed_forked_worker_is_replaced_and_nothing_is_left_behind(tserver):
     [pid] = tserver.worker_pids("single")
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: tserver.worker_pids("single") and tserver.worker_pids("single") != [pid])
-    wait_for(lambda: http_get(f"http://{tserver.http_url}/v2/models/single/ready")[0] == 200)
+    wait_for(lambda: tserver.worker_pids("single") and tserver.worker_pids("single") != [pid],
+             what="a replacement worker of 'single'")
+    wait_for(lambda: http_get(f"http://{tserver.http_url}/v2/models/single/ready")[0] == 200,
+             what="'single' to be ready again")
     assert int(infer(tserver, "single")["PID"][0, 0]) == tserver.worker_pids("single")[0]
     [broker] = tserver.role_pids("tritond.broker.main")
     assert not os.path.exists(f"/proc/{pid}")            # reaped by the broker, no zombie
@@ -105,12 +82,14 @@ def test_a_killed_forked_worker_is_replaced_and_nothing_is_left_behind(tserver):
 def test_the_templates_death_is_survived(tserver):
     [template] = tserver.role_pids("tritond.workers.template")
     os.kill(template, signal.SIGKILL)
-    wait_for(lambda: template not in tserver.role_pids("tritond.workers.template"))
+    wait_for(lambda: template not in tserver.role_pids("tritond.workers.template"), what="the template to exit")
     assert infer(tserver, "pair")["PID"].shape == (1, 1)       # the workers it forked serve on
     [pid] = tserver.worker_pids("single")
     os.kill(pid, signal.SIGKILL)                               # the replacement needs a new template
-    wait_for(lambda: tserver.worker_pids("single") and tserver.worker_pids("single") != [pid])
-    wait_for(lambda: http_get(f"http://{tserver.http_url}/v2/models/single/ready")[0] == 200)
+    wait_for(lambda: tserver.worker_pids("single") and tserver.worker_pids("single") != [pid],
+             what="a replacement worker of 'single'")
+    wait_for(lambda: http_get(f"http://{tserver.http_url}/v2/models/single/ready")[0] == 200,
+             what="'single' to be ready again")
     assert infer(tserver, "single")["PID"].shape == (1, 1)
 
 
@@ -128,13 +107,9 @@ def test_worker_memory_is_reported_in_metrics(tserver):
 def test_spawning_is_still_there_when_templates_are_off(tmp_path):
     repo = tmp_path / "models"
     add_fault_model(repo, "m", pid_outputs=True)
-    s = TritondServer(repo, ["--worker-templates=false"], grpc=False).start()
-    try:
+    with serving(TritondServer(repo, ["--worker-templates=false"], grpc=False)) as s:
         assert s.role_pids("tritond.workers.template") == []
         assert int(infer(s, "m")["PID"][0, 0]) == s.worker_pids("m")[0]
-    finally:
-        assert s.stop() == 0, s.log
-    s.assert_clean()
 
 
 def test_check_memory_estimates_a_repository(tmp_path, capsys):

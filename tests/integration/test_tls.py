@@ -19,7 +19,6 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer, http_get
+from conftest import TritondServer, http_get, serving, wait_for
 from test_perf_analyzer import THROUGHPUT, perf_analyzer
 from tls_certs import DAY, Issued, issue, make_ca
 
@@ -144,12 +143,10 @@ def mtls(pki, example_repo, tmp_path_factory):
         "--grpc-restricted-protocol-subject=model-repository:CN=tritond-admin",
         "--http-restricted-api-subject=model-repository:CN=tritond-admin,O=ops",
         "--http-restricted-api=model-repository:admin-key=secret",
-    ], https=pki.context(pki.client)).start()
-    yield s
-    pki.serve()
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    ], https=pki.context(pki.client))
+    with serving(s):
+        yield s
+        pki.serve()
 
 
 def test_clients_with_a_certificate_infer(mtls, pki):
@@ -283,6 +280,13 @@ class Load:
             except Exception as e:  # every failure is a lost request; the test reports them all
                 self.errors.append(f"{name}: {type(e).__name__}: {e}")
 
+    def serves_on(self, n: int = 3) -> None:
+        """Wait until every load thread has completed `n` more requests."""
+        before = dict(self.counts)
+        wait_for(lambda: len(self.counts) == len(self.threads) and
+                 all(c >= before.get(name, 0) + n for name, c in self.counts.items()), 30,
+                 lambda: f"{n} more requests on every thread: {before} -> {self.counts}; errors {self.errors}")
+
     def __enter__(self) -> "Load":
         for t in self.threads:
             t.start()
@@ -303,10 +307,7 @@ def restored(pki: Pki):
 
 
 def wait_for_log(server: TritondServer, text: str, count: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while server.log.count(text) < count:
-        assert time.monotonic() < deadline, f"expected {count} x '{text}' in the log:\n{server.log}"
-        time.sleep(0.05)
+    wait_for(lambda: server.log.count(text) >= count, timeout, lambda: f"{count} x '{text}' in the log:\n{server.log}")
 
 
 def test_sighup_rotation_under_load_loses_no_request(mtls, pki):
@@ -314,21 +315,21 @@ def test_sighup_rotation_under_load_loses_no_request(mtls, pki):
     ports = (mtls.grpc_port, mtls.http_port)
     processes = sorted(mtls.pids())
     with Load(mtls, pki) as load, restored(pki):
-        time.sleep(0.5)
+        load.serves_on()
         for n, issued in enumerate((pki.next_server, pki.server, pki.next_server), start=1):
             pki.serve(issued)
             mtls.send_signal(signal.SIGHUP)
             for proto in ("gRPC", "HTTP"):
                 wait_for_log(mtls, f"SIGHUP: {proto} now serves", n)
             assert [served_certificate(pki, p) for p in ports] == [der(issued)] * 2
-            time.sleep(0.5)
+            load.serves_on()
         before = dict(load.counts)
         pki.serve(pki.server, cert=b"not a certificate\n")
         mtls.send_signal(signal.SIGHUP)
         for proto in ("gRPC", "HTTP"):
             wait_for_log(mtls, f"SIGHUP: {proto} certificate not reloaded, the current one stays in use", 1)
         assert [served_certificate(pki, p) for p in ports] == [der(pki.next_server)] * 2
-        time.sleep(1.0)
+        load.serves_on()
     assert load.errors == []
     assert all(load.counts[name] > before[name] for name in before), load.counts
     assert sorted(mtls.pids()) == processes, "a process died or was restarted"
@@ -341,8 +342,8 @@ def test_tls_with_hypercorn_and_metrics_over_tls(pki, example_repo, tmp_path):
     HTTP/2 through ALPN; --metrics-use-ssl puts the metrics port under the same certificate."""
     repo = identity_repo(example_repo, tmp_path / "models")
     s = TritondServer(repo, tls_args(pki, "grpc", False) + tls_args(pki, "http", False) + [
-        "--http-server=hypercorn", "--metrics-use-ssl=true"], https=pki.context(None)).start()
-    try:
+        "--http-server=hypercorn", "--metrics-use-ssl=true"], https=pki.context(None))
+    with serving(s):
         assert np.array_equal(infer(grpc_client(s, pki, None), grpcclient), X)
         assert np.array_equal(infer(http_client(s, pki, None), httpclient), X)
         status, body = http_get(f"https://localhost:{s.metrics_port}/metrics", context=pki.context(None))
@@ -356,10 +357,6 @@ def test_tls_with_hypercorn_and_metrics_over_tls(pki, example_repo, tmp_path):
             assert tls.version() in ("TLSv1.2", "TLSv1.3")
         with pytest.raises(REFUSED):
             httpclient.InferenceServerClient(s.http_url).is_server_live()
-    finally:
-        code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
 
 
 # --------------------------------------------------------------------------- bad files stop startup

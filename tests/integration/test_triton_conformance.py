@@ -13,7 +13,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.conftest import TritondServer
+from conftest import TritondServer, serving
 
 LABELS = "".join(f"label{i}\n" for i in range(8))
 IDENTITY = '''name: "labeled"
@@ -70,11 +70,8 @@ def conformance(tmp_path_factory):
     (repo / "labeled" / "labels.txt").write_text(LABELS)
     (repo / "own_labels" / "own.txt").write_text("".join(f"own{i}\n" for i in range(8)))
     _ragged_onnx(repo / "ragged" / "1" / "model.onnx")
-    s = TritondServer(repo).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo)) as s:
+        yield s
 
 
 def _classes(result, name="OUTPUT0") -> list[str]:

@@ -13,9 +13,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer, http_get
+from conftest import TritondServer, http_get, serving, wait_for
 from fault_models import add_fault_model
-from lifecycle_util import infer, model_ready, wait_for
+from lifecycle_util import infer, model_ready
 
 SAMPLES = """model_warmup [
   { name: "zeros" batch_size: 2 count: 2
@@ -45,11 +45,8 @@ def server(tmp_path_factory, markers):
     (repo / "warm" / "warmup" / "sample.bin").write_bytes(struct.pack("<2f", 1.5, 2.5))
     add_fault_model(repo, "refuses", params={"mode": "fail_warmup"}, extra=sample("first_contact"))
     add_fault_model(repo, "vague", extra=sample("open_ended", "-1"))
-    s = TritondServer(repo, ["--model-control-mode=explicit", "--load-model=warm"]).start()
-    yield s
-    code = s.stop()
-    s.assert_clean()
-    assert code == 0, s.log
+    with serving(TritondServer(repo, ["--model-control-mode=explicit", "--load-model=warm"])) as s:
+        yield s
 
 
 @pytest.fixture

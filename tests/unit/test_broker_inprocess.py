@@ -115,7 +115,7 @@ def test_backoff_doubles_and_serving_clears_the_count():
         delays.append(round(inst.restart_at - t, 3))
     assert delays == [BACKOFF_MIN, 2 * BACKOFF_MIN, 4 * BACKOFF_MIN, 8 * BACKOFF_MIN]
     inst.served = True
-    assert record_crash(inst, 10.0) and inst.crashes == [10.0]
+    assert record_crash(inst, 10.0) and inst.crashes.times == [10.0]
 
 
 def test_a_silent_worker_is_killed_and_replaced(repo):

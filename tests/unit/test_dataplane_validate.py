@@ -142,11 +142,13 @@ class HangingClient:
 
     def __init__(self) -> None:
         self.orphan = None
+        self.asked = asyncio.Event()
 
     def next_id(self) -> int:
         return 1
 
     async def infer(self, msg, on_orphan=None):
+        self.asked.set()
         try:
             await asyncio.get_running_loop().create_future()
         except asyncio.CancelledError:
@@ -163,7 +165,7 @@ def test_cancelled_infer_keeps_inputs_until_the_broker_answers():
 
     async def run() -> None:
         task = asyncio.create_task(plane.infer(big, [fp32("X", [n])], [], RequestOptions()))
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(client.asked.wait(), 10)      # the request is with the broker
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -9,7 +9,7 @@ import pytest
 
 from tritond.frontend.dataplane import InferResult, OutputTensor
 from tritond.frontend.errors import http_status
-from tritond.frontend.http.app import choose_encoding, parse_header_length
+from tritond.frontend.http.infer import choose_encoding, parse_header_length
 from tritond.frontend.http.codec import MAX_JSON_DEPTH, parse_json, render_response
 from tritond.frontend.http.codec import parse_infer as parse_with_view
 from tritond.repository.datatypes import serialize_bytes

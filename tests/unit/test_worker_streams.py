@@ -3,7 +3,6 @@ on, cancellation, and implicit state kept in the worker's arena from START to EN
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 
@@ -15,8 +14,21 @@ from tritond.workers.states import SequenceStates, StateSpec
 SERVER = "f" * 32
 
 
+class WatchedCondition(threading.Condition):
+    """A condition that tells when a thread starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout=None):
+        self.waiting.set()
+        return super().wait(timeout)
+
+
 def test_a_sender_waits_for_credit_and_a_cancel_releases_it():
     flow = Flow(stall_s=5)
+    flow.cond = WatchedCondition()
     sent = []
     r = Responder(7, [], flow, lambda key, specs, out, err, final: sent.append(out))
     flow.open(7, window=2)
@@ -24,14 +36,15 @@ def test_a_sender_waits_for_credit_and_a_cancel_releases_it():
     r.send({"a": 2}, None, False)
     t = threading.Thread(target=r.send, args=({"a": 3}, None, False))
     t.start()
-    time.sleep(0.1)
+    assert flow.cond.waiting.wait(2)
     assert len(sent) == 2 and t.is_alive()           # the third waits for the requester
     flow.grant(7, 1)
     t.join(2)
     assert len(sent) == 3
+    flow.cond.waiting.clear()
     t = threading.Thread(target=r.send, args=({"a": 4}, None, False))
     t.start()
-    time.sleep(0.05)
+    assert flow.cond.waiting.wait(2)                 # the fourth waits too ...
     flow.cancel([7])
     t.join(2)
     assert not t.is_alive() and len(sent) == 3        # dropped once cancelled

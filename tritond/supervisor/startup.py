@@ -1,0 +1,210 @@
+"""Startup, in order: the checks that need nothing started (TLS files, ports, remote
+repositories); the broker, until every startup model has loaded or failed; the frontends,
+until each serves.
+
+Ready means every startup model has loaded and every frontend process (each HTTP and each
+gRPC worker) is serving: each frontend says "listening" over a socket pair once its port is
+open, is told "serving" when all are, answers ready from then on and acknowledges."""
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+
+from tritond.frontend.readiness import LISTENING, SERVING
+from tritond.frontend.tls import TlsError, TlsFiles, load as load_tls, server_context
+from tritond.mps import MpsError
+from tritond.repository.remote import RemoteError, is_remote, list_models
+from tritond.shm_space import shm_shortfall
+from tritond.wire import schema as S
+from tritond.wire.options import ServerOptions
+
+from .children import Child
+
+log = logging.getLogger("tritond")
+
+STARTUP_TIMEOUT_S = 600.0
+FRONTEND_START_S = 60.0
+CLOSED = b"closed"        # a frontend's link state once its end closed (the process is exiting)
+
+
+class StartupError(Exception):
+    """The server cannot (re)start: it stops with a message."""
+
+
+class Interrupted(StartupError):
+    """SIGTERM/SIGINT arrived while the broker was (re)starting."""
+
+
+def ports(opts: ServerOptions) -> list[tuple[str, str, int]]:
+    """(service, host, port) for each port the server serves."""
+    out = []
+    if opts.allow_http:
+        out.append(("HTTPService", opts.http_address, opts.http_port))
+        if opts.metrics_port:
+            out.append(("Metrics Service", opts.metrics_address, opts.metrics_port))
+    if opts.allow_grpc:
+        out.append(("GRPCInferenceService", opts.grpc_address, opts.grpc_port))
+    return out
+
+
+def check_ports(opts: ServerOptions) -> None:
+    """Frontends share their ports with SO_REUSEPORT, which would also let them share a
+    port with another server; so first make sure nobody else listens there."""
+    for name, host, port in ports(opts):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # past connections don't count
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise StartupError(f"cannot serve {name} on {host}:{port}: {e.strerror}") from None
+                # tritonserver's words, which scripts grep for
+                service = {"HTTPService": "HTTP", "GRPCInferenceService": "GRPC"}.get(name, "Metrics")
+                raise StartupError(f"failed to start {service} service: Unavailable - Socket '{host}:{port}' "
+                                   f"already in use") from None
+
+
+def check_tls(opts: ServerOptions) -> None:
+    """Certificate files are checked before anything starts: a bad one is a startup error,
+    never a port that falls back to clear text."""
+    for flag, spec in (("grpc", opts.grpc_tls), ("http", opts.http_tls)):
+        files = TlsFiles.from_options(flag, spec)
+        if files is None:
+            continue
+        try:
+            material = load_tls(files)
+            if files.flag == "http":
+                server_context(material)   # what OpenSSL itself refuses (a key too weak, ...)
+        except TlsError as e:
+            raise StartupError(f"cannot serve TLS: {e}") from None
+        log.info("%s over TLS%s: %s", files.protocol, " with client certificates" if files.mutual else "",
+                 material.describe())
+
+
+def check_remote_repositories(opts: ServerOptions) -> None:
+    """List each remote repository once before the broker starts, so that an unreachable
+    or missing bucket is one clear startup error (what was fetched stays in the cache)."""
+    for repo in opts.model_repositories:
+        if is_remote(repo):
+            try:
+                list_models(repo)
+            except RemoteError as e:
+                raise StartupError(str(e)) from None
+
+
+class Startup:
+    """Supervisor's steps that start the broker and the frontends (core.py holds the parts
+    they use)."""
+
+    def start_broker(self) -> None:
+        """Start the broker and wait until it has loaded (or failed) every model."""
+        if self.mps is not None:
+            try:
+                self.mps.start()
+            except MpsError as e:
+                raise StartupError(str(e)) from None
+        self.spawn(self.broker)
+        self.link.connect(self.addr.frontends)
+        self.table = None
+        self.watchdog.started = False
+        deadline = self.clock.now() + STARTUP_TIMEOUT_S
+        while self.clock.now() < deadline:
+            code = self.children.exit_code(self.broker)
+            if code is not None:
+                raise StartupError(f"the broker exited during startup (code {code})")
+            if self.signals.stop:
+                raise Interrupted("interrupted during startup")
+            self.watchdog.pet()
+            self.wait([self.broker.pidfd], 0.1)
+            self.receive()
+            if self.table is not None and self.table.startup_done:
+                return
+        raise StartupError("models did not finish loading in time")
+
+    def start_frontends(self) -> None:
+        o = self.opts
+        if o.allow_http:
+            for i in range(o.http_workers):
+                extra = {"metrics_port": o.metrics_port if i == 0 else 0}
+                self.frontends.append(Child("http", "tritond.frontend.http.server", extra))
+        if o.allow_grpc:
+            for _ in range(o.grpc_workers):
+                self.frontends.append(Child("grpc", "tritond.frontend.grpc.server"))
+        for f in self.frontends:
+            self.spawn(f)
+        self.wait_links(LISTENING)
+        self.serving = True
+        for f in self.frontends:
+            self.tell_serving(f)
+        self.wait_links(SERVING)
+        for name, host, port in ports(o):
+            log.info("Started %s at %s:%d", name, host, port)
+
+    def wait_links(self, state: bytes) -> None:
+        """Wait until every frontend process has reached `state` on its link: LISTENING
+        (its port is open) or SERVING (it answers ready)."""
+        deadline = self.clock.now() + FRONTEND_START_S
+        reached = (LISTENING, SERVING) if state == LISTENING else (SERVING,)
+        while waiting := [f for f in self.frontends if f.link_state not in reached]:
+            if self.clock.now() > deadline:
+                late = ", ".join(f"{f.role} (pid {f.pid})" for f in waiting)
+                raise StartupError(f"frontends did not start serving in {FRONTEND_START_S:g}s: {late}")
+            if self.signals.stop:
+                raise Interrupted("interrupted during startup")
+            for f in self.frontends:
+                code = self.children.exit_code(f)
+                if code is not None:
+                    port = self.opts.http_port if f.role == "http" else self.opts.grpc_port
+                    raise StartupError(f"the {f.role} frontend exited during startup (code {code}); "
+                                       f"is port {port} already in use?")
+            self.watchdog.pet()
+            readable = self.wait([f.link for f in waiting], 0.1)
+            self.receive()
+            for f in waiting:
+                if f.link in readable:
+                    self.on_link(f)
+
+    def on_link(self, child: Child) -> None:
+        """A frontend reports its port open (then, once every frontend has, or at once after
+        the server became ready, it is told to serve), or acknowledges that it serves."""
+        try:
+            said = child.link.recv(64)
+        except OSError:
+            said = b""
+        if said == LISTENING:
+            child.link_state = LISTENING
+            if self.serving:
+                self.tell_serving(child)
+        elif said == SERVING:
+            child.link_state = SERVING
+        elif not said:
+            child.link_state = CLOSED     # the process is exiting; its pidfd says so
+
+    def tell_serving(self, child: Child) -> None:
+        try:
+            child.link.send(SERVING)
+        except OSError:
+            pass                       # it died meanwhile; its pidfd reports that
+
+    def check_shm(self) -> None:
+        """Log an error when /dev/shm cannot hold the arenas of every process."""
+        snapshot = self.control(S.ModelMetrics(), 10.0)
+        workers = sum(m.instances_ready for m in snapshot.models) if snapshot is not None else 0
+        o = self.opts
+        frontends = (o.http_workers if o.allow_http else 0) + (o.grpc_workers if o.allow_grpc else 0)
+        why = shm_shortfall(frontends, workers)
+        if why:
+            log.error("%s", why)
+
+    def failed_models(self) -> list[str]:
+        if self.table is None:
+            return []
+        return [f"'{e.name}' version {e.version}: {e.reason}" for e in self.table.models
+                if e.state is not S.ModelState.READY]
+
+    def serving_status(self) -> str:
+        ready = 0 if self.table is None else sum(e.state is S.ModelState.READY for e in self.table.models)
+        where = ", ".join(f"{name} {host}:{port}" for name, host, port in ports(self.opts))
+        return f"serving {ready} model versions; {where}"
