@@ -67,25 +67,23 @@ class BrokerSockets:
     def drain(sock: zmq.Socket, handle: Callable[[bytes, bytes], None]) -> None:
         """Handle what has arrived on a socket, at most a bounded burst per loop turn.
 
-        Every frame is untrusted: one that breaks its handler is logged and dropped, and the
-        broker (with every model it serves) carries on."""
+        A peer sends what one of its loop turns produced as one message of several frames
+        (each a message of the wire); a ROUTER puts the sender's identity first. Every frame is
+        untrusted: one that breaks its handler is logged and dropped, and the broker (with
+        every model it serves) carries on."""
         for _ in range(BURST):
             try:
                 ident = sock.recv(NOBLOCK)
             except zmq.Again:
                 return
-            frame = sock.recv(NOBLOCK)      # a ROUTER puts the sender's identity first: never alone
-            if sock.getsockopt(RCVMORE):
-                parts = 2
-                while sock.getsockopt(RCVMORE):
-                    sock.recv(NOBLOCK)
-                    parts += 1
-                log.warning("dropped a message of %d frames", parts)
-                continue
-            try:
-                handle(ident, frame)
-            except Exception:
-                log.exception("dropped a message that could not be handled")
+            while True:
+                frame = sock.recv(NOBLOCK)
+                try:
+                    handle(ident, frame)
+                except Exception:
+                    log.exception("dropped a message that could not be handled")
+                if not sock.getsockopt(RCVMORE):
+                    break
 
     def close(self) -> None:
         self.fe.close()

@@ -25,6 +25,8 @@ from tritond.wire.versions import resolve
 log = logging.getLogger("tritond.frontend")
 
 BROKER_SILENCE_S = 3.0
+NOBLOCK = int(zmq.NOBLOCK)      # int flags: pyzmq's enum operations cost more than the send
+NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 
 
 class ModelTable:
@@ -153,6 +155,8 @@ class BrokerClient:
         self.tasks: list[asyncio.Task] = []
         self.tracing: dict[str, str] = {}      # model ("" = the rest) -> trace mode to stamp for
         self.on_observe: Callable[[S.Observe], None] | None = None
+        self.outbox: list[bytes] = []       # frames queued this loop turn (see _send)
+        self.outbox_rids: list[int] = []
 
     def _connect(self) -> None:
         """One DEALER for the frontend's life: ZeroMQ reconnects it to a restarted broker."""
@@ -171,20 +175,52 @@ class BrokerClient:
         self.tasks = [asyncio.create_task(self._watchdog())]
         await self._hello()
 
-    def _send(self, frame: bytes) -> None:
-        """Send without blocking the event loop (the pipe has no high-water mark).
+    def _send(self, frame: bytes, rid: int = 0) -> None:
+        """Queue a frame for the broker; what one loop turn queues leaves as one message.
 
-        ZeroMQ's FD is edge-triggered and a send may consume its readiness, so look for
-        arrived replies right after every send."""
+        Each ZeroMQ message costs a wake-up of the I/O threads on both sides and a turn of the
+        broker's loop, so the requests of every connection served in one turn share them: the
+        frames travel as the parts of one multipart message. `rid` names the request or control
+        op whose future fails if the message cannot be sent."""
         if len(frame) > S.MAX_FRAME:
             raise invalid(f"request of {len(frame)} bytes is larger than the "
                           f"{S.MAX_FRAME} bytes a request may carry besides its tensors")
+        if self.sock is None:
+            raise unavailable("the server's broker is not reachable")
+        if not self.outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.outbox.append(frame)
+        self.outbox_rids.append(rid)
+
+    def _flush(self) -> None:
+        """Send the turn's frames as one message, then read what has arrived: ZeroMQ's FD is
+        edge-triggered and a send may consume its readiness."""
+        frames, rids = self.outbox, self.outbox_rids
+        self.outbox, self.outbox_rids = [], []
+        sock = self.sock
+        if sock is None:
+            return
         try:
-            self.sock.send(frame, zmq.NOBLOCK)
+            if len(frames) == 1:
+                sock.send(frames[0], NOBLOCK)
+            else:
+                last = len(frames) - 1
+                for i, frame in enumerate(frames):
+                    sock.send(frame, NOBLOCK_MORE if i < last else NOBLOCK)
         except zmq.ZMQError:
-            raise unavailable("the server's broker is not reachable") from None
-        finally:
-            asyncio.get_running_loop().call_soon(self._drain)
+            self._undeliverable(rids)
+        self._drain()
+
+    def _undeliverable(self, rids: list[int]) -> None:
+        """The broker is not connected: fail what waits on the frames that did not leave."""
+        err = unavailable("the server's broker is not reachable")
+        for rid in rids:
+            fut = self.futures.pop(rid, None) if rid else None
+            if fut is not None and not fut.done():
+                fut.set_exception(err)
+            stream = self.streams.pop(rid, None) if rid else None
+            if stream is not None:
+                stream.fail(err)
 
     async def _hello(self) -> None:
         try:
@@ -326,7 +362,7 @@ class BrokerClient:
         fut = asyncio.get_running_loop().create_future()
         self.futures[msg.rid] = fut
         try:
-            self._send(S.encode(msg))
+            self._send(S.encode(msg), msg.rid)
             return await fut
         except TritonError:
             self.futures.pop(msg.rid, None)
@@ -353,7 +389,7 @@ class BrokerClient:
         stream = ReplyStream(self, msg.rid, msg.window)
         self.streams[msg.rid] = stream
         try:
-            self._send(S.encode(msg))
+            self._send(S.encode(msg), msg.rid)
         except TritonError:
             self.streams.pop(msg.rid, None)
             raise
@@ -368,7 +404,7 @@ class BrokerClient:
         fut = asyncio.get_running_loop().create_future()
         self.futures[cid] = fut
         try:
-            self._send(S.encode(S.Control(cid, op)))
+            self._send(S.encode(S.Control(cid, op)), cid)
             reply = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise unavailable(f"the server's broker did not answer '{type(op).__name__}' in time") from None
@@ -397,6 +433,8 @@ class BrokerClient:
     def close(self) -> None:
         for t in self.tasks:
             t.cancel()
+        if self.outbox:
+            self._flush()
         if self.sock is not None:
             try:
                 asyncio.get_running_loop().remove_reader(self.sock.getsockopt(zmq.FD))
