@@ -32,8 +32,10 @@ from .errors import Code, TritonError
 from .replies import ControlResult
 
 PROTOCOL_VERSION = 5
-# Inline tensors up to this size ride inside the message; larger ones go through shm.
-INLINE_MAX = 64 * 1024
+# Inline tensors up to this size ride inside the message; larger ones go through shm. Where
+# the two cost the same CPU per request (HTTP binary, c=16): below it a block's allocation,
+# lease and release cost more than copying the bytes through every hop; above it, less.
+INLINE_MAX = 16 * 1024
 # At most this many inline bytes per message a frontend or worker builds; the rest go by shm.
 INLINE_BUDGET = 1 << 20
 # Largest frame the broker and frontends accept from their peers (inline budgets keep every
