@@ -83,7 +83,8 @@ class Broker:
         self.boot = os.getpid()
         self.running = True
         self.exit_code = 0
-        self.frontends: set[bytes] = set()
+        # each connected frontend's identity -> the function that answers its requests (made once)
+        self.frontends: dict[bytes, ReplyTo] = {}
         self.frontend_leases = FrontendLeases()
         self.outbox: dict[bytes, list[S.InferReply]] = {}     # replies not yet sent, per frontend
         self.next_ping = 0.0
@@ -216,12 +217,13 @@ class Broker:
         if isinstance(msg, S.Hello):
             self.on_hello(ident, msg)
             return
-        if ident not in self.frontends:     # a frontend that outlived our predecessor
-            self.frontends.add(ident)
+        reply = self.frontends.get(ident)
+        if reply is None:                   # a frontend that outlived our predecessor
+            reply = self.frontends[ident] = functools.partial(self.reply_frontend, ident)
             self.sockets.to_frontend(ident, S.encode(self.registry.table(self.drain.stopping, self.boot)))
             self.sockets.to_frontend(ident, S.encode(self.observed()))
         if isinstance(msg, S.Infer):
-            self.on_infer(functools.partial(self.reply_frontend, ident), msg, requester=ident)
+            self.on_infer(reply, msg, requester=ident)
         elif isinstance(msg, S.Release):
             self.frontend_leases.released(ident, msg)
             self.route_release(msg)
@@ -240,11 +242,11 @@ class Broker:
         if msg.proto != S.PROTOCOL_VERSION:
             log.error("refused a %s process (pid %d) that speaks protocol version %d, not %d",
                       msg.kind, msg.pid, msg.proto, S.PROTOCOL_VERSION)
-            self.frontends.discard(ident)
+            self.frontends.pop(ident, None)
             self.sockets.to_frontend(ident, S.encode(S.Refused(
                 f"the broker speaks protocol version {S.PROTOCOL_VERSION}, this process {msg.proto}")))
             return
-        self.frontends.add(ident)
+        self.frontends[ident] = functools.partial(self.reply_frontend, ident)
         self.peers[ident] = (msg.kind, msg.pid)
         if msg.kind != "supervisor":
             self.frontend_leases.hello(ident, msg.pid)
@@ -254,7 +256,7 @@ class Broker:
     def on_frontend_exit(self, pidfd: int) -> None:
         """A frontend process died: the worker blocks its replies still pointed at are freed."""
         ident, releases = self.frontend_leases.exited(pidfd)
-        self.frontends.discard(ident)
+        self.frontends.pop(ident, None)
         for release in releases:
             self.route_release(release)
 
