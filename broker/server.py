@@ -386,13 +386,14 @@ class Broker:
             self.to_frontends(S.Ping(self.boot))
         self.model_ops.tick(now)
         self.tracer.tick(now_ns)
-        idle = not self.inflight and not self.streams.open and self.registry.idle()
-        cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.supervisor_pid)
-        if cancel:
-            self.requests.cancel_all(list(self.registry.all_versions()),
-                                     unavailable("Server is shutting down: the exit timeout expired"))
-        if stop:
-            self.stop()
+        if self.drain.stopping:     # whether all is idle is asked only while draining
+            idle = not self.inflight and not self.streams.open and self.registry.idle()
+            cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.supervisor_pid)
+            if cancel:
+                self.requests.cancel_all(list(self.registry.all_versions()),
+                                         unavailable("Server is shutting down: the exit timeout expired"))
+            if stop:
+                self.stop()
         return min(next_s, self.next_check - now, self.next_ping - now)
 
     # ------------------------------------------------------------------ loop
