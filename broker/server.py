@@ -431,6 +431,9 @@ class Broker:
             wake = self.end_turn()
             if wake:    # a batch waits for its queue delay: the poll ends by then
                 timeout = min(timeout, max(0.0, (wake - self.clock.now_ns()) / 1e9))
+                if 0.0 < timeout < 0.001:   # below the poller's resolution: no turn spent on it
+                    sockets.wait_briefly(timeout)
+                    timeout = 0.0
             events = dict(poller.poll(max(0, int(timeout * 1000))))
             if signal_fd in events:
                 self.on_signals(os.read(signal_fd, 64))
