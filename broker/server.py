@@ -139,10 +139,12 @@ class Broker:
                 return
         self.outbox.setdefault(ident, []).append(reply)
 
-    def end_turn(self) -> None:
-        """What waits for the end of a loop turn: batches left for it, then the replies."""
-        self.requests.end_turn()
+    def end_turn(self) -> int:
+        """What waits for the end of a loop turn: batches left for it, then the replies.
+        Returns when a batcher wants another look (ns, 0: none)."""
+        wake = self.requests.end_turn()
         self.flush_replies()
+        return wake
 
     def flush_replies(self) -> None:
         outbox, self.outbox = self.outbox, {}
@@ -428,7 +430,12 @@ class Broker:
             registered = fds
             if self.registry.dirty:
                 self.publish_table()
-            self.end_turn()
+            wake = self.end_turn()
+            if wake:    # a batch waits for its queue delay: the poll ends by then
+                timeout = min(timeout, max(0.0, (wake - self.clock.now_ns()) / 1e9))
+                if 0.0 < timeout < 0.001:   # below the poller's resolution: no turn spent on it
+                    sockets.wait_briefly(timeout)
+                    timeout = 0.0
             events = dict(poller.poll(max(0, int(timeout * 1000))))
             if signal_fd in events:
                 self.on_signals(os.read(signal_fd, 64))

@@ -153,6 +153,12 @@ class Harness:
         self.broker.on_frontend_frame(ident, S.encode(msg))
         self.broker.end_turn()
 
+    def from_frontend_turn(self, *msgs: Any, ident: bytes = b"fe") -> None:
+        """Frames from a frontend that arrive in one loop turn."""
+        for msg in msgs:
+            self.broker.on_frontend_frame(ident, S.encode(msg))
+        self.broker.end_turn()
+
     def die(self, inst: Instance, code: int = -9) -> None:
         """The worker process of `inst` ends (its pidfd turns readable)."""
         self.pool.end(inst, code)

@@ -117,13 +117,18 @@ class RequestPath:
     def at_turn_end(self, mv: ModelVersion) -> None:
         self.due[id(mv)] = mv
 
-    def end_turn(self) -> None:
-        """Form the batches the policies left for the end of the loop turn."""
+    def end_turn(self) -> int:
+        """Form the batches the policies left for the end of the loop turn; returns the
+        earliest time one of those models wants another look (ns, 0: none)."""
+        wake = 0
         if self.due:
             due, self.due = self.due, {}
             for mv in due.values():
                 if mv.scheduler is not None:
                     mv.scheduler.at_turn_end(mv)
+                    if mv.wake_ns and (not wake or mv.wake_ns < wake):
+                        wake = mv.wake_ns
+        return wake
 
     def reap_by(self, at_ns: int) -> None:
         if at_ns and (not self.reap_ns or at_ns < self.reap_ns):

@@ -25,6 +25,9 @@ class QueuedScheduling:
         # A decoupled request's sent responses cannot be redone.
         self.may_retry = mv.view.idempotent and not mv.view.decoupled
         self._batched = mv.max_batch_size > 0
+        # Batches of a dynamic batcher form at the end of the loop turn, from every request
+        # that arrived in it, rather than the first one leaving alone.
+        self._defer = self.queue.policy.dynamic and mv.max_batch_size > 1
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -42,7 +45,14 @@ class QueuedScheduling:
             raise TritonError(e.code, request_prefix(msg.id) + e.message) from None
 
     def dispatch(self, mv: "ModelVersion") -> None:
-        """Form batches while an instance is free; each goes to the least busy free instance."""
+        """Form batches while an instance is free (a dynamic batcher's at the end of the loop
+        turn); each goes to the least busy free instance."""
+        if self._defer:
+            self.path.at_turn_end(mv)
+            return
+        self._dispatch(mv)
+
+    def _dispatch(self, mv: "ModelVersion") -> None:
         queue = self.queue
         path = self.path
         while len(queue):
@@ -59,7 +69,7 @@ class QueuedScheduling:
             path.send_batch(mv, queue.pick_instance(free), [p.key for p in batch], now)
 
     def at_turn_end(self, mv: "ModelVersion") -> None:
-        self.dispatch(mv)
+        self._dispatch(mv)
 
     def expire(self, mv: "ModelVersion", now_ns: int) -> None:
         """Answer requests whose queue timeout passed under a REJECT policy."""

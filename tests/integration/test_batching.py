@@ -97,6 +97,7 @@ MODELS = {
   priority_queue_policy { key: 1 value { timeout_action: DELAY
                           default_timeout_microseconds: 60000000 allow_timeout_override: true } }
 }""", 1),
+    "turn": ("max_batch_size: 8", "4", "dynamic_batching { }", 1),
     "ordered": ("max_batch_size: 4", "4", "dynamic_batching { preserve_ordering: true }", 2),
     "unordered": ("max_batch_size: 4", "4", "dynamic_batching { }", 2),
     "nobatch": ("max_batch_size: 8", "4", "", 1),
@@ -122,6 +123,26 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 '''
 
 
+# Both steps read the ensemble's input, so the broker admits them to `turn` in one loop turn.
+FANOUT_CONFIG = '''name: "fanout"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [
+  { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "B" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "SIZE_A" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "SIZE_B" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+ensemble_scheduling { step [
+  { model_name: "turn" model_version: -1 input_map { key: "INPUT0" value: "INPUT0" }
+    output_map { key: "OUTPUT0" value: "A" } output_map { key: "BATCH_SIZE" value: "SIZE_A" } },
+  { model_name: "turn" model_version: -1 input_map { key: "INPUT0" value: "INPUT0" }
+    output_map { key: "OUTPUT0" value: "B" } output_map { key: "BATCH_SIZE" value: "SIZE_B" } }
+] }
+'''
+
+
 def build_repo(root: Path, example_repo: Path) -> Path:
     for name, (mbs, dims, batching, count) in MODELS.items():
         (root / name / "1").mkdir(parents=True)
@@ -135,6 +156,8 @@ def build_repo(root: Path, example_repo: Path) -> Path:
     (root / "mlp_pref6" / "1").mkdir(parents=True)
     shutil.copy(example_repo / "mlp_onnx" / "1" / "model.onnx", root / "mlp_pref6" / "1" / "model.onnx")
     (root / "mlp_pref6" / "config.pbtxt").write_text(ONNX_CONFIG)
+    (root / "fanout" / "1").mkdir(parents=True)
+    (root / "fanout" / "config.pbtxt").write_text(FANOUT_CONFIG)
     return root
 
 
@@ -261,6 +284,19 @@ def test_queued_requests_form_one_batch_when_the_instance_frees(srv, gates, pool
     assert sizes.get(8, 0) - sizes0.get(8, 0) == 1
     assert sizes.get(5, 0) - sizes0.get(5, 0) == 1
     assert after["last_inference"] >= before["last_inference"] and after["last_inference"] > 0
+
+
+def test_requests_admitted_together_to_a_free_instance_run_as_one_batch(srv):
+    """The ensemble's two steps reach `turn` in one broker turn while its instance is free:
+    one execution of both, not the first alone and the second after it."""
+    before = stats(srv, "turn")
+    result = infer(srv, "fanout", rows(1, value=3))
+    assert (int(result.as_numpy("SIZE_A")[0, 0]), int(result.as_numpy("SIZE_B")[0, 0])) == (2, 2)
+    np.testing.assert_array_equal(result.as_numpy("A"), rows(1, value=3))
+    np.testing.assert_array_equal(result.as_numpy("B"), rows(1, value=3))
+    after = stats(srv, "turn")
+    assert after["inference_count"] - before["inference_count"] == 2
+    assert after["execution_count"] - before["execution_count"] == 1
 
 
 def test_short_queue_waits_out_the_delay(srv):
