@@ -5,23 +5,26 @@ throughput on this host, or do their BLAS pools fight over its cores?
 The model multiplies a square FP32 matrix by itself per request (--matrix 96: about 0.1 ms on
 one core) and returns 16 values of it. One server per instance count (1, 2, 4) serves it over
 gRPC, closed loop at each concurrency (1, 8, 32, 128); each cell prints infer/s and the ratio
-to the 1-instance server at the same concurrency. Servers:
+to the 1-instance server at the same concurrency. The servers of one instance count run side
+by side and take turns, so the host's load drifts alike for each. Servers:
 
   tritond          the thread budget (each worker's pools: the usable cores / the instances)
+  tritond threads=N  (--threads N) INTRA_OP_THREAD_COUNT=N in the model's config
   tritond all-cores  INTRA_OP_THREAD_COUNT=0 in the model's config: every worker's pools take
                    every usable core, as OpenBLAS does unbudgeted (what tritond did before)
   Triton           tritonserver of perf/anchors.py (its Python backend stubs size nothing);
                    left out with --no-triton or when its folder cannot be prepared
 
   python perf/bench_python_sweep.py                       # 3 s windows, every server
+  python perf/bench_python_sweep.py --threads 1 --rounds 3  # and tritond with one thread per worker
   python perf/bench_python_sweep.py --no-triton --window 2 --instances 1,2 --concurrency 1,8
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -75,24 +78,45 @@ def budget_lines(log: Path) -> list[str]:
     return [m.group(1) for m in re.finditer(r"(model '" + MODEL + r"' version 1 instance .*)", text)]
 
 
-def sweep(name: str, start: Callable[[Path, Path], object], tmp: Path, args: argparse.Namespace,
-          threads: str | None, results: dict, notes: list[str]) -> None:
+def sweep(variants: list[tuple[str, Callable[[Path, Path], object], str | None]], tmp: Path,
+          args: argparse.Namespace, results: dict, notes: list[str]) -> None:
+    """Per instance count, every variant's server runs side by side (idle but for the one
+    measured) and the variants take turns at each concurrency, so the host's load drifts alike
+    for all of them; with --rounds the median of the rounds counts."""
+    inputs = [loadgen.make_input("INPUT0", (16,), "FP32")]
     for n in args.instances:
-        repo = write_repository(tmp / f"{name}-{n}" / "models", n, args.matrix, threads)
-        log = tmp / f"{name}-{n}.log"
-        server = start(repo, log)
+        servers: dict[str, object] = {}
+        logs: dict[str, Path] = {}
         try:
-            server.wait_ready(READY_TIMEOUT_S)
-            inputs = [loadgen.make_input("INPUT0", (16,), "FP32")]
+            for name, start, threads in variants:
+                repo = write_repository(tmp / f"{name}-{n}" / "models", n, args.matrix, threads)
+                logs[name] = tmp / f"{name}-{n}.log"
+                servers[name] = start(repo, logs[name])
+            for name in list(servers):
+                try:
+                    servers[name].wait_ready(READY_TIMEOUT_S)
+                except ServerStartError as exc:
+                    if name != "Triton":
+                        raise
+                    notes.append(f"Triton left out at {n} instances: {str(exc).splitlines()[0]}")
+                    servers.pop(name).stop()
             for c in args.concurrency:
-                r = loadgen.run(server.grpc, "grpc", MODEL, inputs, c, args.window, args.warmup)
-                results[(name, n, c)] = r.infer_per_s
-                print(f"{name}: {n} instance(s), c={c}: {r.infer_per_s:,.0f} infer/s, p50 {r.p50_ms:.2f} ms, "
-                      f"{r.errors} errors", file=sys.stderr)
+                for _ in range(args.rounds):
+                    for name, server in servers.items():
+                        r = loadgen.run(server.grpc, "grpc", MODEL, inputs, c, args.window, args.warmup)
+                        results.setdefault((name, n, c), []).append(r.infer_per_s)
+                        print(f"{name}: {n} instance(s), c={c}: {r.infer_per_s:,.0f} infer/s, "
+                              f"p50 {r.p50_ms:.2f} ms, {r.errors} errors", file=sys.stderr)
         finally:
-            server.stop()
-        if name.startswith("tritond") and n == max(args.instances):
-            notes += [f"{name}, {n} instances: {line}" for line in budget_lines(log)[:1]]
+            for server in servers.values():
+                server.stop()
+        if n == max(args.instances):
+            notes += [f"{name}, {n} instances: {line}" for name in servers if name.startswith("tritond")
+                      for line in budget_lines(logs[name])[:1]]
+
+
+def median(values: list[float] | None) -> float | None:
+    return float(statistics.median(values)) if values else None
 
 
 def render(results: dict, servers: list[str], args: argparse.Namespace) -> str:
@@ -106,11 +130,11 @@ def render(results: dict, servers: list[str], args: argparse.Namespace) -> str:
         for c in args.concurrency:
             cells = [str(n), str(c)]
             for s in servers:
-                v, one = results.get((s, n, c)), results.get((s, min(args.instances), c))
+                v, one = median(results.get((s, n, c))), median(results.get((s, min(args.instances), c)))
                 cells += [f"{v:,.0f}" if v is not None else "-",
                           f"{v / one:.2f}" if v and one else "-"]
             if "Triton" in servers:
-                v, t = results.get(("tritond", n, c)), results.get(("Triton", n, c))
+                v, t = median(results.get(("tritond", n, c))), median(results.get(("Triton", n, c)))
                 cells.append(f"{v / t:.2f}" if v and t else "-")
             rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -124,6 +148,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--window", type=float, default=3.0, help="measured seconds per cell")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per cell")
     p.add_argument("--matrix", type=int, default=96, help="the model's square matrix side (96: ~0.1 ms)")
+    p.add_argument("--rounds", type=int, default=1, help="turns per cell (the median counts)")
+    p.add_argument("--threads", type=ints, default=[], help="also tritond with INTRA_OP_THREAD_COUNT=each of these")
     p.add_argument("--no-all-cores", action="store_true", help="leave out the unbudgeted tritond")
     p.add_argument("--no-triton", action="store_true", help="leave out real Triton")
     p.add_argument("--anchors-dir", type=Path, default=Path(os.environ.get("ANCHORS_DIR", "/tmp/anchors")),
@@ -135,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     variants: list[tuple[str, Callable[[Path, Path], object], str | None]] = [
         ("tritond", lambda repo, log: Server(repo, log), None)]
+    for threads in args.threads:
+        variants.append((f"tritond threads={threads}", lambda repo, log: Server(repo, log), str(threads)))
     if not args.no_all_cores:
         variants.append(("tritond all-cores", lambda repo, log: Server(repo, log), "0"))
     notes = [f"{args.matrix}x{args.matrix} FP32 matmul per request, gRPC, closed loop, {args.window:g} s windows "
@@ -151,9 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-python-sweep-") as tmp:
         try:
-            for name, start, threads in variants:
-                with contextlib.suppress(ServerStartError) if name == "Triton" else contextlib.nullcontext():
-                    sweep(name, start, Path(tmp), args, threads, results, notes)
+            sweep(variants, Path(tmp), args, results, notes)
         except ServerStartError as exc:
             print(exc, file=sys.stderr)
             return 1
