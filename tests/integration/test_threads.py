@@ -87,3 +87,17 @@ def test_an_invalid_thread_count_fails_the_load_with_the_reason(tserver, model, 
         assert f"got '{value}'" in index[model].get("reason", "")
     finally:
         client.close()
+
+
+def test_spawned_workers_get_the_budget_too(tmp_path):
+    repo = tmp_path / "models"
+    add_thread_model(repo, "pair", count=2)
+    share = max(1, usable_cores() // 2)
+    with serving(TritondServer(repo, ["--worker-templates=false"])) as s:
+        seen = {}
+        for _ in range(60):
+            r = report(s, "pair")
+            seen[r["pid"]] = r
+            if len(seen) == 2:
+                break
+        assert len(seen) == 2 and all((r["blas"], r["omp"]) == (share, share) for r in seen.values()), seen
