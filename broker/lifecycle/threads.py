@@ -3,12 +3,12 @@
 Each CPU instance gets its share of the server's usable cores among the CPU instances of
 every loaded model (repository/threads.py has the arithmetic and the parameters that
 override it). Counted: every version in the table or staged by a reload whose instances are
-not gone (FAILED, STOPPED), except those retiring or unloaded and the versions of the model
-being loaded that it replaces; during the startup load also the models of the repository
-not loaded yet (`plan`), so the first model does not take every core. A version keeps what
-it got (its restarted workers too) until it is loaded again: a model loaded later takes its
-share of what the count says then, and earlier models keep theirs. One log line per
-instance says what it got and why.
+not gone (FAILED, STOPPED; a version restarting its instances counts), except those retiring
+or unloaded and the versions of the model being loaded that it replaces; during the startup
+load also the models of the repository not loaded yet (`plan`), so the first model does not
+take every core. A version keeps what it got (its restarted workers too) until it is loaded
+again: a model loaded later takes its share of what the count says then, and earlier models
+keep theirs. One log line per instance says what it got and why.
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ class ThreadBudget:
         """CPU instances of every model but `name`, loaded, loading or planned."""
         live: dict[str, int] = {}
         for mv in [*registry.versions(), *registry.loading]:
-            if mv.name == name or mv.unloaded or mv.retiring or mv.state not in (LOADING, READY):
+            if mv.name == name or mv.unloaded or mv.retiring or (mv.state not in (LOADING, READY)
+                                                                 and not mv.restarting):
                 continue
             live[mv.name] = live.get(mv.name, 0) + cpu_instances(mv)
         planned = sum(n for m, n in self.planned.items() if m != name and m not in live)

@@ -188,3 +188,19 @@ def test_applying_a_budget_resizes_the_pools_already_loaded_and_sets_the_variabl
 def _pythonpath() -> dict[str, str]:
     import os
     return {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "VIRTUAL_ENV", "HOME")}
+
+
+def test_a_version_restarting_its_instances_still_counts_and_an_unavailable_one_does_not():
+    from tritond.broker.tables.model_version import UNAVAILABLE
+    registry = ModelRegistry()
+    budget = ThreadBudget(cores=6)
+    down = version("down", cpu=2)
+    down.state, down.restarting = UNAVAILABLE, True
+    registry.replace("down", {1: down})
+    mv = version("new", cpu=1)
+    budget.assign(registry, [mv], [])
+    assert mv.threads[0].threads == 2                  # 6 cores, 2 + 1
+    down.restarting = False                            # every instance failed: it holds no cores
+    again = version("new", cpu=1)
+    budget.assign(registry, [again], [])
+    assert again.threads[0].threads == 6
