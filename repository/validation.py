@@ -26,6 +26,7 @@ from .layout import version_dirs
 from .ragged import check_ragged
 from .unsupported import check_supported
 from .sequence_config import check_sequence_batching
+from .threads import check_thread_parameters
 
 DataType = model_config_pb2.DataType
 Kind = model_config_pb2.ModelInstanceGroup.Kind
@@ -294,5 +295,6 @@ def validate_config(
         _check_ensemble(cfg, fail)
         return
     _check_instance_groups(cfg, fail)
+    check_thread_parameters(cfg, fail)
     if model_path:
         _check_model_files(cfg, model_path, version_dirs(model_path) if versions is None else versions)

@@ -113,8 +113,8 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 5
-SCHEMA_FINGERPRINT = "37008db6b2453630"
+RECORDED_VERSION = 6
+SCHEMA_FINGERPRINT = "7bf46f213106ce9d"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -212,7 +212,7 @@ STRUCTS = {
     "schema.UnloadModel": "de5d0537b224",
     "schema.Unmap": "c458b2102b7e",
     "schema.WorkerDown": "6fcc156705c0",
-    "schema.WorkerSpec": "d3208eb87f00",
+    "schema.WorkerSpec": "f8242a3438a4",
     "schema.WorkerUp": "8b3be76be8f7",
     "schema.Zeros": "9cd0d19aa965",
     "schema._S": "c4554829a979",

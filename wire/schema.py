@@ -31,7 +31,7 @@ import msgspec
 from .errors import Code, TritonError
 from .replies import ControlResult
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 # Inline tensors up to this size ride inside the message; larger ones go through shm. Where
 # the two cost the same CPU per request (HTTP binary, c=16): below it a block's allocation,
 # lease and release cost more than copying the bytes through every hop; above it, less.
@@ -451,6 +451,11 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True):
     log_verbose: int = 0
     log: LogConfig | None = None
     index: int = 0                  # the instance's place among the model's instances
+    # The host's thread budget for this instance, decided when its version loads: its BLAS,
+    # OpenMP and framework intra-op pools get `threads`, inter-op pools `inter_op_threads`
+    # (0: not budgeted, the backend's own defaults).
+    threads: int = 0
+    inter_op_threads: int = 0
 
 
 class ExecRequest(_S, gc=False):

@@ -41,6 +41,7 @@ from .cuda_ipc import Exports, Imports
 from .responses import Discard, Flow, Responder
 from .states import SequenceStates, state_specs
 from .tensors import Leases, desc_to_array, write_outputs
+from .threads import apply_threads
 from .warmup import warm_up
 
 log = logging.getLogger("tritond.worker")
@@ -153,7 +154,9 @@ class Worker:
             model_name=s.model, model_version=s.version, model_dir=s.model_dir,
             version_dir=s.version_dir, instance_name=s.instance_name, kind=s.kind,
             device_id=s.device_id, model_repository=s.repository, index=s.index,
+            threads=s.threads, inter_op_threads=s.inter_op_threads,
         )
+        apply_threads(s.threads, s.inter_op_threads)
         backend = create(s.config, self.view, info)
         completed = backend.auto_complete()
         if completed is not None:
@@ -163,6 +166,9 @@ class Worker:
             from . import pb_utils
             pb_utils.set_bls_handler(self.bls.infer, self.bls.infer_stream)
         backend.load()
+        if s.threads:       # the pools the model's initialize brought in (it may import torch, scipy...)
+            applied = apply_threads(s.threads, s.inter_op_threads)
+            log.debug("threads %d (inter-op %d) set on: %s", s.threads, s.inter_op_threads, ", ".join(applied))
         warm_up(lambda msg: self.execute(backend, msg), self.leases.release, backend.config, s.model_dir,
                 s.instance_name)
         return backend, completed

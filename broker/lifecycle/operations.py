@@ -38,6 +38,7 @@ from tritond.broker.scheduling.rate_limiter import RateLimiter
 from tritond.broker.tables.registry import ModelRegistry
 from tritond.broker.lifecycle.reload import LoadedFrom, failed_entry, plan, serving, settled, switch
 from tritond.broker.lifecycle.retire import Retirement
+from tritond.broker.lifecycle.threads import ThreadBudget
 from tritond.broker.supervision.pool import Instance
 
 log = logging.getLogger("tritond.broker")
@@ -77,6 +78,7 @@ class ModelControl:
         self.fingerprints: dict[str, Fingerprint] = {}   # as the last load of each model saw it
         self.publish = publish          # sends the table when it changed
         self.fatal = fatal              # the broker cannot go on
+        self.threads = ThreadBudget()   # each CPU instance's share of the host's cores
 
     # ---------------------------------------------------------------- entry points
 
@@ -188,11 +190,17 @@ class ModelControl:
                 log.error("failed to load '%s', failed to poll from model repository", name)
         order, deps = yield Job(lambda: self._order(sources, sorted(wanted)))
         yield Lock(frozenset(order))
+        # Every startup model is read before any starts a worker: the thread budget divides
+        # the cores among all of their CPU instances.
+        read = yield All([self._prefetch(sources[n]) for n in order])
+        prefetched = {n: r for n, r in zip(order, read) if isinstance(r, tuple)}
+        self.threads.plan(spec for _, spec in prefetched.values())
         self.lifecycle.wait_for_templates(STARTUP_TEMPLATE_WAIT_S)
         try:
-            yield from self._load_in_order(sources, order, deps)
+            yield from self._load_in_order(sources, order, deps, prefetched=prefetched)
         finally:
             self.lifecycle.wait_for_templates(0.0)
+            self.threads.planned.clear()
         self.registry.startup_done = True
         self.registry.dirty = True
         if self.mode == "poll":
@@ -223,7 +231,8 @@ class ModelControl:
             raise invalid("".join(errors))
 
     def _load_in_order(self, sources: dict[str, ModelSource], order: list[str], deps: dict[str, list[str]],
-                       requested: str = "", override: Any = None, force: bool = False) -> Generator:
+                       requested: str = "", override: Any = None, force: bool = False,
+                       prefetched: dict[str, tuple] | None = None) -> Generator:
         """Load `order` in waves: a model once every model it composes (in `order`) settled."""
         done: set[str] = set()
         errors: list[str] = []
@@ -232,7 +241,8 @@ class ModelControl:
             wave = [n for n in pending if all(d in done or d not in order for d in deps.get(n, []))] or pending
             pending = [n for n in pending if n not in wave]
             results = yield All([self._load_model(sources[n], override if n == requested else None,
-                                                  force and n == requested) for n in wave])
+                                                  force and n == requested, (prefetched or {}).get(n))
+                                 for n in wave])
             done.update(wave)
             for n, r in zip(wave, results):
                 if isinstance(r, TritonError):
@@ -241,12 +251,28 @@ class ModelControl:
                     errors.extend(r or [])
         return errors
 
-    def _load_model(self, source: ModelSource, override: Any = None, force: bool = False) -> Generator:
-        """Load or reload one model; returns the lines of Triton's load error ([] when fine)."""
+    def _prefetch(self, source: ModelSource) -> Generator:
+        """Read one model's fingerprint and spec ahead of its load (the startup load)."""
+        fp = yield Job(lambda: self._fingerprint(source))
+        spec = yield from self._read_spec(source, None)
+        return fp, spec
+
+    def _read_spec(self, source: ModelSource, override: Any) -> Generator:
+        try:
+            spec = yield Job(lambda: self._read(source, override))
+        except (OSError, ValueError, RemoteError) as e:     # what load_spec does not turn into an error itself
+            log.exception("reading model '%s' failed", source.name)
+            spec = ModelSpec(source.name, source.path, None, [], f"cannot read the model: {e}")
+        return spec
+
+    def _load_model(self, source: ModelSource, override: Any = None, force: bool = False,
+                    prefetched: tuple[Fingerprint | None, ModelSpec] | None = None) -> Generator:
+        """Load or reload one model; returns the lines of Triton's load error ([] when fine).
+        `prefetched`: its fingerprint and spec, already read."""
         name = source.name
         yield Slot()
         started = self.clock.now()
-        fp = yield Job(lambda: self._fingerprint(source))
+        fp = prefetched[0] if prefetched is not None else (yield Job(lambda: self._fingerprint(source)))
         if fp is not None:
             self.fingerprints[name] = fp
         old = dict(self.registry.get(name))
@@ -254,20 +280,18 @@ class ModelControl:
         if (not force and before is not None and not before.overridden and old and fp is not None
                 and fp == before.fingerprint and all(mv.state == READY for mv in old.values())):
             return []
-        try:
-            spec = yield Job(lambda: self._read(source, override))
-        except (OSError, ValueError, RemoteError) as e:     # what load_spec does not turn into an error itself
-            log.exception("reading model '%s' failed", name)
-            spec = ModelSpec(name, source.path, None, [], f"cannot read the model: {e}")
+        spec = prefetched[1] if prefetched is not None else (yield from self._read_spec(source, override))
         for line in spec.advice:
             log.warning(line)
         if spec.error:
+            self.threads.done(name)
             return self._failed(spec, old)
         config = config_to_json(spec.config)
         now = LoadedFrom(source.path, config, fp, override is not None)
         change = plan(old, before, now, spec.versions, force)
         if change.nothing and all(mv.state == READY for mv in old.values()):
             self.loaded_from[name] = now
+            self.threads.done(name)
             return []
         log.info("loading model '%s' version(s) %s%s", name, ", ".join(map(str, change.load)) or "-",
                  f", keeping {', '.join(map(str, change.keep))}" if change.keep else "")
@@ -277,6 +301,8 @@ class ModelControl:
         else:
             self._replace(name, {**{v: old[v] for v in change.keep}, **staged}, old)
             self.registry.specs[name] = spec
+        self.threads.assign(self.registry, [mv for mv in staged.values() if mv.instances],
+                            [old[v] for v in change.keep if v in old])
         for mv in staged.values():
             refused = self.limiter.register(mv) if self.limiter is not None and mv.instances else ""
             if refused:

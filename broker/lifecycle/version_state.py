@@ -67,6 +67,7 @@ class Lifecycle:
         return mv
 
     def worker_spec(self, mv: ModelVersion, inst: Instance) -> WorkerSpec:
+        threads = mv.threads.get(inst.index)     # decided at load (lifecycle/threads.py); kept on restarts
         return WorkerSpec(
             server_id=self.opts.server_id, workers=self.workers_endpoint,
             identity=inst.identity.decode(), broker_pid=os.getpid(),
@@ -76,6 +77,8 @@ class Lifecycle:
             log_verbose=self.opts.log_verbose,
             log=self.opts.log,
             index=inst.index,
+            threads=threads.threads if threads else 0,
+            inter_op_threads=threads.inter_op_threads if threads else 0,
         )
 
     def _env(self, mv: ModelVersion, inst: Instance) -> dict[str, str] | None:

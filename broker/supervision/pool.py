@@ -26,6 +26,7 @@ import msgspec
 
 from tritond.crash_window import CrashWindow
 from tritond.process import EXIT_NO_MEMORY
+from tritond.repository.threads import thread_env
 from tritond.wire.schema import WorkerSpec
 
 from tritond.broker.supervision.templates import Templates
@@ -170,6 +171,8 @@ class WorkerProcesses:
             self._procs[pid] = None
         else:
             argv = [sys.executable, "-m", "tritond.workers.main", msgspec.json.encode(spec).decode()]
+            if spec.threads:    # its BLAS and OpenMP runtimes start at the size of its thread budget
+                env = {**(env if env is not None else os.environ), **thread_env(spec.threads)}
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})   # workers ignore SIGHUP
             try:
                 proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)

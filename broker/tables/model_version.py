@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritond.repository.threads import ThreadChoice
 from tritond.repository.view import model_view
 from tritond.wire.schema import ModelState, ModelView
 
@@ -47,6 +48,8 @@ class ModelVersion:
     retiring: bool = False           # left service: drains, then its workers stop (retire.py)
     retire_started: float = 0.0
     latency: "Callable[[], Any] | None" = field(default=None, repr=False)   # --metrics-config observers
+    # Each instance's thread budget (by index), decided when the version loads (lifecycle/threads.py)
+    threads: dict[int, ThreadChoice] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.stats = ModelStats(self.name, self.version, latency=self.latency() if self.latency else None)

@@ -30,6 +30,10 @@ class InstanceInfo:
     device_id: int = 0
     model_repository: str = ""
     index: int = 0          # this instance's place among the model's instances (creation order)
+    # Its thread budget (decided by the broker at load): intra-op / BLAS pools, inter-op pools;
+    # 0: not budgeted, the backend's own defaults.
+    threads: int = 0
+    inter_op_threads: int = 0
 
 
 @dataclass

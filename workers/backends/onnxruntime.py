@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from tritond.repository.backends import ONNXRUNTIME
-from tritond.repository.parameters import config_parameter
 
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
@@ -21,11 +20,11 @@ class OnnxBackend(Backend):
 
         path = self.model_path()
         opts = ort.SessionOptions()
-        threads = config_parameter(self.config, "intra_op_thread_count")
-        opts.intra_op_num_threads = int(threads) if threads else 1
-        inter = config_parameter(self.config, "inter_op_thread_count")
-        if inter:
-            opts.inter_op_num_threads = int(inter)
+        # The instance's thread budget (intra_op_thread_count / inter_op_thread_count or its share
+        # of the host's cores, decided at load); one thread when not budgeted (a GPU instance).
+        opts.intra_op_num_threads = self.instance.threads or 1
+        if self.instance.inter_op_threads:
+            opts.inter_op_num_threads = self.instance.inter_op_threads
         opts.log_severity_level = 3
         if self.instance.kind == "GPU":
             check_mps_share()

@@ -54,10 +54,15 @@ def yes(config: dict, key: str) -> bool:
     return config_parameter(config, key).strip().upper() == "YES"
 
 
-def compile_properties(ov: Any, config: dict, batching: bool = False, skip_dynamic: bool = False) -> dict:
-    """Triton's OpenVINO parameters as OpenVINO properties (values were checked at config load)."""
+def compile_properties(ov: Any, config: dict, batching: bool = False, skip_dynamic: bool = False,
+                       threads: int = 0) -> dict:
+    """Triton's OpenVINO parameters as OpenVINO properties (values were checked at config load);
+    `threads`: the instance's thread budget (INFERENCE_NUM_THREADS or its share of the host's
+    cores, decided at load), which INFERENCE_NUM_THREADS below confirms."""
     props = ov.properties
     out: dict = {props.hint.allow_auto_batching: batching and not skip_dynamic}
+    if threads:
+        out[props.inference_num_threads] = threads
     for key, prop in (("INFERENCE_NUM_THREADS", props.inference_num_threads),
                       ("COMPILATION_NUM_THREADS", props.compilation_num_threads)):
         value = config_parameter(config, key).strip()
@@ -101,7 +106,7 @@ class OpenVINOBackend(Backend):
         self.padding = yes(cfg, "ENABLE_BATCH_PADDING")
         model = self._prepare(ov, model)
         device = config_parameter(cfg, "TARGET_DEVICE").strip().upper() or "CPU"
-        props = compile_properties(ov, cfg, self.batching, self.static_batch)
+        props = compile_properties(ov, cfg, self.batching, self.static_batch, self.instance.threads)
         self.compiled = core.compile_model(model, device, props)
         self.request = self.compiled.create_infer_request()
         self.outputs = [(name, self.compiled.output(name)) for name in self.view.outputs]

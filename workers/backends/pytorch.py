@@ -45,8 +45,6 @@ SUPPORTED_TYPES = ("TYPE_BOOL", "TYPE_UINT8", "TYPE_INT8", "TYPE_INT16", "TYPE_I
 PARAM_DISABLE_OPTIMIZED = "DISABLE_OPTIMIZED_EXECUTION"
 PARAM_INFERENCE_MODE = "INFERENCE_MODE"
 PARAM_DISABLE_CUDNN = "DISABLE_CUDNN"
-PARAM_INTRA_OP = "INTRA_OP_THREAD_COUNT"
-PARAM_INTER_OP = "INTER_OP_THREAD_COUNT"
 PARAM_CUDA_IPC = "cuda_ipc_outputs"
 
 
@@ -159,12 +157,13 @@ class TorchBackend(Backend):
 
     def _threads(self) -> None:
         torch = self.torch
-        intra = config_parameter(self.config, PARAM_INTRA_OP)
-        torch.set_num_threads(int(intra) if intra and int(intra) > 0 else 1)
-        inter = config_parameter(self.config, PARAM_INTER_OP)
-        if inter and int(inter) > 0:
+        # The instance's thread budget (INTRA_OP_THREAD_COUNT / INTER_OP_THREAD_COUNT or its share
+        # of the host's cores, decided at load); one thread when not budgeted (a GPU instance).
+        torch.set_num_threads(self.instance.threads or 1)
+        inter = self.instance.inter_op_threads
+        if inter and torch.get_num_interop_threads() != inter:
             with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
-                torch.set_num_interop_threads(int(inter))
+                torch.set_num_interop_threads(inter)
 
     def _load_module(self, path: str) -> tuple[list[str], bool]:
         """Load the model onto the device; returns forward()'s tensor argument names and whether

@@ -21,7 +21,7 @@ import numpy as np
 from tritond.repository.backends import TENSORFLOW, backend_record
 from tritond.repository.parameters import config_parameter
 from tritond.repository.savedmodel import SERVE_TAG, select_signature
-from tritond.repository.tensorflow_autocomplete import PARAM_INTER, PARAM_INTRA, PARAM_SIGNATURE, PARAM_TAG
+from tritond.repository.tensorflow_autocomplete import PARAM_SIGNATURE, PARAM_TAG
 
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
@@ -48,11 +48,12 @@ class TensorFlowBackend(Backend):
             check_mps_share()
         tf = self.tf = import_tensorflow()
         cfg = self.config
-        for key, setter in ((PARAM_INTRA, tf.config.threading.set_intra_op_parallelism_threads),
-                            (PARAM_INTER, tf.config.threading.set_inter_op_parallelism_threads)):
-            value = config_parameter(cfg, key).strip()
-            if value:
-                setter(int(value))
+        # The instance's thread budget (TF_NUM_INTRA_THREADS / TF_NUM_INTER_THREADS or its share
+        # of the host's cores, decided at load); TensorFlow's defaults when not budgeted.
+        for count, setter in ((self.instance.threads, tf.config.threading.set_intra_op_parallelism_threads),
+                              (self.instance.inter_op_threads, tf.config.threading.set_inter_op_parallelism_threads)):
+            if count:
+                setter(count)
         self.device = self._device()
         path = self.model_path()
         tag = config_parameter(cfg, PARAM_TAG).strip() or SERVE_TAG
