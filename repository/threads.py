@@ -5,7 +5,11 @@ OpenMP runtime and framework pools (ONNX Runtime, PyTorch, OpenVINO, TensorFlow)
 otherwise start one thread per core: with N instances on C cores, N x C spinning threads
 fight over C cores. So the cores this server may use (`usable_cores`: its CPU affinity,
 capped by a cgroup CPU quota) are divided among the CPU instances of every loaded model,
-at least one thread each (`default_share`), as Ray sizes OMP_NUM_THREADS per actor. A model
+at least one thread each (`default_share`), as Ray sizes OMP_NUM_THREADS per actor, after
+one core for the broker and one for each frontend process: a request's path keeps those busy,
+and a BLAS pool that spins on their cores makes a small model slower, not faster (one
+instance on 2 cores: 395-956 infer/s with 1 thread, 91-762 with 2, perf/bench_python_sweep.py).
+A model
 sets its own count with its backend's Triton parameter (`THREAD_PARAMETERS`); 0 there means
 the framework's own default, every usable core.
 
@@ -149,9 +153,10 @@ def check_thread_parameters(cfg, fail) -> None:
                 raise fail(f"parameters.{key}", str(e)) from None
 
 
-def choose_threads(config: dict, kind: str, cores: int, cpu_instances: int) -> ThreadChoice:
+def choose_threads(config: dict, kind: str, cores: int, cpu_instances: int, reserved: int = 0) -> ThreadChoice:
     """One instance's threads: the model's parameter if it sets one, else (a CPU instance) its
-    share of `cores` among the `cpu_instances` CPU instances of the loaded models."""
+    share of `cores`, less the `reserved` ones the broker and the frontends keep busy, among the
+    `cpu_instances` CPU instances of the loaded models."""
     intra_key, inter_key = thread_parameters(str(config.get("backend") or ""))
     intra = parse_thread_count(intra_key, config_parameter(config, intra_key)) if intra_key else None
     inter = parse_thread_count(inter_key, config_parameter(config, inter_key)) if inter_key else None
@@ -160,9 +165,11 @@ def choose_threads(config: dict, kind: str, cores: int, cpu_instances: int) -> T
         why = (f"parameter {intra_key}={intra}" if intra else
                f"parameter {intra_key}=0: the framework's default, every one of the {cores} usable cores")
     elif kind == "CPU":
-        threads = default_share(cores, cpu_instances)
-        why = (f"{cores} usable core(s) shared by {cpu_instances} CPU instance(s) of the loaded models"
-               + (" (at least 1 each)" if cores < cpu_instances else ""))
+        free = max(1, cores - reserved)
+        threads = default_share(free, cpu_instances)
+        kept = f", less {reserved} for the broker and the frontends," if reserved else ""
+        why = (f"{cores} usable core(s){kept} shared by {cpu_instances} CPU instance(s) of the loaded models"
+               + (" (at least 1 each)" if free < cpu_instances else ""))
     else:
         threads, why = 0, f"a {kind} instance is outside the host's CPU budget: the backend's defaults"
     if inter is not None:

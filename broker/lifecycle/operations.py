@@ -78,7 +78,10 @@ class ModelControl:
         self.fingerprints: dict[str, Fingerprint] = {}   # as the last load of each model saw it
         self.publish = publish          # sends the table when it changed
         self.fatal = fatal              # the broker cannot go on
-        self.threads = ThreadBudget()   # each CPU instance's share of the host's cores
+        # each CPU instance's share of the host's cores, after one for the broker and one for
+        # each frontend process
+        frontends = (opts.http_workers if opts.allow_http else 0) + (opts.grpc_workers if opts.allow_grpc else 0)
+        self.threads = ThreadBudget(reserved=1 + frontends)
 
     # ---------------------------------------------------------------- entry points
 

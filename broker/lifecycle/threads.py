@@ -32,8 +32,9 @@ def cpu_instances(mv: ModelVersion) -> int:
 
 
 class ThreadBudget:
-    def __init__(self, cores: int | None = None) -> None:
+    def __init__(self, cores: int | None = None, reserved: int = 0) -> None:
         self.cores = cores or usable_cores()
+        self.reserved = reserved        # cores the broker and the frontend processes keep busy
         self.planned: dict[str, int] = {}      # startup: CPU instances of models not loaded yet
 
     def plan(self, specs: Iterable[ModelSpec]) -> None:
@@ -66,7 +67,7 @@ class ThreadBudget:
         total = self.others(registry, name) + sum(cpu_instances(mv) for mv in [*staged, *kept])
         for mv in staged:
             for inst in mv.instances:
-                choice = choose_threads(mv.config or {}, inst.kind, self.cores, total)
+                choice = choose_threads(mv.config or {}, inst.kind, self.cores, total, self.reserved)
                 mv.threads[inst.index] = choice
                 log.info("model '%s' version %d instance '%s': %s (%s)", mv.name, mv.version, inst.name,
                          describe(choice), choice.why)

@@ -14,6 +14,7 @@ from conftest import TritondServer, expect_error, serving
 
 from tritond.repository.threads import usable_cores
 
+RESERVED = 3        # the broker, one HTTP and one gRPC frontend process keep a core each
 MODEL_SOURCE = Path(__file__).resolve().parent.parent / "fixtures" / "thread_model.py"
 
 
@@ -53,7 +54,7 @@ def report(server: TritondServer, model: str) -> dict[str, int]:
 
 def test_each_instance_gets_its_share_of_the_cores_by_default(tserver):
     # 'pair' (2 instances) and 'tuned' (1) are the server's three CPU instances.
-    share = max(1, usable_cores() // 3)
+    share = max(1, (usable_cores() - RESERVED) // 3)
     seen = {}
     for _ in range(60):
         r = report(tserver, "pair")
@@ -65,7 +66,8 @@ def test_each_instance_gets_its_share_of_the_cores_by_default(tserver):
         assert (r["blas"], r["omp"]) == (share, share), r
     for i in range(2):
         assert (f"model 'pair' version 1 instance 'pair_0_{i}': {share} thread(s) "
-                f"({usable_cores()} usable core(s) shared by 3 CPU instance(s) of the loaded models") in tserver.log
+                f"({usable_cores()} usable core(s), less {RESERVED} for the broker and the frontends, shared by "
+                f"3 CPU instance(s) of the loaded models") in tserver.log
 
 
 def test_the_thread_parameter_overrides_the_share_for_late_imports_too(tserver):
@@ -92,7 +94,7 @@ def test_an_invalid_thread_count_fails_the_load_with_the_reason(tserver, model, 
 def test_spawned_workers_get_the_budget_too(tmp_path):
     repo = tmp_path / "models"
     add_thread_model(repo, "pair", count=2)
-    share = max(1, usable_cores() // 2)
+    share = max(1, (usable_cores() - RESERVED) // 2)
     with serving(TritondServer(repo, ["--worker-templates=false"])) as s:
         seen = {}
         for _ in range(60):

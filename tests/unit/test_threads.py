@@ -38,6 +38,15 @@ def test_a_cpu_instance_without_a_parameter_gets_its_share_and_says_why():
     assert "at least 1 each" in choose_threads(params("python"), "CPU", 2, 3).why
 
 
+def test_the_cores_the_broker_and_frontends_keep_busy_are_not_shared():
+    choice = choose_threads(params("python"), "CPU", cores=16, cpu_instances=2, reserved=3)
+    assert choice.threads == 6
+    assert choice.why == ("16 usable core(s), less 3 for the broker and the frontends, shared by 2 CPU "
+                          "instance(s) of the loaded models")
+    assert choose_threads(params("python"), "CPU", cores=2, cpu_instances=1, reserved=3).threads == 1
+    assert choose_threads(params("python", INTRA_OP_THREAD_COUNT="0"), "CPU", 2, 1, reserved=3).threads == 2
+
+
 @pytest.mark.parametrize("backend, intra, inter", [
     ("onnxruntime", "intra_op_thread_count", "inter_op_thread_count"),
     ("pytorch", "INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT"),
