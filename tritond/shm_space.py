@@ -11,6 +11,7 @@ import os
 
 from tritond.shm.arena import DEFAULT_SEGMENT_BYTES
 from tritond.shm.naming import SHM_DIR
+from tritond.wire.schema import INLINE_MAX
 
 MIB = 1 << 20
 
@@ -34,6 +35,6 @@ def shm_shortfall(frontends: int, workers: int, path: str = SHM_DIR) -> str:
     what = f"{path} is {size // MIB} MiB" + (f" with {free // MIB} MiB free" if free < size else "")
     return (f"{what}, less than the {need // MIB} MiB the shared-memory arenas of {frontends} frontend and "
             f"{workers} worker processes need ({DEFAULT_SEGMENT_BYTES // MIB} MiB each at least): requests "
-            f"with tensors over 64 KiB will fail when it fills up. Give the server more: "
+            f"with tensors over {INLINE_MAX // 1024} KiB will fail when it fills up. Give the server more: "
             f"`--shm-size=1g` for podman/docker, an emptyDir with `medium: Memory` mounted at /dev/shm "
             f"on Kubernetes (size: 32 MiB per process plus the tensors in flight)")
