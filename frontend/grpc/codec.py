@@ -1,9 +1,10 @@
-"""ModelInfer's response as protobuf bytes, encoded once.
+"""ModelInfer's and ModelStreamInfer's responses as protobuf bytes, encoded once.
 
 The response is written field by field in field-number order, as protobuf serializes it:
 the model's name and version (encoded once per model version), the id, each output's
 name, datatype and shape (encoded once per distinct output), then every output's bytes,
-copied once from the worker's shared memory into the message. A response that carries
+copied once from the worker's shared memory into the message (a stream response wraps
+the same fields, with `triton_final_response` among the parameters). A response that carries
 response parameters takes the protobuf message path (converters.py); no model path fills them.
 """
 from __future__ import annotations
@@ -21,6 +22,11 @@ _SMALL = [bytes((n,)) for n in range(0x80)]
 # InferOutputTensor fields: 1 name, 2 datatype, 3 shape (packed int64).
 _NAME, _VERSION, _ID, _OUTPUT, _RAW = b"\x0a", b"\x12", b"\x1a", b"\x2a", b"\x32"
 _T_NAME, _T_DATATYPE, _T_SHAPE = b"\x0a", b"\x12", b"\x1a"
+# ModelStreamInferResponse field 2 (infer_response); parameters (field 4) entry
+# {key: triton_final_response, value: InferParameter{bool_param}}
+_STREAM_RESPONSE = b"\x12"
+_FINAL = {flag: b"\x22\x1b\x0a\x15" + cv.FINAL_PARAMETER.encode() + b"\x12\x02\x08" + bytes((flag,))
+          for flag in (False, True)}
 
 
 def varint(n: int) -> bytes:
@@ -75,9 +81,22 @@ class ResponseEncoder:
         have an empty `raw_output_contents` entry, as in converters.infer_response)."""
         if result.parameters:
             return cv.infer_response(result).SerializeToString()
+        return b"".join(self._parts(result, None))
+
+    def stream_response(self, result: InferResult, final: bool) -> bytes:
+        """The serialized ModelStreamInferResponse of converters.stream_response."""
+        if result.parameters:
+            return cv.stream_response(result, final).SerializeToString()
+        parts = self._parts(result, _FINAL[final])
+        size = sum([len(p) for p in parts])
+        return b"".join([_STREAM_RESPONSE, varint(size), *parts])
+
+    def _parts(self, result: InferResult, parameters: bytes | None) -> list:
         parts = [self._head(result.model_name, result.model_version)]
         if result.id:
             parts.append(_field(_ID, result.id.encode()))
+        if parameters is not None:
+            parts.append(parameters)
         outputs = result.outputs
         output = self._output
         for t in outputs:
@@ -89,7 +108,7 @@ class ResponseEncoder:
             else:
                 parts.append(_RAW + varint(len(data)))
                 parts.append(data)
-        return b"".join(parts)
+        return parts
 
 
 def parse_request(data: bytes) -> pb.ModelInferRequest:

@@ -260,7 +260,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         fatal: list[TritonError] = []
         ended = asyncio.Event()
 
-        async def write(message: pb.ModelStreamInferResponse) -> None:
+        async def write(message: bytes) -> None:
             async with lock:
                 if not fatal:
                     await context.write(message)
@@ -270,7 +270,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 fatal.append(e)
                 ended.set()
                 return
-            await write(cv.stream_error(request, e))
+            await write(cv.stream_error(request, e).SerializeToString())
 
         async def answer(request: pb.ModelInferRequest) -> None:
             self.inflight += 1
@@ -316,7 +316,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _stream_answer(self, request: pb.ModelInferRequest,
-                             write: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]) -> None:
+                             write: Callable[[bytes], Awaitable[None]]) -> None:
         """Answer one request of a stream: every response of a decoupled model as it comes,
         the bare final flag only when asked for (`triton_enable_empty_final_response`)."""
         entry = self._entry(request.model_name, request.model_version)
@@ -326,7 +326,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if entry.view is None or not entry.view.decoupled:
             result = await self.dp.infer(entry, inputs, outputs, opts)
             try:
-                message = cv.stream_response(result, True)
+                message = self.encoder.stream_response(result, True)
             finally:
                 self.dp.release(result)
             await write(message)
@@ -337,11 +337,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             async for item in self.dp.infer_stream(entry, inputs, outputs, opts):
                 if item.error is not None:
-                    message = cv.stream_error(request, item.error, item.final)
+                    message = cv.stream_error(request, item.error, item.final).SerializeToString()
                 elif item.result is not None:
-                    message = cv.stream_response(item.result, item.final)
+                    message = self.encoder.stream_response(item.result, item.final)
                 elif opts.empty_final:
-                    message = cv.stream_empty_final(request)
+                    message = cv.stream_empty_final(request).SerializeToString()
                 else:
                     continue
                 if pending is not None:

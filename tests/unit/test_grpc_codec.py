@@ -52,3 +52,14 @@ def test_cached_heads_and_outputs_follow_each_response():
 def test_varint_matches_protobuf_int64(n):
     t = pb.ModelInferResponse.InferOutputTensor(shape=[n])
     assert t.SerializeToString() == b"\x1a" + bytes([len(varint(n))]) + varint(n)
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("final", [False, True])
+def test_encoded_stream_response_is_protobufs(name, final):
+    r = CASES[name]
+    expected = cv.stream_response(r, final)
+    encoded = ResponseEncoder().stream_response(r, final)
+    assert pb.ModelStreamInferResponse.FromString(encoded) == expected
+    if not r.parameters:
+        assert encoded == expected.SerializeToString()
