@@ -4,7 +4,10 @@ the Python exception's class in the text.
 
 The generated `add_GRPCInferenceServiceServicer_to_server` is run against a recorder; its
 handlers are registered again with deserializers that return `UNPARSED` instead of raising,
-and the handlers (servicer.py) answer that with INVALID_ARGUMENT.
+and the handlers (servicer.py) answer that with INVALID_ARGUMENT. ModelInfer is registered
+without a deserializer and serializer: its handler takes the request's bytes and returns the
+response's (it parses and encodes them itself, once); ModelStreamInfer writes its responses as
+bytes it encoded.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc
 
 SERVICE = "inference.GRPCInferenceService"
+RAW = ("ModelInfer",)     # RPCs whose handlers take and return bytes
+RAW_RESPONSES = ("ModelStreamInfer",)   # RPCs whose handlers write bytes
 UNPARSABLE = "the request message could not be parsed as a protobuf message of the RPC's type"
 
 
@@ -52,7 +57,12 @@ class _Recorder:
 def add_servicer(servicer: Any, server: grpc.aio.Server) -> None:
     recorder = _Recorder()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, recorder)
-    handlers = {name: h._replace(request_deserializer=_tolerant(h.request_deserializer))
-                for name, h in recorder.handlers.items()}
+    handlers = {}
+    for name, h in recorder.handlers.items():
+        if name in RAW:
+            handlers[name] = h._replace(request_deserializer=None, response_serializer=None)
+        else:
+            handlers[name] = h._replace(request_deserializer=_tolerant(h.request_deserializer),
+                                        response_serializer=None if name in RAW_RESPONSES else h.response_serializer)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)

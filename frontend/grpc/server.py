@@ -1,4 +1,4 @@
-"""Entry point of a gRPC frontend process (grpc.aio).
+"""Entry point of a gRPC frontend process (grpc.aio on uvloop).
 
 `python -m tritond.frontend.grpc.server <options-json>`. Several of these may listen on one
 port (SO_REUSEPORT). SIGTERM stops new RPCs (UNAVAILABLE), lets in-flight ones finish
@@ -7,12 +7,12 @@ gRPC asks for the newest configuration before each new connection's handshake.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import threading
 
 import grpc
+import uvloop
 
 from tritond.wire.options import ServerOptions
 
@@ -106,7 +106,7 @@ async def run(opts: ServerOptions) -> None:
 def main(argv: list[str]) -> int:
     opts = start_process(argv, "grpc")
     try:
-        asyncio.run(run(opts))
+        uvloop.run(run(opts))
     except TlsError as e:
         log.error("gRPC frontend cannot serve TLS: %s", e)
         return 1

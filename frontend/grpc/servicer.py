@@ -22,11 +22,12 @@ from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError, invalid, unavailable
 
 from ..client_subject import SubjectRule
-from ..dataplane import Dataplane
+from ..dataplane import Dataplane, RequestOptions
 from ..errors import GRPC_CODE_NAME
 from ..metadata import SERVER_VERSION, model_metadata
 from ..tracing import Pending
 from . import converters as cv
+from .codec import ResponseEncoder, parse_request
 from .parsing import UNPARSABLE, UNPARSED
 
 log = logging.getLogger("tritond.grpc")
@@ -35,6 +36,9 @@ SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requ
 DECOUPLED_INFER = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 STREAM_OUTSTANDING = 64     # requests of one ModelStreamInfer stream in flight at once
 RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
+BROKER_LATE = "the server's broker did not answer in time"
+INTERNAL = "internal error while handling the request"
+MAX_CACHED_ENTRIES = 4096   # (model, version string) pairs resolved per model table
 STATUS = {name: grpc.StatusCode[code] for name, code in GRPC_CODE_NAME.items()}
 
 
@@ -73,12 +77,12 @@ def rpc(category: str) -> Callable:
             except TritonError as e:
                 await context.abort(status_of(e), e.message)
             except asyncio.TimeoutError:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "the server's broker did not answer in time")
+                await context.abort(grpc.StatusCode.UNAVAILABLE, BROKER_LATE)
             except grpc.aio.AbortError:
                 raise
             except Exception:  # a bug: logged here, never echoed to the client
                 log.exception("unexpected error in %s", fn.__name__)
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error while handling the request")
+                await context.abort(grpc.StatusCode.INTERNAL, INTERNAL)
         return handler
     return wrap
 
@@ -90,8 +94,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.opts = opts
         self.restricted = {cat: (RESTRICTED_HEADER_PREFIX + key, value)
                            for cat, (key, value) in opts.restricted.items()}
+        # ModelInfer skips admission while nothing can refuse it
+        self.gated_inference = "inference" in self.restricted or "inference" in opts.subjects
         self.stopping = False
         self.inflight = 0
+        self.encoder = ResponseEncoder()
+        self._table: Any = None                                     # the table _entries were resolved in
+        self._entries: dict[tuple[str, str], S.ModelEntry] = {}     # (name, version string) -> entry
 
     # ------------------------------------------------------------- admission and shutdown
 
@@ -165,35 +174,74 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # ------------------------------------------------------------- inference
 
-    async def _infer(self, request: pb.ModelInferRequest,
-                     context: grpc.aio.ServicerContext | None = None) -> pb.ModelInferResponse:
-        mode = self.client.trace_mode(request.model_name)
-        pending = Pending("GRPC", mode, traceparent(context) if mode and context else "") if mode else None
-        entry = self.dp.entry(request.model_name, cv.parse_version(request.model_version))
+    def _entry(self, name: str, version: str) -> S.ModelEntry:
+        """The model version a request's (name, version string) goes to, resolved once per
+        model table (the broker publishes a new one on every change); errors are not kept."""
+        table = self.client.table
+        if table is not self._table:
+            self._table = table
+            self._entries = {}
+        key = (name, version)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self.dp.entry(name, cv.parse_version(version))
+            if len(self._entries) >= MAX_CACHED_ENTRIES:
+                self._entries.clear()
+            self._entries[key] = entry
+        return entry
+
+    async def _infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext | None = None) -> bytes:
+        client = self.client
+        mode = client.trace_mode(request.model_name) if client.tracing else ""
+        pending = Pending("GRPC", mode, traceparent(context) if context else "") if mode else None
+        entry = self._entry(request.model_name, request.model_version)
         if entry.view is not None and entry.view.decoupled:
             raise TritonError(Code.UNSUPPORTED, DECOUPLED_INFER)
-        opts = cv.request_options(request.parameters)
-        opts.id = request.id
-        if request.id:
-            logs.REQUEST_ID.set(request.id)      # this RPC's task: its log lines carry the id
+        params = request.parameters
+        opts = cv.request_options(params) if params else RequestOptions()
+        request_id = request.id
+        if request_id:
+            opts.id = request_id
+            logs.REQUEST_ID.set(request_id)      # this RPC's task: its log lines carry the id
         if pending is not None:
             opts.trace = pending.start()
-        result = await self.dp.infer(entry, cv.parse_inputs(request), cv.parse_outputs(request), opts)
+        inputs = cv.parse_inputs(request)
+        outputs = cv.parse_outputs(request) if request.outputs else []
+        result = await self.dp.infer(entry, inputs, outputs, opts)
         info = result.reply.trace if result.reply is not None else None
         try:
-            return cv.infer_response(result)
+            return self.encoder.infer_response(result)
         finally:
             self.dp.release(result)
             if info is not None:
                 # grpc.aio writes the response after the handler returns: both send times are taken here
                 now = time.monotonic_ns()
-                self.dp.tracer.finish(info, pending, entry.name, result.model_version, request.id, now, now)
+                self.dp.tracer.finish(info, pending, entry.name, result.model_version, request_id, now, now)
 
-    @rpc("inference")
-    async def ModelInfer(self, request, context):
+    async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Bytes in, bytes out (parsing.py registers it without (de)serializers): the request
+        is parsed once here and the response encoded once (codec.py). Admission and errors as
+        `rpc` handles them for the other RPCs."""
+        if self.stopping or self.gated_inference:
+            await self.admit(context, "inference")
+        try:
+            request = parse_request(data)
+        except Exception:   # DecodeError, and whatever else protobuf raises on hostile bytes
+            request = None
+        if request is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, UNPARSABLE)
         self.inflight += 1
         try:
             return await self._infer(request, context)
+        except TritonError as e:
+            await context.abort(status_of(e), e.message)
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, BROKER_LATE)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # a bug: logged here, never echoed to the client
+            log.exception("unexpected error in ModelInfer")
+            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL)
         finally:
             self.inflight -= 1
 
@@ -212,7 +260,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         fatal: list[TritonError] = []
         ended = asyncio.Event()
 
-        async def write(message: pb.ModelStreamInferResponse) -> None:
+        async def write(message: bytes) -> None:
             async with lock:
                 if not fatal:
                     await context.write(message)
@@ -222,7 +270,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 fatal.append(e)
                 ended.set()
                 return
-            await write(cv.stream_error(request, e))
+            await write(cv.stream_error(request, e).SerializeToString())
 
         async def answer(request: pb.ModelInferRequest) -> None:
             self.inflight += 1
@@ -268,17 +316,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _stream_answer(self, request: pb.ModelInferRequest,
-                             write: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]) -> None:
+                             write: Callable[[bytes], Awaitable[None]]) -> None:
         """Answer one request of a stream: every response of a decoupled model as it comes,
         the bare final flag only when asked for (`triton_enable_empty_final_response`)."""
-        entry = self.dp.entry(request.model_name, cv.parse_version(request.model_version))
+        entry = self._entry(request.model_name, request.model_version)
         opts = cv.request_options(request.parameters)
         opts.id = request.id
         inputs, outputs = cv.parse_inputs(request), cv.parse_outputs(request)
         if entry.view is None or not entry.view.decoupled:
             result = await self.dp.infer(entry, inputs, outputs, opts)
             try:
-                message = cv.stream_response(result, True)
+                message = self.encoder.stream_response(result, True)
             finally:
                 self.dp.release(result)
             await write(message)
@@ -289,11 +337,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             async for item in self.dp.infer_stream(entry, inputs, outputs, opts):
                 if item.error is not None:
-                    message = cv.stream_error(request, item.error, item.final)
+                    message = cv.stream_error(request, item.error, item.final).SerializeToString()
                 elif item.result is not None:
-                    message = cv.stream_response(item.result, item.final)
+                    message = self.encoder.stream_response(item.result, item.final)
                 elif opts.empty_final:
-                    message = cv.stream_empty_final(request)
+                    message = cv.stream_empty_final(request).SerializeToString()
                 else:
                     continue
                 if pending is not None:
