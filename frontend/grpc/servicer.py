@@ -74,17 +74,23 @@ def rpc(category: str) -> Callable:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, UNPARSABLE)
             try:
                 return await fn(self, request, context)
-            except TritonError as e:
-                await context.abort(status_of(e), e.message)
-            except asyncio.TimeoutError:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, BROKER_LATE)
             except grpc.aio.AbortError:
                 raise
-            except Exception:  # a bug: logged here, never echoed to the client
-                log.exception("unexpected error in %s", fn.__name__)
-                await context.abort(grpc.StatusCode.INTERNAL, INTERNAL)
+            except Exception as e:
+                await abort_with(context, e, fn.__name__)
         return handler
     return wrap
+
+
+async def abort_with(context: grpc.aio.ServicerContext, e: Exception, where: str) -> None:
+    """End the call with the status an exception stands for; a bug is logged here and never
+    echoed to the client. Call it from the `except` block (the log takes its traceback)."""
+    if isinstance(e, TritonError):
+        await context.abort(status_of(e), e.message)
+    if isinstance(e, asyncio.TimeoutError):
+        await context.abort(grpc.StatusCode.UNAVAILABLE, BROKER_LATE)
+    log.exception("unexpected error in %s", where)
+    await context.abort(grpc.StatusCode.INTERNAL, INTERNAL)
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -233,15 +239,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.inflight += 1
         try:
             return await self._infer(request, context)
-        except TritonError as e:
-            await context.abort(status_of(e), e.message)
-        except asyncio.TimeoutError:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, BROKER_LATE)
         except grpc.aio.AbortError:
             raise
-        except Exception:  # a bug: logged here, never echoed to the client
-            log.exception("unexpected error in ModelInfer")
-            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL)
+        except Exception as e:
+            await abort_with(context, e, "ModelInfer")
         finally:
             self.inflight -= 1
 
