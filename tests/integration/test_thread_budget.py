@@ -52,15 +52,21 @@ def report(server: TritondServer, model: str) -> dict[str, int]:
     return {"blas": blas, "omp": omp, "torch": torch, "pid": pid}
 
 
-def test_each_instance_gets_its_share_of_the_cores_by_default(tserver):
-    # 'pair' (2 instances) and 'tuned' (1) are the server's three CPU instances.
-    share = max(1, (usable_cores() - RESERVED) // 3)
-    seen = {}
+def both_instances(server: TritondServer, model: str) -> dict[int, dict[str, int]]:
+    """The reports of a 2-instance model's workers, by pid (asked until both answered, 60 at most)."""
+    seen: dict[int, dict[str, int]] = {}
     for _ in range(60):
-        r = report(tserver, "pair")
+        r = report(server, model)
         seen[r["pid"]] = r
         if len(seen) == 2:
             break
+    return seen
+
+
+def test_each_instance_gets_its_share_of_the_cores_by_default(tserver):
+    # 'pair' (2 instances) and 'tuned' (1) are the server's three CPU instances.
+    share = max(1, (usable_cores() - RESERVED) // 3)
+    seen = both_instances(tserver, "pair")
     assert len(seen) == 2, "both instances of 'pair' answer"
     for r in seen.values():
         assert (r["blas"], r["omp"]) == (share, share), r
@@ -96,10 +102,5 @@ def test_spawned_workers_get_the_budget_too(tmp_path):
     add_thread_model(repo, "pair", count=2)
     share = max(1, (usable_cores() - RESERVED) // 2)
     with serving(TritondServer(repo, ["--worker-templates=false"])) as s:
-        seen = {}
-        for _ in range(60):
-            r = report(s, "pair")
-            seen[r["pid"]] = r
-            if len(seen) == 2:
-                break
+        seen = both_instances(s, "pair")
         assert len(seen) == 2 and all((r["blas"], r["omp"]) == (share, share) for r in seen.values()), seen
