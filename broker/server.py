@@ -59,6 +59,9 @@ log = logging.getLogger("tritond.broker")
 
 PING_INTERVAL_S = 0.5
 CHECK_INTERVAL_S = 0.25
+# The models' timers are walked at least this often even when no alarm is set: a restart's
+# wait bound (supervision/restart_wait.py) is checked then.
+TIMER_WALK_NS = 1_000_000_000
 STOP_WAIT_S = 5.0
 SHUTTING_DOWN = "Server is shutting down and has stopped accepting new requests"
 
@@ -360,20 +363,11 @@ class Broker:
         """Fire due timers; return seconds until the next one."""
         now = self.clock.now()
         now_ns = self.clock.now_ns()
-        next_s = 1.0
-        for mv in self.registry.all_versions():
-            sched = mv.scheduler
-            if sched is None or not len(sched):
-                continue
-            sched.expire(mv, now_ns)
-            self.supervision.expire_restart_wait(mv)
-            deadline = sched.next_deadline()
-            if mv.wake_ns and mv.wake_ns <= now_ns:
-                mv.wake_ns = 0
-                sched.dispatch(mv)
-            for t in (deadline, mv.wake_ns):
-                if t:
-                    next_s = min(next_s, max(0.0, (t - now_ns) / 1e9))
+        alarm = self.requests.alarm
+        if now_ns >= alarm.at_ns:
+            alarm.at_ns = now_ns + TIMER_WALK_NS
+            self.walk_timers(now_ns)
+        next_s = max(0.0, (alarm.at_ns - now_ns) / 1e9)
         idle_at = self.requests.reap(now_ns, self.registry.versions())
         if idle_at:
             next_s = min(next_s, max(0.0, (idle_at - now_ns) / 1e9))
@@ -397,6 +391,25 @@ class Broker:
             if stop:
                 self.stop()
         return min(next_s, self.next_check - now, self.next_ping - now)
+
+    def walk_timers(self, now_ns: int) -> None:
+        """Every model's timers: queue timeouts, restarts waited on too long, batches whose
+        queue delay ended; each time still ahead sets the alarm."""
+        alarm = self.requests.alarm
+        for mv in self.registry.all_versions():
+            sched = mv.scheduler
+            if sched is None or not len(sched):
+                continue
+            sched.expire(mv, now_ns)
+            self.supervision.expire_restart_wait(mv)
+            if mv.wake_ns and mv.wake_ns <= now_ns:
+                mv.wake_ns = 0
+                sched.dispatch(mv)
+            deadline = sched.next_deadline()
+            if deadline:
+                alarm.set(deadline)
+            if mv.wake_ns:
+                alarm.set(mv.wake_ns)
 
     # ------------------------------------------------------------------ loop
 
@@ -422,12 +435,14 @@ class Broker:
         registered: set[int] = set()
         while self.running:
             timeout = self.timers()
-            fds = self.instances.pidfds() | self.frontend_leases.pidfds()
-            for fd in fds - registered:
-                poller.register(fd, zmq.POLLIN)
-            for fd in registered - fds:
-                poller.unregister(fd)
-            registered = fds
+            if self.instances.fds_changed or self.frontend_leases.fds_changed:
+                self.instances.fds_changed = self.frontend_leases.fds_changed = False
+                fds = self.instances.pidfds() | self.frontend_leases.pidfds()
+                for fd in fds - registered:
+                    poller.register(fd, zmq.POLLIN)
+                for fd in registered - fds:
+                    poller.unregister(fd)
+                registered = fds
             if self.registry.dirty:
                 self.publish_table()
             wake = self.end_turn()

@@ -15,7 +15,7 @@ from tritond.wire.schema import (
     Zeros, heartbeat_identity,
 )
 
-from tritond.broker.clock import Clock
+from tritond.broker.clock import Alarm, Clock
 from tritond.broker.scheduling.rate_limiter import RateLimiter
 from tritond.broker.scheduling.streams import Streams
 from tritond.broker.supervision.pool import Instance, InstanceState
@@ -71,6 +71,7 @@ class RequestPath:
         self.keys = itertools.count(1)
         self.due: dict[int, ModelVersion] = {}      # models to form batches for at the end of the turn
         self.reap_ns = 0                             # when a policy next has idle state to reap (0: none)
+        self.alarm = Alarm()                         # when a model's timer may next be due
 
     # ---------------------------------------------------------------- admission
 
@@ -98,8 +99,17 @@ class RequestPath:
             self.regions.release(regions)
             reply(InferReply(msg.rid, error=e))
             return None
+        deadline = sched.next_deadline()
+        if deadline:                    # a queue or backlog timeout: the loop looks then
+            self.alarm.set(deadline)
         sched.dispatch(mv)
         return req
+
+    def wake_at(self, mv: ModelVersion, at_ns: int) -> None:
+        """A policy's batch waits for its queue delay until `at_ns` (0: nothing waits)."""
+        mv.wake_ns = at_ns
+        if at_ns:
+            self.alarm.set(at_ns)
 
     # ---------------------------------------------------------------- batches
 

@@ -63,7 +63,7 @@ class QueuedScheduling:
             self.expire(mv, now)
             batch, wake = queue.next_batch(now)
             if not batch:
-                mv.wake_ns = wake
+                path.wake_at(mv, wake)
                 return
             mv.wake_ns = 0
             path.send_batch(mv, queue.pick_instance(free), [p.key for p in batch], now)

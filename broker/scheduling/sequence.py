@@ -142,7 +142,7 @@ class SequenceScheduling:
                 self._send(mv, inst, entries, now)
             elif at:
                 wake = min(wake, at) if wake else at
-        mv.wake_ns = wake
+        self.path.wake_at(mv, wake)
 
     def _send(self, mv: ModelVersion, inst: Instance, entries: list[Pending | None], now_ns: int) -> None:
         controls = self.controls

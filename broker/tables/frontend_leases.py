@@ -21,6 +21,7 @@ class FrontendLeases:
         self.held: dict[bytes, Counter[tuple[bytes, int]]] = {}
         self._fds: dict[int, bytes] = {}        # pidfd -> frontend identity
         self._gone: set[bytes] = set()
+        self.fds_changed = False                # the broker's loop re-registers the pidfds then
 
     def hello(self, ident: bytes, pid: int) -> None:
         """A frontend process introduced itself: watch it."""
@@ -31,21 +32,22 @@ class FrontendLeases:
         except OSError:         # already gone, or not ours to watch
             return
         self._fds[fd] = ident
+        self.fds_changed = True
 
     def pidfds(self) -> KeysView[int]:
-        """A live view, no copy (the broker's loop reads it every turn)."""
+        """A live view, no copy."""
         return self._fds.keys()
 
     def sent(self, ident: bytes, reply: InferReply) -> Release | None:
         """Note the leases of a reply sent to `ident`; for a frontend that is gone, the
         release to route instead."""
-        leases = [lease for lease in (lease_of(d) for d in reply.outputs) if lease]
+        leases = {lease for d in reply.outputs if (lease := lease_of(d))}
         if not leases:
             return None
         if ident in self._gone:
-            return Release(reply.owner, sorted(set(leases)))
+            return Release(reply.owner, sorted(leases))
         held = self.held.setdefault(ident, Counter())
-        for lease in set(leases):
+        for lease in leases:
             held[(reply.owner, lease)] += 1
         return None
 
@@ -63,6 +65,7 @@ class FrontendLeases:
     def exited(self, fd: int) -> tuple[bytes, list[Release]]:
         """The frontend behind `fd` died: (its identity, the releases of what it held)."""
         ident = self._fds.pop(fd)
+        self.fds_changed = True
         os.close(fd)
         self._gone.add(ident)
         by_owner: dict[bytes, list[int]] = {}

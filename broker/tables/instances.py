@@ -25,6 +25,7 @@ class InstanceTable:
         self._workers: dict[bytes, Instance] = {}      # main identities only
         self._by_pidfd: dict[int, Instance] = {}
         self._model: dict[Instance, "ModelVersion"] = {}
+        self.fds_changed = False        # the broker's loop re-registers the pidfds then
 
     def add(self, inst: Instance, mv: "ModelVersion") -> None:
         """Register the current generation of `inst` (after it was spawned)."""
@@ -33,6 +34,7 @@ class InstanceTable:
         self._by_identity[stream_identity(inst.identity)] = inst
         self._workers[inst.identity] = inst
         self._by_pidfd[inst.pidfd] = inst
+        self.fds_changed = True
         self._model[inst] = mv
 
     def forget(self, inst: Instance) -> None:
@@ -45,6 +47,7 @@ class InstanceTable:
             del self._workers[inst.identity]
         if self._by_pidfd.get(inst.pidfd) is inst:
             del self._by_pidfd[inst.pidfd]
+            self.fds_changed = True
         self._model.pop(inst, None)
 
     def get(self, identity: bytes) -> Instance | None:
@@ -66,7 +69,7 @@ class InstanceTable:
         return list(self._by_pidfd.values())
 
     def pidfds(self) -> KeysView[int]:
-        """A live view, no copy (the broker's loop reads it every turn)."""
+        """A live view, no copy."""
         return self._by_pidfd.keys()
 
     def worker_identities(self) -> Iterator[bytes]:
