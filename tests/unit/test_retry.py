@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from broker_harness import Harness, python_model
 
+from tritond.broker.supervision.pool import BACKOFF_MAX, CRASH_LIMIT, InstanceState
 from tritond.repository import devices
 from tritond.repository.catalog import load_spec
 from tritond.repository.layout import ModelSource
@@ -170,3 +171,24 @@ def test_an_ensemble_cannot_set_it(tmp_path, no_gpu):
                 'input_map { key: "x" value: "x" } output_map { key: "y" value: "y" } }] }')
     assert "an ensemble cannot set 'idempotent': its steps are retried by their own models'" in \
         spec_error(tmp_path, ensemble)
+
+
+def test_poison_requests_still_trip_the_crash_loop_circuit(tmp_path):
+    """Each poison request costs two deaths, never more, and the deaths count as before: the
+    instance is marked failed after CRASH_LIMIT + 1 of them without serving."""
+    h = harness(tmp_path)
+    deaths, rids = 0, []
+    while deaths <= CRASH_LIMIT:
+        if not h.executing("m"):
+            rids += send(h, f"p{deaths}")
+        ((inst, _),) = h.executing("m")
+        h.die(inst)
+        deaths += 1
+        if inst.state is InstanceState.FAILED:
+            break
+        h.tick(BACKOFF_MAX)
+        h.up("m")
+    assert deaths == CRASH_LIMIT + 1 and inst.state is InstanceState.FAILED
+    assert all(h.replies()[rid].error.code is Code.UNAVAILABLE for rid in rids)
+    assert stats(h).retries == len(rids) == 3 and stats(h).retry_failures == 3
+    assert f"failed {CRASH_LIMIT + 1} times within 60 s without serving" in inst.last_error
