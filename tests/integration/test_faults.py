@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from conftest import TritondServer, expect_error, http_get, metric, serving, wait_for
@@ -41,7 +42,7 @@ def fserver(tmp_path_factory, markers):
         add_fault_model(repo, name, count=count, max_batch=mbs, batching=f"max_queue_delay_microseconds: {delay}",
                         params=dict(params, marker_dir=markers), pid_outputs=True)
     add_ensemble(repo, "idem_ens", "idem2")
-    with serving(TritondServer(repo)) as s:
+    with serving(TritondServer(repo, ["--allow-client-shm=true"])) as s:
         yield s
 
 
@@ -269,10 +270,13 @@ def test_idempotent_model_retries_once_on_the_replacement(fserver, markers):
 def test_kill_worker_mid_batch_of_an_idempotent_model_fails_nothing(fserver, markers):
     pids = wait_serving(fserver, "idem2", 2)
     retries = metric(fserver, "tritond_inference_request_retry", model="idem2")
+    restarts = metric(fserver, "tritond_model_restart_count", model="idem2")
     with Load(fserver.http_url, "idem2", 32, sleep_ms=300) as load:
         victim = pids[0]
         batch = stop_while_busy(markers, victim)
         os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: metric(fserver, "tritond_model_restart_count", model="idem2") == restarts + 1,
+                 what="the restart to be counted")
         new_pids = wait_serving(fserver, "idem2", 2)
         served_after = len(load.ok)
         wait_for(lambda: len(load.ok) > served_after + 32, what="requests served after the restart")
@@ -293,10 +297,55 @@ def test_an_input_that_kills_every_worker_fails_after_one_retry(fserver):
     assert "'idem2'" in e.message() and e.message().count("died (exit code 7)") == 2, e.message()
     assert_no_internals(e.message())
     assert metric(fserver, "tritond_inference_request_retry_failure", model="idem2") == failures + 1
-    new = wait_serving(fserver, "idem2", 2)
-    assert len(set(new) & set(pids)) == 0
+    gone = [pid for pid in pids if pid not in wait_serving(fserver, "idem2", 2)]
+    assert gone
     assert infer(fserver.http_url, "idem2", values=np.full((1, 4), 5, np.float32)).as_numpy("OUTPUT0")[0, 0] == 5
-    assert_healthy(fserver, pids)
+    assert_healthy(fserver, gone)
+
+
+def test_a_retried_request_keeps_its_client_shared_memory_until_it_is_answered(fserver, markers):
+    """The client unregisters its regions while the request is inside a worker; the worker is
+    killed; the regions stay listed while the retry runs, which reads the input and writes the
+    output through them, and go once it is answered."""
+    [pid] = wait_serving(fserver, "idem", 1)
+    values = np.arange(4, dtype=np.float32).reshape(1, 4) * 7
+    handles = [shm.create_shared_memory_region(name, f"/{name}_{os.getpid()}", 16) for name in ("retry_in", "retry_out")]
+    client = httpclient.InferenceServerClient(fserver.http_url, network_timeout=60)
+    try:
+        shm.set_shared_memory_region(handles[0], [values])
+        shm.set_shared_memory_region(handles[1], [np.zeros((1, 4), np.float32)])
+        for name in ("retry_in", "retry_out"):
+            client.register_system_shared_memory(name, f"/{name}_{os.getpid()}", 16)
+        inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_shared_memory("retry_in", 16)
+        out = httpclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("retry_out", 16)
+        box: dict[str, object] = {}
+
+        def send() -> None:     # its own client: one InferenceServerClient serves one thread
+            c = httpclient.InferenceServerClient(fserver.http_url, network_timeout=60)
+            try:
+                box["r"] = c.infer("idem", [inp], outputs=[out], request_id="shm-retry", parameters={"sleep_ms": 1500})
+            finally:
+                c.close()
+        t = threading.Thread(target=send)
+        t.start()
+        assert stop_while_busy(markers, pid) == ["shm-retry"]
+        client.unregister_system_shared_memory()
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: "request id(s) shm-retry" in fserver.log, what="the retry to be logged")
+        in_use = {r["name"] for r in client.get_system_shared_memory_status()}
+        assert in_use == {"retry_in", "retry_out"}         # unregistered, still held by the retry
+        t.join(60)
+        assert box["r"].get_output("OUTPUT0") is not None
+        assert np.array_equal(shm.get_contents_as_numpy(handles[1], np.float32, [1, 4]), values)
+        assert client.get_system_shared_memory_status() == []
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+        for h in handles:
+            shm.destroy_shared_memory_region(h)
+    assert_healthy(fserver, [pid])
 
 
 def busy_with(markers: Path, pids: list[int], rid: str) -> int:
