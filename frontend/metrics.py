@@ -175,6 +175,10 @@ def model_families(f: Families, m: R.ModelSnapshot, cfg: MetricsConfig) -> None:
                     "milliseconds", labels, m.first_response)
     f.add("tritond_model_restart_count", c, "Number of times a worker of this model was restarted after dying",
           labels, m.restarts)
+    f.add("tritond_inference_request_retry", c, "Number of inference requests run again after the worker "
+          "executing them died (idempotent models)", labels, m.retries)
+    f.add("tritond_inference_request_retry_failure", c, "Number of inference requests that failed after "
+          "they were run again", labels, m.retry_failures)
     f.add("tritond_model_ready_instances", g, "Number of instances of this model able to serve",
           labels, m.instances_ready)
 

@@ -11,9 +11,13 @@ each time only once both instances are serving again. Prints:
   the client-side failures that kill caused;
 - time from the kill to the replacement being READY, from polling /metrics
   (`tritond_model_restart_count` up by one and `tritond_model_ready_instances` back to 2);
+- request latency p50/p99 overall and during kills (requests in flight at some moment between
+  a kill and its replacement being READY), and answers whose output is not their input;
+- with --idempotent (the `chaos` model sets `idempotent`), the requests run again and those
+  that failed after a retry, from the broker's log and /metrics;
 - shared-memory segments of dead processes while running and of the server after it stops.
 
-  python perf/chaos.py [--clients 16] [--duration 20] [--interval 2] [--sleep-ms 0]
+  python perf/chaos.py [--clients 16] [--duration 20] [--interval 2] [--sleep-ms 0] [--idempotent]
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ from conftest import worker_title  # noqa: E402  (the tests' helpers, shared)
 from fault_models import add_fault_model  # noqa: E402
 
 KILL_LOG = re.compile(r"model 'chaos' instance '[^']+' \(pid (\d+)\) died \(killed by signal 9 \(SIGKILL\)\); "
-                      r"its batch held (\d+) request")
+                      r"its batch held (\d+) request\(s\): (\d+) failed, (\d+) retried")
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Kill:
     at: float
     recovered_at: float = 0.0
     inside: int = -1               # requests the broker had inside the worker (its log)
+    retried: int = 0               # of those, the ones run again (idempotent)
     failed: int = 0                # client failures caused by this kill
 
 
@@ -58,11 +63,17 @@ class Tally:
     sent: int = 0
     ok: int = 0
     failed: list[tuple[float, str]] = field(default_factory=list)   # (when, message)
+    spans: list[tuple[float, float]] = field(default_factory=list)  # (sent, answered) of each success
+    wrong: int = 0                 # answers whose OUTPUT0 is not the input
+    retry_counts: dict[str, float] = field(default_factory=dict)    # the broker's retry counters at the end
 
 
-def build(repo: Path, sleep_ms: float) -> None:
+def build(repo: Path, sleep_ms: float, idempotent: bool) -> None:
     for name, count in (("chaos", 2), ("bystander", 1)):
-        add_fault_model(repo, name, count=count, max_batch=16, dims="16", params={"sleep_ms": sleep_ms})
+        params: dict[str, object] = {"sleep_ms": sleep_ms}
+        if idempotent and name == "chaos":
+            params["idempotent"] = "true"
+        add_fault_model(repo, name, count=count, max_batch=16, dims="16", params=params)
 
 
 def worker_pids(server_id: str, model: str) -> list[int]:
@@ -91,7 +102,7 @@ class Metrics:
         status, body = await self.conn.send(self.request)
         out = {}
         for line in body.decode().splitlines():
-            if line.startswith("tritond_model_") and f'model="{model}"' in line:
+            if line.startswith(("tritond_model_", "tritond_inference_request_retry")) and f'model="{model}"' in line:
                 out[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
         return out
 
@@ -107,6 +118,7 @@ async def client(i: int, host: str, port: int, stop: asyncio.Event, tally: Tally
                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
         k += 1
         tally.sent += 1
+        sent = time.monotonic()
         try:
             status, reply = await conn.send(request)
         except (OSError, asyncio.IncompleteReadError) as e:
@@ -114,6 +126,10 @@ async def client(i: int, host: str, port: int, stop: asyncio.Event, tally: Tally
             continue
         if status == 200:
             tally.ok += 1
+            tally.spans.append((sent, time.monotonic()))
+            out = next(o for o in json.loads(reply)["outputs"] if o["name"] == "OUTPUT0")
+            if out["data"] != data:
+                tally.wrong += 1
         else:
             tally.failed.append((time.monotonic(), f"{status} {json.loads(reply).get('error', '')}"))
     conn.close()
@@ -159,6 +175,7 @@ async def run(server: Server, server_id: str, args) -> tuple[Tally, list[Kill], 
     stop.set()
     await asyncio.gather(*clients)
     await chaos
+    tally.retry_counts = {k: v for k, v in (await metrics.read("chaos")).items() if "retry" in k}
     stale = stale_segments(server_id)
     metrics.conn.close()
     return tally, kills, stale
@@ -166,9 +183,9 @@ async def run(server: Server, server_id: str, args) -> tuple[Tally, list[Kill], 
 
 def attribute(tally: Tally, kills: list[Kill], log: str) -> int:
     """Fill in each kill's inside/failed counts; return failures not caused by a killed batch."""
-    inside = {int(pid): int(n) for pid, n in KILL_LOG.findall(log)}
+    inside = {int(pid): (int(n), int(again)) for pid, n, _, again in KILL_LOG.findall(log)}
     for k in kills:
-        k.inside = inside.get(k.pid, -1)
+        k.inside, k.retried = inside.get(k.pid, (-1, 0))
     outside = 0
     for when, message in tally.failed:
         owner = [k for k in kills if k.at <= when]
@@ -179,17 +196,37 @@ def attribute(tally: Tally, kills: list[Kill], log: str) -> int:
     return outside
 
 
+def latencies(tally: Tally, kills: list[Kill]) -> tuple[np.ndarray, np.ndarray]:
+    """Latencies (ms) of every success, and of those in flight during a kill's recovery."""
+    windows = [(k.at, k.recovered_at or float("inf")) for k in kills]
+    every = np.array([end - sent for sent, end in tally.spans]) * 1e3
+    during = np.array([end - sent for sent, end in tally.spans
+                       if any(sent <= w_end and end >= w_at for w_at, w_end in windows)]) * 1e3
+    return every, during
+
+
+def percentiles(ms: np.ndarray) -> str:
+    if not len(ms):
+        return "none"
+    return f"p50 {np.percentile(ms, 50):.1f} ms, p99 {np.percentile(ms, 99):.1f} ms (n={len(ms)})"
+
+
 def report(tally: Tally, kills: list[Kill], outside: int, stale: list[str], leaked: list[str], args) -> str:
     recoveries = np.array([k.recovered_at - k.at for k in kills if k.recovered_at]) * 1e3
     p50, worst = (float(np.percentile(recoveries, 50)), float(recoveries.max())) if len(recoveries) else (0.0, 0.0)
+    every, during = latencies(tally, kills)
+    counts = tally.retry_counts
     lines = [
         f"chaos: {args.clients} clients, {args.duration:g} s, a 'chaos' worker SIGKILLed every {args.interval:g} s "
-        f"(model sleeps {args.sleep_ms:g} ms per batch)",
+        f"(model sleeps {args.sleep_ms:g} ms per batch{', idempotent' if args.idempotent else ''})",
         f"requests sent {tally.sent}, succeeded {tally.ok}, failed {len(tally.failed)} "
-        f"({outside} outside a killed batch)",
+        f"({outside} outside a killed batch), wrong answers {tally.wrong}",
         f"kills {len(kills)}: requests inside the killed worker {sum(max(k.inside, 0) for k in kills)}, "
-        f"client failures from kills {sum(k.failed for k in kills)}",
-        "  per kill (inside/failed): " + ", ".join(f"{k.inside}/{k.failed}" for k in kills),
+        f"run again {sum(k.retried for k in kills)}, client failures from kills {sum(k.failed for k in kills)}",
+        "  per kill (inside/retried/failed): " + ", ".join(f"{k.inside}/{k.retried}/{k.failed}" for k in kills),
+        f"retry counters: tritond_inference_request_retry {counts.get('tritond_inference_request_retry', 0):g}, "
+        f"tritond_inference_request_retry_failure {counts.get('tritond_inference_request_retry_failure', 0):g}",
+        f"latency: all {percentiles(every)}; during kills {percentiles(during)}",
         f"kill -> replacement READY: p50 {p50:.0f} ms, max {worst:.0f} ms (over {len(recoveries)} kills)",
         f"stale segments of dead processes while running: {len(stale)}; segments left after stop: {len(leaked)}",
     ]
@@ -202,10 +239,12 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--interval", type=float, default=2.0, help="seconds between kills")
     p.add_argument("--sleep-ms", type=float, default=0.0, help="time the model spends per batch")
+    p.add_argument("--idempotent", action="store_true", help="the chaos model sets 'idempotent': killed batches "
+                                                              "run again")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
         repo = Path(tmp) / "models"
-        build(repo, args.sleep_ms)
+        build(repo, args.sleep_ms, args.idempotent)
         server = Server(repo, Path(tmp) / "tritond.log")
         try:
             server.wait_ready(120)

@@ -22,6 +22,7 @@ from .backends import (
     TENSORRT,
 )
 from .errors import ConfigError
+from .idempotent import check_idempotent
 from .layout import version_dirs
 from .ragged import check_ragged
 from .unsupported import check_supported
@@ -289,6 +290,7 @@ def validate_config(
         raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "
                                                          f"only, not '{cfg.backend}'")
     check_ragged(cfg, fail)
+    check_idempotent(cfg, fail)
     if model_path:
         _check_label_files(cfg, model_path)
     if cfg.platform == ENSEMBLE_PLATFORM:

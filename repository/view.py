@@ -10,6 +10,7 @@ from tritond.wire.schema import (
 )
 
 from .datatypes import CONFIG_TO_WIRE
+from .idempotent import idempotent
 from .normalize import SEQUENCE_IDLE_DEFAULT_US
 from .parameters import config_parameter
 
@@ -125,7 +126,7 @@ def model_view(config: dict[str, Any], model_dir: str = "") -> ModelView:
         outputs={t["name"]: _tensor(t, model_dir) for t in config.get("output") or []},
         batching=_dynamic_batching(config.get("dynamic_batching")),
         exec_timeout_s=_exec_timeout(config),
-        idempotent=config_parameter(config, "idempotent").lower() in ("1", "true", "yes"),
+        idempotent=idempotent(config),
         response_cache=bool((config.get("response_cache") or {}).get("enable", False)),
         sequence=_sequence_batching(config.get("sequence_batching")),
     )

@@ -113,8 +113,8 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 6
-SCHEMA_FINGERPRINT = "7bf46f213106ce9d"
+RECORDED_VERSION = 7
+SCHEMA_FINGERPRINT = "04f664957a59c30c"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -139,7 +139,7 @@ STRUCTS = {
     "replies.MemoryUsage": "63c43abeec08",
     "replies.MetricsReply": "2961880762b4",
     "replies.ModelIndex": "a49661f17d9b",
-    "replies.ModelSnapshot": "4c4d244935bf",
+    "replies.ModelSnapshot": "5ca587e5bf74",
     "replies.ModelStatistics": "e666ec69828b",
     "replies.Peer": "bf95b1aaf7cb",
     "replies.ShmStatusReply": "9fb7c49e7970",

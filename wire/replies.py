@@ -205,6 +205,8 @@ class ModelSnapshot(_Reply):
     load_duration_s: float | None = None
     summaries: LatencySummaries | None = None           # --metrics-config summary_latencies
     first_response: HistogramSnapshot | None = None     # --metrics-config histogram_latencies
+    retries: int = 0                # requests run again after their worker died (idempotent models)
+    retry_failures: int = 0         # retried requests that failed after all
 
 
 class Peer(_Reply):

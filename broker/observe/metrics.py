@@ -148,7 +148,7 @@ def model_snapshot(mv: ModelVersion, quantiles: Iterable[float], cache_on: bool)
         cache_misses=s.cache_miss.count, cache_miss_ns=s.cache_miss.ns,
         pending=len(mv.scheduler) if mv.scheduler else 0,
         instances_ready=len(mv.serving()),
-        restarts=s.restarts,
+        restarts=s.restarts, retries=s.retries, retry_failures=s.retry_failures,
         workers=[R.WorkerProcess(i.name, i.pid) for i in mv.instances if i.pid and i.serving],
         load_duration_s=round(mv.load_duration, 6) if mv.load_duration else None,
         summaries=latency.summaries_snapshot(quantiles) if latency is not None else None,

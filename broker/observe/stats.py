@@ -58,6 +58,8 @@ class ModelStats:
     compute_output: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStat] = field(default_factory=dict)
     restarts: int = 0
+    retries: int = 0                # requests run again after their worker died
+    retry_failures: int = 0         # of those, the ones that failed after all
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)

@@ -17,6 +17,7 @@ from tritond.wire.schema import (
 
 from tritond.broker.clock import Alarm, Clock
 from tritond.broker.scheduling.rate_limiter import RateLimiter
+from tritond.broker.scheduling.retry import settle_lost
 from tritond.broker.scheduling.streams import Streams
 from tritond.broker.supervision.pool import Instance, InstanceState
 from tritond.broker.tables.client_regions import ClientRegions
@@ -266,26 +267,15 @@ class RequestPath:
         for p in mv.scheduler.remove(lambda _: True):
             self.fail(p.key, err)
 
-    def lost_batch(self, mv: ModelVersion, bid: int | None, message: str, may_retry: bool) -> tuple[int, int]:
-        """Answer the requests of a batch whose worker died; an idempotent model's requests go
-        back to the head of the queue once. Returns (failed, retried)."""
+    def lost_batch(self, mv: ModelVersion, bid: int | None, cause: str, may_retry: bool) -> tuple[int, int]:
+        """Answer the requests of a batch whose worker died (`cause`), or requeue them once for
+        an idempotent model (retry.py). Returns (failed, retried)."""
         reqs = self.inflight.pop(bid)
         if self.limiter is not None and self.limiter.release(bid):
             for waiting in self.limiter.woken(mv):
                 if waiting is not mv:
                     self.dispatch(waiting)
-        retried = 0
-        sched = mv.scheduler
-        may_retry = may_retry and sched is not None and sched.may_retry
-        for r in reqs:
-            if may_retry and not r.retried:
-                r.retried = True
-                r.dispatch_ns = 0
-                sched.requeue_front(r.pending)
-                retried += 1
-            else:
-                self.fail(r, unavailable(message))
-        return len(reqs) - retried, retried
+        return settle_lost(self, mv, reqs, cause, may_retry)
 
     def lost_instance(self, mv: ModelVersion, inst: Instance, how: str) -> None:
         """After a worker died (its batch answered by lost_batch): its decoupled requests still
@@ -303,6 +293,7 @@ class RequestPath:
             sched.cancel(req)
             return
         if req.worker:
+            req.cancelled = True
             self.send_worker(heartbeat_identity(req.worker), CancelKeys([req.key]))
 
     def cancel_all(self, versions: list[ModelVersion], err: TritonError) -> None:

@@ -73,11 +73,11 @@ class Supervision:
         self._announce_gone(prefix)
         how = inst.exit_reason or f"died ({describe_exit(rc)})"
         bid, inst.batch = inst.batch, None
-        lost = f"inference failed because model '{mv.name}' instance '{inst.name}' {how}"
+        cause = f"instance '{inst.name}' {how}"
         self.requests.lost_instance(mv, inst, how)
         if inst.state in (InstanceState.STOPPING, InstanceState.STOPPED) or self.shutting_down or mv.unloaded:
             inst.move_to(InstanceState.STOPPED)
-            self.requests.lost_batch(mv, bid, lost, may_retry=not self.shutting_down)
+            self.requests.lost_batch(mv, bid, cause, may_retry=not self.shutting_down)
             return
         inst.last_error = f"instance '{inst.name}' {how}"
         if inst.state is InstanceState.FAILED:
@@ -89,7 +89,7 @@ class Supervision:
             self.lifecycle.update_state(mv)
         self._publish()
         may_retry = inst.state is InstanceState.RESTARTING or bool(mv.serving())
-        failed, retried = self.requests.lost_batch(mv, bid, lost, may_retry=may_retry)
+        failed, retried = self.requests.lost_batch(mv, bid, cause, may_retry=may_retry)
         log.error("model '%s' instance '%s' (pid %d) %s; its batch held %d request(s): %d failed, %d retried",
                   mv.name, inst.name, pid, how, failed + retried, failed, retried)
         self.requests.dispatch(mv)

@@ -29,7 +29,8 @@ class Req:
     dispatch_ns: int = 0
     order: int = -1                  # preserve_ordering sequence number (-1: not ordered)
     responded: bool = False          # a decoupled request's first response went out
-    retried: bool = False
+    retry_of: str = ""             # why it runs again: its first attempt's worker death ('' when not)
+    cancelled: bool = False          # its requester gave up while it executed
     regions: list = field(default_factory=list)
     trace: Any = None                # broker/observe/tracing.py Trace, when this request is traced
     key: int = 0                     # the broker's name for it towards workers (ExecRequest.key)

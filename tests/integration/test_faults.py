@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from conftest import TritondServer, expect_error, http_get, metric, serving, wait_for
@@ -24,6 +25,7 @@ MODELS = {
     "slow2": (2, 8, 1000, {}),
     "faulty": (1, 4, 100000, {"execution_timeout_seconds": "2", "memory_limit_bytes": str(768 << 20)}),
     "idem": (1, 4, 1000, {"idempotent": "true"}),
+    "idem2": (2, 8, 1000, {"idempotent": "true"}),
     "other": (1, 4, 0, {}),
 }
 
@@ -39,15 +41,28 @@ def fserver(tmp_path_factory, markers):
     for name, (count, mbs, delay, params) in MODELS.items():
         add_fault_model(repo, name, count=count, max_batch=mbs, batching=f"max_queue_delay_microseconds: {delay}",
                         params=dict(params, marker_dir=markers), pid_outputs=True)
-    with serving(TritondServer(repo)) as s:
+    add_ensemble(repo, "idem_ens", "idem2")
+    with serving(TritondServer(repo, ["--allow-client-shm=true"])) as s:
         yield s
 
 
-def infer(url: str, model: str, request_id: str = "", timeout: float = 60.0, **params):
+def add_ensemble(repo: Path, name: str, step: str) -> None:
+    """An ensemble of one step, `step` (INPUT0 -> OUTPUT0)."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}" platform: "ensemble" max_batch_size: 8 '
+        'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }] '
+        'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }] '
+        f'ensemble_scheduling {{ step [{{ model_name: "{step}" model_version: -1 '
+        'input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "OUTPUT0" } }] }')
+
+
+def infer(url: str, model: str, request_id: str = "", timeout: float = 60.0, values: np.ndarray | None = None,
+          **params):
     client = httpclient.InferenceServerClient(url, network_timeout=timeout, connection_timeout=timeout)
     try:
         inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-        inp.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+        inp.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4) if values is None else values)
         return client.infer(model, [inp], request_id=request_id, parameters=params or None)
     finally:
         client.close()
@@ -104,12 +119,14 @@ def assert_no_internals(message: str) -> None:
 
 
 class Load:
-    """`n` clients in threads, each sending requests back to back until stopped."""
+    """`n` clients in threads, each sending requests back to back until stopped, each with its
+    own input values; an answer whose OUTPUT0 is not its input is listed in `wrong`."""
 
     def __init__(self, url: str, model: str, n: int, **params) -> None:
         self.url, self.model, self.params = url, model, params
         self.stop = threading.Event()
         self.ok: list[str] = []
+        self.wrong: list[str] = []
         self.failed: dict[str, InferenceServerException] = {}
         self.threads = [threading.Thread(target=self.client, args=(i,)) for i in range(n)]
 
@@ -118,9 +135,12 @@ class Load:
         while not self.stop.is_set():
             rid = f"c{i}-{k}"
             k += 1
+            values = np.arange(4, dtype=np.float32).reshape(1, 4) + (i * 100000 + k)
             try:
-                infer(self.url, self.model, rid, **self.params)
+                result = infer(self.url, self.model, rid, values=values, **self.params)
                 self.ok.append(rid)
+                if not np.array_equal(result.as_numpy("OUTPUT0"), values):
+                    self.wrong.append(rid)
             except InferenceServerException as e:
                 self.failed[rid] = e
 
@@ -138,7 +158,7 @@ class Load:
 def test_kill_worker_mid_batch_fails_only_that_batch(fserver, markers):
     pids = wait_serving(fserver, "slow2", 2)
     restarts = metric(fserver, "tritond_model_restart_count", model="slow2")
-    with Load(fserver.http_url, "slow2", 16, sleep_ms=300) as load:
+    with Load(fserver.http_url, "slow2", 32, sleep_ms=300) as load:
         victim = pids[0]
         batch = stop_while_busy(markers, victim)
         os.kill(victim, signal.SIGKILL)
@@ -149,6 +169,7 @@ def test_kill_worker_mid_batch_fails_only_that_batch(fserver, markers):
         wait_for(lambda: len(load.ok) > served_after + 16, what="requests served after the restart")
     assert victim not in new_pids and pids[1] in new_pids
     assert batch and sorted(load.failed) == sorted(batch), (batch, load.failed)
+    assert not load.wrong
     for e in load.failed.values():
         assert e.status() == "503"
         assert "'slow2'" in e.message() and "died" in e.message() and "signal 9" in e.message(), e.message()
@@ -244,6 +265,116 @@ def test_idempotent_model_retries_once_on_the_replacement(fserver, markers):
     result = box["r"]
     assert result.as_numpy("PID")[0, 0] != pid
     assert_healthy(fserver, [pid])
+
+
+def test_kill_worker_mid_batch_of_an_idempotent_model_fails_nothing(fserver, markers):
+    pids = wait_serving(fserver, "idem2", 2)
+    retries = metric(fserver, "tritond_inference_request_retry", model="idem2")
+    restarts = metric(fserver, "tritond_model_restart_count", model="idem2")
+    with Load(fserver.http_url, "idem2", 32, sleep_ms=300) as load:
+        victim = pids[0]
+        batch = stop_while_busy(markers, victim)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: metric(fserver, "tritond_model_restart_count", model="idem2") == restarts + 1,
+                 what="the restart to be counted")
+        new_pids = wait_serving(fserver, "idem2", 2)
+        served_after = len(load.ok)
+        wait_for(lambda: len(load.ok) > served_after + 32, what="requests served after the restart")
+    assert victim not in new_pids
+    assert batch and not load.failed, {k: e.message() for k, e in load.failed.items()}
+    assert not load.wrong and set(batch) <= set(load.ok)
+    assert metric(fserver, "tritond_inference_request_retry", model="idem2") == retries + len(batch)
+    assert f"running {len(batch)} request(s) again after instance" in fserver.log
+    assert all(rid in fserver.log for rid in batch)
+    assert not [n for n in fserver.segments() if f".w{victim}." in n]
+    assert_healthy(fserver, [victim])
+
+
+def test_an_input_that_kills_every_worker_fails_after_one_retry(fserver):
+    pids = wait_serving(fserver, "idem2", 2)
+    failures = metric(fserver, "tritond_inference_request_retry_failure", model="idem2")
+    e = expect_error(lambda: infer(fserver.http_url, "idem2", "poison", fault="exit"), 503, "while running it again")
+    assert "'idem2'" in e.message() and e.message().count("died (exit code 7)") == 2, e.message()
+    assert_no_internals(e.message())
+    assert metric(fserver, "tritond_inference_request_retry_failure", model="idem2") == failures + 1
+    gone = [pid for pid in pids if pid not in wait_serving(fserver, "idem2", 2)]
+    assert gone
+    assert infer(fserver.http_url, "idem2", values=np.full((1, 4), 5, np.float32)).as_numpy("OUTPUT0")[0, 0] == 5
+    assert_healthy(fserver, gone)
+
+
+def test_a_retried_request_keeps_its_client_shared_memory_until_it_is_answered(fserver, markers):
+    """The client unregisters its regions while the request is inside a worker; the worker is
+    killed; the regions stay listed while the retry runs, which reads the input and writes the
+    output through them, and go once it is answered."""
+    [pid] = wait_serving(fserver, "idem", 1)
+    values = np.arange(4, dtype=np.float32).reshape(1, 4) * 7
+    handles = [shm.create_shared_memory_region(name, f"/{name}_{os.getpid()}", 16) for name in ("retry_in", "retry_out")]
+    client = httpclient.InferenceServerClient(fserver.http_url, network_timeout=60)
+    try:
+        shm.set_shared_memory_region(handles[0], [values])
+        shm.set_shared_memory_region(handles[1], [np.zeros((1, 4), np.float32)])
+        for name in ("retry_in", "retry_out"):
+            client.register_system_shared_memory(name, f"/{name}_{os.getpid()}", 16)
+        inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_shared_memory("retry_in", 16)
+        out = httpclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("retry_out", 16)
+        box: dict[str, object] = {}
+
+        def send() -> None:     # its own client: one InferenceServerClient serves one thread
+            c = httpclient.InferenceServerClient(fserver.http_url, network_timeout=60)
+            try:
+                box["r"] = c.infer("idem", [inp], outputs=[out], request_id="shm-retry", parameters={"sleep_ms": 1500})
+            finally:
+                c.close()
+        t = threading.Thread(target=send)
+        t.start()
+        assert stop_while_busy(markers, pid) == ["shm-retry"]
+        client.unregister_system_shared_memory()
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: "request id(s) shm-retry" in fserver.log, what="the retry to be logged")
+        in_use = {r["name"] for r in client.get_system_shared_memory_status()}
+        assert in_use == {"retry_in", "retry_out"}         # unregistered, still held by the retry
+        t.join(60)
+        assert box["r"].get_output("OUTPUT0") is not None
+        assert np.array_equal(shm.get_contents_as_numpy(handles[1], np.float32, [1, 4]), values)
+        assert client.get_system_shared_memory_status() == []
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+        for h in handles:
+            shm.destroy_shared_memory_region(h)
+    assert_healthy(fserver, [pid])
+
+
+def busy_with(markers: Path, pids: list[int], rid: str) -> int:
+    """The worker among `pids` whose execute() holds request `rid`."""
+    def holder() -> int | None:
+        for pid in pids:
+            path = markers / f"busy-{pid}"
+            try:
+                if rid in json.loads(path.read_text()):
+                    return pid
+            except (OSError, ValueError):
+                continue
+        return None
+    return wait_for(holder, 30, f"a worker to execute {rid}", every=0.01)
+
+
+def test_an_ensemble_step_is_retried_by_its_own_models_setting(fserver, markers):
+    pids = wait_serving(fserver, "idem2", 2)
+    box: dict[str, object] = {}
+    values = np.full((1, 4), 3, np.float32)
+    t = threading.Thread(target=lambda: box.setdefault(
+        "r", infer(fserver.http_url, "idem_ens", "ens-step", values=values, sleep_ms=1500)))
+    t.start()
+    victim = busy_with(markers, pids, "ens-step")
+    os.kill(victim, signal.SIGKILL)
+    t.join(60)
+    assert np.array_equal(box["r"].as_numpy("OUTPUT0"), values)
+    wait_serving(fserver, "idem2", 2)
+    assert_healthy(fserver, [victim])
 
 
 def test_readiness_is_false_while_no_instance_can_serve(fserver, markers):
