@@ -7,6 +7,7 @@ that turns repository paths into model paths.
 from __future__ import annotations
 
 import os
+import unicodedata
 from dataclasses import dataclass
 
 from .remote import is_remote, list_models
@@ -98,7 +99,8 @@ def validate_model_name(name: str) -> str | None:
     """Why `name` may not be used as a path component, or None when it is safe.
 
     Mirrors Triton's check (surrounding whitespace is ignored, so " .." is "..")
-    and also refuses ".", backslashes, NUL bytes and names no file system holds.
+    and also refuses ".", backslashes, NUL bytes, names no file system holds and control
+    characters (a newline would split the name across log lines).
     """
     trimmed = name.strip()
     if not trimmed:
@@ -109,4 +111,7 @@ def validate_model_name(name: str) -> str | None:
     if trimmed in (".", "..") or any(c in trimmed for c in "/\\\0"):
         shown = trimmed.replace("\0", "\\0")
         return f"invalid model name '{shown}', model name must not contain path traversal characters"
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        shown = "".join(c.encode("unicode_escape").decode() if unicodedata.category(c) == "Cc" else c for c in name)
+        return f"invalid model name '{shown}', model name must not contain control characters"
     return None

@@ -38,6 +38,7 @@ from .backends import create
 from .backends.base import InstanceInfo, WorkerRequest
 from .bls import BlsClient
 from .cuda_ipc import Exports, Imports
+from .model_errors import ModelError
 from .responses import Discard, Flow, Responder
 from .states import SequenceStates, state_specs
 from .tensors import Leases, desc_to_array, write_outputs
@@ -218,6 +219,8 @@ class Worker:
         except MemoryError:
             raise
         except Exception as e:
+            log.error("model '%s' instance '%s' failed to execute a batch of %d request(s)", self.spec.model,
+                      self.spec.instance_name, len(requests), exc_info=e)
             responses, batch_error = [], internal(str(e) or type(e).__name__)
         t2 = time.monotonic_ns()
         if decoupled:
@@ -266,7 +269,9 @@ class Worker:
             backend, completed = self.load()
         except BaseException as e:
             text = str(e) or type(e).__name__
-            log.error("failed to load model '%s': %s", self.spec.model, text)
+            if not isinstance(e, ModelError):     # a model's own error carries its frames; the broker logs it
+                log.error("failed to load model '%s' version %d instance '%s'", self.spec.model, self.spec.version,
+                          self.spec.instance_name, exc_info=e)
             self.send(P.WorkerDown(text))
             stop.set()
             beat.join(2 * HEARTBEAT_INTERVAL_S)

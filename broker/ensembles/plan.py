@@ -3,6 +3,7 @@ model table, whose state is derived from the models it composes, so it needs no 
 of its own."""
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -13,6 +14,8 @@ from tritond.wire.schema import ModelState
 
 from tritond.broker.tables.model_version import LOADING, READY, UNAVAILABLE, ModelVersion
 from tritond.broker.tables.registry import ModelRegistry
+
+log = logging.getLogger("tritond.broker")
 
 
 # ---------------------------------------------------------------------- the plan
@@ -82,6 +85,7 @@ class EnsembleVersion(ModelVersion):
     decoupled when a step is) is applied by `settle`, before the table is published."""
 
     _deriving = False
+    _announced = False      # its READY was logged
 
     def __init__(self, registry: ModelRegistry, spec: ModelSpec, version: int, config: dict, error: str = "") -> None:
         """`error`: why the ensemble itself is invalid (UNAVAILABLE); else its state follows
@@ -182,11 +186,17 @@ class EnsembleVersion(ModelVersion):
         self._checked = (key, error, bool(decoupled))
         return error
 
-    def settle(self) -> None:
+    def settle(self, now: float) -> None:
         """Apply what the composing models' completed configs imply: as Triton, an ensemble
-        with a decoupled step is decoupled itself (its config says so, and it streams)."""
+        with a decoupled step is decoupled itself (its config says so, and it streams). The
+        first time it is READY it is logged as loaded, as every other model is."""
         if self.state != READY or self._checked is None:
             return
+        if not self._announced:
+            self._announced = True
+            self.load_duration = now - self.load_started if self.load_started else 0.0
+            log.info("loaded model '%s' version %d in %.3f s", self.name, self.version, self.load_duration)
+            log.info("model '%s' version %d is READY", self.name, self.version)
         decoupled = self._checked[2]
         if decoupled != self.view.decoupled:
             self.config.setdefault("model_transaction_policy", {})["decoupled"] = decoupled

@@ -96,7 +96,7 @@ class Ensembles:
         completed configs imply for its own (EnsembleVersion.settle)."""
         for mv in self.registry.all_versions():
             if isinstance(mv, EnsembleVersion):
-                mv.settle()
+                mv.settle(self.clock.now())
 
     # ---------------------------------------------------------------- requests
 

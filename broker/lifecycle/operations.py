@@ -219,13 +219,15 @@ class ModelControl:
                 log.error("load '%s': cannot scan the model repository: %s", name, e)
                 raise unpolled from None
             self.registry.set_names(sorted(sources))
-            if name not in sources:
+            if override_dir:
+                # As Triton: a load with file overrides polls no repository for the model; it is
+                # made of the overrides alone, whether or not the repositories hold that name.
+                sources = dict(sources)
+                sources[name] = ModelSource(name, override_dir, os.path.dirname(override_dir))
+            elif name not in sources:
                 raise unpolled
             order, deps = yield Job(lambda: self._order(sources, [name]))
             yield Lock(frozenset(order))
-            if override_dir:
-                sources = dict(sources)
-                sources[name] = ModelSource(name, override_dir, os.path.dirname(override_dir))
             errors = yield from self._load_in_order(sources, order, deps, name, override,
                                                      force=override is not None)
         finally:
@@ -440,7 +442,10 @@ class ModelControl:
     # ---------------------------------------------------------------- override directories
 
     def _in_use(self, model_dir: str) -> bool:
-        return any(mv.model_dir == model_dir for mv in self.registry.all_versions())
+        """A version serves from it, or retires with workers that may still read it (an
+        unloaded version that stays in the table has no use for it)."""
+        return any(mv.model_dir == model_dir and (not mv.unloaded or mv in self.registry.retiring)
+                   for mv in self.registry.all_versions())
 
     def _drop_override(self, override_dir: str) -> None:
         """Remove an override directory no version uses (any more)."""

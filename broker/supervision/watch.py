@@ -26,6 +26,7 @@ log = logging.getLogger("tritond.broker")
 HEARTBEAT_TIMEOUT_S = 3.0
 LOAD_TIMEOUT_S = 300.0
 STRAY_CHECK_S = 5.0
+INIT_FAILED = "failed to initialize"
 _WATCHED = (InstanceState.READY, InstanceState.BUSY, InstanceState.STOPPING)
 _EXECUTING = (InstanceState.BUSY, InstanceState.STOPPING)
 
@@ -90,8 +91,9 @@ class Supervision:
         self._publish()
         may_retry = inst.state is InstanceState.RESTARTING or bool(mv.serving())
         failed, retried = self.requests.lost_batch(mv, bid, cause, may_retry=may_retry)
-        log.error("model '%s' instance '%s' (pid %d) %s; its batch held %d request(s): %d failed, %d retried",
-                  mv.name, inst.name, pid, how, failed + retried, failed, retried)
+        if bid is not None or not how.startswith(INIT_FAILED):    # a failed load is logged once, as the model's state
+            log.error("model '%s' instance '%s' (pid %d) %s; its batch held %d request(s): %d failed, %d retried",
+                      mv.name, inst.name, pid, how, failed + retried, failed, retried)
         self.requests.dispatch(mv)
 
     def _after_crash(self, mv: ModelVersion, inst: Instance, how: str, now: float) -> None:
@@ -111,7 +113,7 @@ class Supervision:
 
     def on_load_failed(self, mv: ModelVersion, inst: Instance, reason: str) -> None:
         """The worker said its model failed to initialize; it exits on its own."""
-        inst.exit_reason = f"failed to initialize: {reason}"
+        inst.exit_reason = f"{INIT_FAILED}: {reason}"
         if mv.state == LOADING:
             self.lifecycle.fail_load(mv, f"load failed for model '{mv.name}': {reason}")
 

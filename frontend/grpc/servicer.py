@@ -137,8 +137,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc("health")
     async def ServerLive(self, request, context):
-        # the process serves (readiness tracks the broker), unless initialization failed
-        return pb.ServerLiveResponse(live=not self.opts.init_failed)
+        # the server serves once every frontend process accepts (readiness tracks the broker),
+        # unless initialization failed
+        return pb.ServerLiveResponse(live=not self.opts.init_failed and self.client.serving)
 
     @rpc("health")
     async def ServerReady(self, request, context):

@@ -100,10 +100,12 @@ class HttpApi:
     # ------------------------------------------------------------- health and metadata
 
     async def live(self, request: Request) -> Response:
-        """Live means this process serves: a broker restarting makes the server not ready,
-        not dead (an orchestrator would otherwise restart a server that is recovering). A server
-        whose initialization failed is never live, as Triton's."""
-        return Response(status_code=400 if self.opts.init_failed else 200)
+        """Live means the server serves: a broker restarting makes the server not ready,
+        not dead (an orchestrator would otherwise restart a server that is recovering). Not live
+        before every frontend process accepts connections (Triton opens gRPC before HTTP), so a
+        client that waited for HTTP finds gRPC open. A server whose initialization failed is
+        never live, as Triton's."""
+        return Response(status_code=400 if self.opts.init_failed or not self.client.serving else 200)
 
     async def ready(self, request: Request) -> Response:
         ok = not self.opts.init_failed and self.client.ready(self.opts.strict_readiness)

@@ -195,26 +195,27 @@ async def events(first: Streamed, rest: AsyncIterator[Streamed]) -> AsyncIterato
 
 async def generate(dp: Dataplane, request: Request, entry: S.ModelEntry, inputs: list[InputTensor],
                    opts: RequestOptions) -> Response:
-    """/generate: one response as JSON (a decoupled model must send exactly one); as in
-    Triton, the status is the first response's."""
+    """/generate: one response as JSON (a decoupled model must send exactly one), with that
+    response's status. Any other number of responses is Triton's INTERNAL error, a 500: Triton
+    writes that error after the first response's 200 has gone out, but its replies are
+    buffered here until the last, so an error is never sent as a 200."""
     if entry.view is None or not entry.view.decoupled:
         result = await until_disconnect(request.receive, dp.infer(entry, inputs, [], opts))
         try:
             return Response(orjson.dumps(render_generate(result)), media_type="application/json")
         finally:
             dp.release(result)
-    status = None
-    bodies: list[bytes] = []
+    answers: list[tuple[int, bytes]] = []
     async for item in dp.infer_stream(entry, inputs, [], opts):
-        if status is None:
-            status = http_status(item.error) if item.error is not None else 200
         if item.error is not None:
-            bodies.append(error_body(item.error))
+            answers.append((http_status(item.error), error_body(item.error)))
         elif item.result is not None:
-            bodies.append(orjson.dumps(render_generate(item.result)))
-    if len(bodies) != 1:
-        bodies = [error_body(TritonError(Code.INTERNAL, ONE_RESPONSE))]
-    return Response(bodies[0], status_code=status or 200, media_type="application/json")
+            answers.append((200, orjson.dumps(render_generate(item.result))))
+    if len(answers) != 1:
+        error = TritonError(Code.INTERNAL, ONE_RESPONSE)
+        answers = [(http_status(error), error_body(error))]
+    status, body = answers[0]
+    return Response(body, status_code=status, media_type="application/json")
 
 
 async def generate_stream(dp: Dataplane, request: Request, entry: S.ModelEntry, inputs: list[InputTensor],

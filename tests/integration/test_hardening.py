@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer, http_get, serving, wait_for
+from conftest import TritondServer, expect_error, http_get, serving, wait_for
 from fault_models import add_fault_model
 from tritond.frontend.broker_client import BROKER_SILENCE_S
 
@@ -139,6 +139,17 @@ def test_model_names_that_are_paths_are_refused_over_grpc(hserver, name):
         client.load_model(name)
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "model name must not contain path traversal characters" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["echo\nx", "echo\n", "x\ry", "a\x1b[2Jb", "a\x7f"])
+def test_model_names_with_control_characters_are_refused_as_nul_is(hserver, name):
+    """Refused for their form (400 / INVALID_ARGUMENT, as NUL), not looked up as a model."""
+    shown = "".join(c.encode("unicode_escape").decode() if ord(c) < 32 or ord(c) == 127 else c for c in name)
+    text = f"invalid model name '{shown}', model name must not contain control characters"
+    expect_error(lambda: httpclient.InferenceServerClient(hserver.http_url).load_model(name), 400, text)
+    expect_error(lambda: grpcclient.InferenceServerClient(hserver.grpc_url).load_model(name), 400, text,
+                 protocol="grpc")
+    assert http_get(f"http://{hserver.http_url}/v2/health/live")[0] == 200
 
 
 def test_an_unparseable_grpc_message_is_invalid_argument_without_internals(hserver):

@@ -211,6 +211,32 @@ def test_file_overrides_load_from_a_private_directory_until_the_next_plain_load(
     wait_for(lambda: not any(overrides.iterdir()), what="the override directory to be removed")
 
 
+def test_file_overrides_load_a_model_the_repository_does_not_hold(server, repo, client):
+    """As Triton's repository manager: a load with `file:` overrides polls no repository for
+    the model, so a new name loads from the overrides alone (and stays out of the repository)."""
+    config = json.loads(override_config(client))
+    config["name"] = "fresh"
+    files = {"file:1/model.py": MODEL_SOURCE.read_bytes()}
+    status, text = http_error(lambda: client.load_model("fresh", config=json.dumps(config),
+                                                        files={"file:../../x": b"pwned"}))
+    assert status == 400 and "must stay within model directory" in text, text
+    client.load_model("fresh", config=json.dumps(config), files=files)
+    assert client.is_model_ready("fresh") and tag(client, "fresh") == 7
+    assert not (repo / "fresh").exists()
+    overrides = run_dir(server) / "overrides"
+    assert [p.name for d in overrides.iterdir() for p in d.iterdir()] == ["fresh"]
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    g.load_model("fresh", config=json.dumps(config), files=files)
+    assert g.is_model_ready("fresh")
+    g.close()
+    expect_error(lambda: client.load_model("fresh"), 500,
+                 "failed to load 'fresh', failed to poll from model repository")
+    assert client.is_model_ready("fresh")          # a failed plain load leaves the loaded model alone
+    client.unload_model("fresh")
+    wait_for(lambda: not client.is_model_ready("fresh") and not any(overrides.iterdir()),
+             what="'fresh' to unload and its override directory to be removed")
+
+
 def test_override_names_that_could_leave_the_directory_are_refused(server, client, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()

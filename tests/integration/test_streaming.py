@@ -106,7 +106,8 @@ def test_an_error_part_way_ends_the_request_and_the_stream_goes_on(stream):
     stream.send(0, "bad", count=5, fail_after=2)
     got = stream.collect("bad")
     assert got[:2] == [(0, False, None), (1, False, None)]
-    assert got[2][2] == "failed after 2 responses"
+    assert got[2][2].startswith("Failed to process the request(s) for model 'streamer_0_0', message: "
+                                "RuntimeError: failed after 2 responses\n\nAt:\n"), got[2][2]
     stream.send(7, "next", count=1)
     assert stream.collect("next") == [(7, False, None), (None, True, None)]
 
@@ -157,7 +158,8 @@ def test_generate_answers_one_response_as_json(streaming_server):
     assert status == 200 and ctype == "application/json"
     assert json.loads(data) == {"model_name": "toy_llm", "model_version": "1",
                                 "text_output": reference_tokens(b"hi", 1)[0]}
-    status, _, data = post(streaming_server, "/v2/models/toy_llm/generate", {"text_input": "hi", "max_tokens": 3})
+    status, ctype, data = post(streaming_server, "/v2/models/toy_llm/generate", {"text_input": "hi", "max_tokens": 3})
+    assert (status, ctype) == (500, "application/json")     # Triton's INTERNAL: never a 200 with an error
     assert json.loads(data) == {"error": "generate expects model to produce exactly 1 response, use generate "
                                          "stream for model that generates various number of responses"}
     status, _, data = post(streaming_server, "/v2/models/accumulator/generate", {"INPUT": 2.5})
@@ -170,9 +172,11 @@ def test_errors_of_a_streamed_generate_come_in_the_stream(streaming_server):
     status, _, data = post(streaming_server, "/v2/models/streamer/generate_stream",
                            {"IN": 3, "parameters": {"count": 4, "fail_after": 2}})
     assert status == 200
-    assert events(data) == [{"OUT": 3, "model_name": "streamer", "model_version": "1"},
-                            {"OUT": 4, "model_name": "streamer", "model_version": "1"},
-                            {"error": "failed after 2 responses"}]
+    got = events(data)
+    assert got[:2] == [{"OUT": 3, "model_name": "streamer", "model_version": "1"},
+                       {"OUT": 4, "model_name": "streamer", "model_version": "1"}]
+    assert len(got) == 3 and got[2]["error"].startswith(
+        "Failed to process the request(s) for model 'streamer_0_0', message: RuntimeError: failed after 2 responses")
 
 
 def test_a_client_that_cancels_mid_stream_stops_the_model(streaming_server, tmp_path):

@@ -1,5 +1,6 @@
 """PythonBackend drives real model.py files written into a temporary repository."""
 import json
+import re
 import sys
 import textwrap
 
@@ -11,6 +12,7 @@ from tritond.repository.view import model_view
 from tritond.workers import pb_utils
 from tritond.workers.backends.base import InstanceInfo, WorkerRequest
 from tritond.workers.backends.python import PythonBackend
+from tritond.workers.model_errors import ModelError
 
 IDENTITY = """
 import triton_python_backend_utils as pb_utils
@@ -98,8 +100,9 @@ def test_initialize_failure_propagates(tmp_path):
             def initialize(self, args):
                 raise ValueError("bad weights")
     """)
-    with pytest.raises(ValueError, match="bad weights"):
+    with pytest.raises(ModelError, match=r"^ValueError: bad weights\n\nAt:\n  .*model.py\(4\): initialize\n$") as info:
         backend.load()
+    assert isinstance(info.value.__cause__, ValueError)
 
 
 def test_missing_model_file(tmp_path):
@@ -208,15 +211,19 @@ def test_one_request_returns_triton_error(loaded):
     assert bad.outputs == {}
 
 
-def test_execute_exception_propagates(loaded):
+def test_an_execute_exception_fails_every_request_in_tritons_words(loaded):
     backend = loaded("""
         import triton_python_backend_utils as pb_utils
         class TritonPythonModel:
             def execute(self, requests):
                 raise pb_utils.TritonModelException("execute exploded")
     """)
-    with pytest.raises(pb_utils.TritonModelException, match="execute exploded"):
-        backend.execute([fp32_request([1.0])])
+    responses = backend.execute([fp32_request([1.0]), fp32_request([2.0])])
+    assert len(responses) == 2
+    for r in responses:
+        assert r.error.code is Code.INTERNAL
+        assert re.fullmatch(r"Failed to process the request\(s\) for model 'm_0_0', message: TritonModelException: "
+                            r"execute exploded\n\nAt:\n  .*model.py\(5\): execute\n", r.error.message), r.error
 
 
 def test_async_execute(loaded):
@@ -240,8 +247,8 @@ def test_async_execute_exception_propagates(loaded):
             async def execute(self, requests):
                 raise RuntimeError("async failure")
     """)
-    with pytest.raises(RuntimeError, match="async failure"):
-        backend.execute([fp32_request([1.0])])
+    [response] = backend.execute([fp32_request([1.0])])
+    assert "message: RuntimeError: async failure\n\nAt:\n" in response.error.message
 
 
 @pytest.mark.parametrize("body, message", [
@@ -315,7 +322,7 @@ def test_auto_complete_conflict(tmp_path):
     config = {"name": "m", "max_batch_size": 0, "output": [],
               "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [4]}]}
     backend = make_backend(tmp_path, AUTO_COMPLETE, config=config)
-    with pytest.raises(ValueError, match="configuration expects datatype TYPE_INT32 for input 'IN'"):
+    with pytest.raises(ModelError, match="^ValueError: unable to load model 'm', configuration expects datatype TYPE_INT32 for input 'IN'"):
         backend.auto_complete()
 
 

@@ -44,6 +44,12 @@ def test_traversal_names_are_refused(name):
     assert "must not contain path traversal characters" in validate_model_name(name)
 
 
+@pytest.mark.parametrize("name, shown", [("a\nb", "a\\nb"), ("echo\n", "echo\\n"), ("x\x1by", "x\\x1by"),
+                                         ("\rm", "\\rm"), ("a\x7f", "a\\x7f"), ("a\x85b", "a\\x85b")])
+def test_control_characters_are_refused(name, shown):
+    assert validate_model_name(name) == f"invalid model name '{shown}', model name must not contain control characters"
+
+
 @pytest.mark.parametrize("name", ["", " ", "\t\n"])
 def test_empty_names_are_refused(name):
     assert validate_model_name(name).startswith("Model name cannot be empty")

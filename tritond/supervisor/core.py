@@ -107,9 +107,7 @@ class Supervisor(Startup, Restarts, Stopping):
             self.start_broker()
             failed = self.failed_models()
             if failed and self.opts.exit_on_error:
-                for line in failed:
-                    log.error("failed to load %s", line)
-                log.error("exiting: a model failed to load at startup (--exit-on-error=true)")
+                log.error("exiting: a model failed to load at startup (--exit-on-error=true): %s", ", ".join(failed))
                 self.stop_broker()
                 return ExitCode.STARTUP_FAILED
             self.check_shm()

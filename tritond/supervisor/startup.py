@@ -199,9 +199,11 @@ class Startup:
             log.error("%s", why)
 
     def failed_models(self) -> list[str]:
+        """The models that did not load, by name (and version where one was found); the broker
+        has logged why, once."""
         if self.table is None:
             return []
-        return [f"'{e.name}' version {e.version}: {e.reason}" for e in self.table.models
+        return [f"'{e.name}'" + (f" version {e.version}" if e.version else "") for e in self.table.models
                 if e.state is not S.ModelState.READY]
 
     def serving_status(self) -> str:

@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import itertools
 import json
+import logging
 import os
 import re
 import sys
@@ -24,6 +25,9 @@ from tritond.wire.errors import Code, TritonError, internal
 from tritond.wire.schema import ModelView
 from tritond.workers import pb_utils
 from tritond.workers.backends.base import Backend, InstanceInfo, WorkerRequest, WorkerResponse
+from tritond.workers.model_errors import ModelError, describe
+
+log = logging.getLogger("tritond.worker")
 
 _module_ids = itertools.count()
 
@@ -59,6 +63,9 @@ class PythonBackend(Backend):
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
+        except Exception as e:
+            del sys.modules[module_name]
+            raise ModelError(describe(e)) from e
         except BaseException:
             del sys.modules[module_name]
             raise
@@ -72,7 +79,7 @@ class PythonBackend(Backend):
         hook = getattr(self._import_model().TritonPythonModel, "auto_complete_config", None)
         if hook is None:
             return None
-        completed = hook(pb_utils.ModelConfig(self.config))
+        completed = self._run_model_code(hook, pb_utils.ModelConfig(self.config))
         if not isinstance(completed, pb_utils.ModelConfig):
             raise TypeError(
                 f"auto_complete_config function in model '{self.instance.model_name}' "
@@ -81,10 +88,10 @@ class PythonBackend(Backend):
 
     def load(self) -> None:
         self._decoupled = self.view.decoupled
-        self._model = self._import_model().TritonPythonModel()
+        self._model = self._run_model_code(self._import_model().TritonPythonModel)
         if hasattr(self._model, "initialize"):
             info = self.instance
-            self._call(self._model.initialize, {
+            self._run_model_code(self._model.initialize, {
                 "model_config": json.dumps(self.config),
                 "model_instance_kind": info.kind,
                 "model_instance_name": info.instance_name,
@@ -103,17 +110,28 @@ class PythonBackend(Backend):
             return []
         sent: list[pb_utils.InferenceResponse | None] = [None] * len(requests)
         pb_requests = [self._to_pb_request(r, functools.partial(_keep, sent, i)) for i, r in enumerate(requests)]
-        responses = self._call(self._model.execute, pb_requests)
-        if responses is None and all(r is not None for r in sent):
+        try:
+            responses = self._call(self._model.execute, pb_requests)
+            problem = None
+        except MemoryError:
+            raise
+        except Exception as e:
+            responses, problem = None, describe(e)
+        if responses is None and problem is None and all(r is not None for r in sent):
             responses = sent    # answered through the response sender during execute()
         for r in pb_requests:
             r.get_response_sender().close()
-        problem = _check_responses(responses, len(pb_requests))
+        problem = problem or _check_responses(responses, len(pb_requests))
         if problem is not None:
-            message = (f"Failed to process the request(s) for model "
-                       f"'{self.instance.instance_name}', message: {problem}")
+            message = self._failed(problem)
             return [WorkerResponse(error=internal(message)) for _ in requests]
         return [_to_worker_response(resp, req) for resp, req in zip(responses, pb_requests)]
+
+    def _failed(self, problem: str) -> str:
+        """Triton's text for requests the model failed, logged as an error as Triton logs it."""
+        message = f"Failed to process the request(s) for model '{self.instance.instance_name}', message: {problem}"
+        log.error("%s", message)
+        return message
 
     def close(self) -> None:
         try:
@@ -127,8 +145,8 @@ class PythonBackend(Backend):
         """The model answers through the response senders, now or later from its own threads;
         an async execute() runs on in the background. If it fails, every request it has not
         finished gets the error as its final response."""
-        def fail(exc: BaseException) -> None:
-            error = pb_utils.TritonError(str(exc) or type(exc).__name__)
+        def fail(problem: str) -> None:
+            error = pb_utils.TritonError(self._failed(problem))
             for r in pb_requests:
                 sender = r.get_response_sender()
                 if not sender.is_closed():
@@ -142,15 +160,15 @@ class PythonBackend(Backend):
             result = self._model.execute(pb_requests)
             if inspect.iscoroutine(result):
                 future = asyncio.run_coroutine_threadsafe(result, self._event_loop())
-                future.add_done_callback(lambda f: f.cancelled() or f.exception() is None or fail(f.exception()))
+                future.add_done_callback(
+                    lambda f: f.cancelled() or f.exception() is None or fail(describe(f.exception())))
             elif result is not None:
-                raise pb_utils.TritonModelException(
-                    f"Python model '{self.instance.instance_name}' is using the decoupled mode and the execute "
-                    f"function must return None.")
+                fail(f"Python model '{self.instance.instance_name}' is using the decoupled mode and the execute "
+                     f"function must return None.")
         except MemoryError:
             raise
         except Exception as exc:
-            fail(exc)
+            fail(describe(exc))
 
     def _to_pb_request(self, request: WorkerRequest, collect: Any = None) -> pb_utils.InferenceRequest:
         # Triton's core treats "no outputs requested" as "every configured output".
@@ -173,6 +191,15 @@ class PythonBackend(Backend):
             collect or _deliver(responder, pb_request), self._decoupled,
             responder.is_cancelled if responder is not None else (lambda: False))
         return pb_request
+
+    def _run_model_code(self, fn: Any, *args: Any) -> Any:
+        """Call a model hook at load; what it raises becomes a ModelError in Triton's words."""
+        try:
+            return self._call(fn, *args)
+        except MemoryError:
+            raise
+        except Exception as e:
+            raise ModelError(describe(e)) from e
 
     def _call(self, fn: Any, *args: Any) -> Any:
         """Call a model hook; a coroutine result is awaited on the backend's event loop."""
