@@ -8,12 +8,28 @@ from __future__ import annotations
 from tritonclient.grpc import model_config_pb2
 
 from .backends import ENSEMBLE_PLATFORM
+from .parameters import parameter_text
+
+# A model served one request at a time on purpose (a baseline, a demonstration of a
+# non-batching shape) says so with this parameter, and is not advised.
+SILENCE = "batching_advice"
 
 
 def config_advice(cfg: model_config_pb2.ModelConfig) -> list[str]:
-    """Warnings naming the fix; none for ensembles or sequence-batched models."""
+    """Warnings naming the fix; none for ensembles, sequence-batched models, or models whose
+    config sets `batching_advice` to `off`."""
     if cfg.platform == ENSEMBLE_PLATFORM or cfg.HasField("sequence_batching"):
         return []
+    setting = parameter_text(cfg, SILENCE).strip().lower()
+    if setting == "off":
+        return []
+    if SILENCE in cfg.parameters and setting != "on":
+        return [f"model '{cfg.name}': parameter '{SILENCE}' must be 'on' or 'off', got "
+                f"'{parameter_text(cfg, SILENCE)}'; the advice stays on"] + _batching(cfg)
+    return _batching(cfg)
+
+
+def _batching(cfg: model_config_pb2.ModelConfig) -> list[str]:
     if cfg.max_batch_size == 0:
         variable = [io.name for io in cfg.input if io.dims and io.dims[0] == -1]
         if not variable:

@@ -20,7 +20,6 @@ def cmd_start(argv: list[str]) -> int:
         args = start_parser().parse_args(argv)
         opts = server_options(args)
     except UsageError as e:
-        start_parser().print_usage(sys.stderr)
         print(str(e) if str(e).startswith("Error: ") else f"tritond start: error: {e}", file=sys.stderr)
         return 1
     problems = [p for p in map(repository_problem, opts.model_repositories) if p]
@@ -71,8 +70,22 @@ def cmd_analyze(argv: list[str]) -> int:
 COMMANDS = {"start": cmd_start, "check": cmd_check, "perf": cmd_perf, "analyze": cmd_analyze}
 
 
+def version() -> str:
+    """The installed package's version and the Triton server version tritond answers with."""
+    from importlib.metadata import PackageNotFoundError, version as installed
+    from .frontend.metadata import SERVER_VERSION
+    try:
+        own = installed("tritond")
+    except PackageNotFoundError:
+        own = "(not installed)"
+    return f"tritond {own} (Triton server protocol {SERVER_VERSION})"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("--version", "-V"):
+        print(version())
+        return 0
     if argv and argv[0] in COMMANDS:
         return COMMANDS[argv[0]](argv[1:])
     if argv and argv[0].startswith("--") and argv[0] not in ("--help", "-h"):
@@ -81,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
           "       tritond check [--memory] DIR [DIR ...]\n"
           "       tritond perf -m MODEL [-u URL] [perf_analyzer's options]\n"
           "       tritond analyze -m MODEL [--repository DIR | -u URL] [objectives]\n"
+          "       tritond --version\n"
           "Run 'tritond start --help' for the server options.", file=sys.stderr)
     return 0 if argv and argv[0] in ("--help", "-h") else 1
 

@@ -28,14 +28,21 @@ HTTP_LIMITS = (
      "open HTTP connections per frontend process; a new one beyond this is answered 503 and closed"),
 )
 GRPC_KEEPALIVE = (
-    # tritonserver flag, gRPC channel argument, default
-    ("--grpc-keepalive-time", "grpc.keepalive_time_ms", 7200000),
-    ("--grpc-keepalive-timeout", "grpc.keepalive_timeout_ms", 20000),
-    ("--grpc-http2-max-pings-without-data", "grpc.http2.max_pings_without_data", 2),
-    ("--grpc-http2-min-recv-ping-interval-without-data", "grpc.http2.min_ping_interval_without_data_ms", 300000),
-    ("--grpc-http2-max-ping-strikes", "grpc.http2.max_ping_strikes", 2),
-    ("--grpc-max-connection-age", "grpc.max_connection_age_ms", 0),
-    ("--grpc-max-connection-age-grace", "grpc.max_connection_age_grace_ms", 0),
+    # tritonserver flag, gRPC channel argument, default, metavar, help
+    ("--grpc-keepalive-time", "grpc.keepalive_time_ms", 7200000, "MS",
+     "ping an idle connection this often"),
+    ("--grpc-keepalive-timeout", "grpc.keepalive_timeout_ms", 20000, "MS",
+     "close a connection whose ping is not answered within this long"),
+    ("--grpc-http2-max-pings-without-data", "grpc.http2.max_pings_without_data", 2, "COUNT",
+     "pings the server may send while no data is sent (0: no limit)"),
+    ("--grpc-http2-min-recv-ping-interval-without-data", "grpc.http2.min_ping_interval_without_data_ms", 300000,
+     "MS", "least time between a client's pings while no data is sent; closer ones are strikes"),
+    ("--grpc-http2-max-ping-strikes", "grpc.http2.max_ping_strikes", 2, "COUNT",
+     "strikes before the connection is closed (0: no limit)"),
+    ("--grpc-max-connection-age", "grpc.max_connection_age_ms", 0, "MS",
+     "close a connection after this long (0: never)"),
+    ("--grpc-max-connection-age-grace", "grpc.max_connection_age_grace_ms", 0, "MS",
+     "time calls on a connection closed for its age may finish (0: no limit)"),
 )
 GRPC_MAX_STREAMS = 1024
 
@@ -47,8 +54,8 @@ def _dest(flag: str) -> str:
 def add_arguments(p: argparse.ArgumentParser, boolean: Callable[[str], bool]) -> None:
     for flag, default, metavar, text in HTTP_LIMITS:
         p.add_argument(flag, type=type(default), default=default, metavar=metavar, help=f"{text} (default {default})")
-    for flag, _, default in GRPC_KEEPALIVE:
-        p.add_argument(flag, type=int, default=default, metavar="MS", help=f"as tritonserver (default {default})")
+    for flag, _, default, metavar, text in GRPC_KEEPALIVE:
+        p.add_argument(flag, type=int, default=default, metavar=metavar, help=f"{text} (default {default})")
     p.add_argument("--grpc-keepalive-permit-without-calls", type=boolean, nargs="?", const=True, default=False,
                    metavar="BOOL", help="as tritonserver: allow keepalive pings on a connection without calls")
     p.add_argument("--grpc-max-concurrent-streams", type=int, default=GRPC_MAX_STREAMS, metavar="N",
@@ -64,7 +71,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"{flag} must be greater than 0, got {value}")
         http[_dest(flag).removeprefix("http_")] = value
     grpc = []
-    for flag, arg, _ in GRPC_KEEPALIVE:
+    for flag, arg, *_ in GRPC_KEEPALIVE:
         value = getattr(args, _dest(flag))
         if value < 0:
             raise ValueError(f"{flag} must not be negative, got {value}")

@@ -23,19 +23,26 @@ class FlagError(ValueError):
 def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     log = DEFAULTS.log
     p.add_argument("--log-file", default=log.file, metavar="PATH", help="append every process's log lines to PATH")
-    p.add_argument("--log-format", default=log.format, help="default | ISO8601 | json (one object per line)")
+    p.add_argument("--log-format", default=log.format, metavar="FORMAT", help="default | ISO8601 | json (one object per line)")
     flag(p, "--log-info", log.info, "log INFO lines")
     flag(p, "--log-warning", log.warning, "log WARNING lines")
     flag(p, "--log-error", log.error, "log ERROR lines")
-    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE")
-    p.add_argument("--metrics-interval-ms", type=float, default=DEFAULTS.metrics.interval_ms)
+    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                   help="counter_latencies, summary_latencies, summary_quantiles, histogram_latencies (repeatable)")
+    p.add_argument("--metrics-interval-ms", type=float, default=DEFAULTS.metrics.interval_ms, metavar="MS",
+                   help="how often the CPU and GPU metrics are sampled")
     flag(p, "--allow-cpu-metrics", DEFAULTS.cpu_metrics, "report nv_cpu_* and the process tree's CPU and memory")
     flag(p, "--allow-gpu-metrics", DEFAULTS.gpu_metrics, "report nv_gpu_* through NVML when GPUs exist")
-    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE")
-    for name, _ in DEPRECATED_TRACE_FLAGS:
-        p.add_argument(name, action="append", default=[], help=argparse.SUPPRESS)
-    p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,SETTING=VALUE")
-    p.add_argument("--response-cache-byte-size", type=int, default=None, help="deprecated: --cache-config local,size=N")
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                   help="level=OFF|TIMESTAMPS, rate, count, mode=triton|opentelemetry, triton,file, "
+                        "triton,log-frequency, opentelemetry,url ... (repeatable; default: tracing off)")
+    for name, setting in DEPRECATED_TRACE_FLAGS:
+        p.add_argument(name, action="append", default=[], metavar="VALUE",
+                       help=f"deprecated: --trace-config {setting}=VALUE")
+    p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,SETTING=VALUE",
+                   help="local,size=BYTES: the response cache (default: none)")
+    p.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+                   help="deprecated: --cache-config local,size=BYTES")
 
 
 def log_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from tritond.repository.remote import RemoteError, check_available
 from tritond.wire import options as wire_options
 from tritond.wire.options import DEFAULTS as _D, ServerOptions
 
-from . import connection_limits, observe_options, triton_flags
+from . import connection_limits, observe_options, start_help, triton_flags
 
 
 class UsageError(Exception):
@@ -31,83 +31,118 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # exit code 1 like tritonserver, not argparse's 2
         raise UsageError(message)
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """A stray argument is named in one line with the closest flag; --model-repository is
+        checked after that, so a mistyped flag is what the user is told about first."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            raise UsageError(start_help.unknown_option(self.prog, extras[0]))
+        if not parsed.model_repositories:
+            raise UsageError("--model-repository is required (a model repository directory or URL)")
+        return parsed
 
-def _flag(p: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
+
+def _flag(p: Any, name: str, default: bool, help_text: str) -> None:
     p.add_argument(name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help_text)
 
 
 def start_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tritond start", description="Serve a Triton model repository.")
+    parser = _Parser(prog="tritond start", usage="tritond start --model-repository DIR [options]",
+                     description="Serve a Triton model repository. Flags are tritonserver's unless marked as "
+                                 "tritond's; booleans take --flag=true|false|1|0.",
+                     formatter_class=start_help.HelpFormatter)
+    p = start_help.Grouped(parser)
     p.add_argument("--model-repository", "--model-store", dest="model_repositories", action="append",
-                   required=True, help="model repository directory (repeatable)")
-    p.add_argument("--id", dest="server_name", default=_D.server_name, help="server name in server metadata")
-    p.add_argument("--http-address", default=_D.http_address)
-    p.add_argument("--http-port", type=int, default=_D.http_port)
-    p.add_argument("--grpc-address", default=_D.grpc_address)
-    p.add_argument("--grpc-port", type=int, default=_D.grpc_port)
-    p.add_argument("--metrics-address", default=_D.metrics_address)
-    p.add_argument("--metrics-port", type=int, default=_D.metrics_port)
+                   metavar="DIR", help="model repository: a directory, or an s3://, gs:// or as:// URL (repeatable)")
+    p.add_argument("--id", dest="server_name", default=_D.server_name, metavar="NAME",
+                   help="server name in server metadata")
+    p.add_argument("--http-address", default=_D.http_address, metavar="ADDR", help="address HTTP binds to")
+    p.add_argument("--http-port", type=int, default=_D.http_port, metavar="PORT", help="HTTP port")
+    p.add_argument("--grpc-address", default=_D.grpc_address, metavar="ADDR", help="address gRPC binds to")
+    p.add_argument("--grpc-port", type=int, default=_D.grpc_port, metavar="PORT", help="gRPC port")
+    p.add_argument("--metrics-address", default=_D.metrics_address, metavar="ADDR",
+                   help="address metrics bind to ('': the HTTP address)")
+    p.add_argument("--metrics-port", type=int, default=_D.metrics_port, metavar="PORT", help="metrics port")
     _flag(p, "--allow-http", _D.allow_http, "serve HTTP")
     _flag(p, "--allow-grpc", _D.allow_grpc, "serve gRPC")
     _flag(p, "--allow-metrics", True, "serve Prometheus metrics")
     p.add_argument("--http-server", choices=["uvicorn", "hypercorn"], default=_D.http_server,
-                   help="HTTP server: uvicorn+httptools (fast) or hypercorn (HTTP/2)")
-    p.add_argument("--http-workers", type=int, default=_D.http_workers, help="HTTP frontend processes sharing the port")
-    p.add_argument("--grpc-workers", type=int, default=_D.grpc_workers, help="gRPC frontend processes sharing the port")
-    p.add_argument("--http-max-input-size", type=int, default=_D.http_max_input_size)
-    p.add_argument("--http-restricted-api", action="append", default=[])
-    p.add_argument("--grpc-restricted-protocol", action="append", default=[])
+                   help="tritond's: HTTP server, uvicorn+httptools (fast) or hypercorn (HTTP/2)")
+    p.add_argument("--http-workers", type=int, default=_D.http_workers, metavar="N",
+                   help="tritond's: HTTP frontend processes sharing the port")
+    p.add_argument("--grpc-workers", type=int, default=_D.grpc_workers, metavar="N",
+                   help="tritond's: gRPC frontend processes sharing the port")
+    p.add_argument("--http-max-input-size", type=int, default=_D.http_max_input_size, metavar="BYTES",
+                   help="largest HTTP request body")
+    p.add_argument("--http-restricted-api", action="append", default=[], metavar="CATEGORIES:KEY=VALUE",
+                   help="serve these API categories only to requests with this header (repeatable)")
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="CATEGORIES:KEY=VALUE",
+                   help="serve these protocol categories only to calls with this metadata (repeatable)")
     for proto, name in (("grpc", "gRPC"), ("http", "HTTP")):
+        mine = "tritond's: " if proto == "http" else ""
         p.add_argument(f"--{proto}-use-ssl", type=parse_bool, nargs="?", const=True, default=None, metavar="BOOL",
-                       help=f"serve {name} over TLS")
+                       help=f"{mine}serve {name} over TLS (default: false, true with --{proto}-use-ssl-mutual)")
         p.add_argument(f"--{proto}-use-ssl-mutual", type=parse_bool, nargs="?", const=True, default=None,
-                       metavar="BOOL", help=f"serve {name} over TLS and require client certificates")
-        p.add_argument(f"--{proto}-server-cert", metavar="PEM", help="server certificate (chain) file")
-        p.add_argument(f"--{proto}-server-key", metavar="PEM", help="server private key file")
+                       metavar="BOOL", help=f"{mine}serve {name} over TLS and require client certificates "
+                                            f"(default: false)")
+        p.add_argument(f"--{proto}-server-cert", metavar="PEM", help=f"{mine}server certificate (chain) file")
+        p.add_argument(f"--{proto}-server-key", metavar="PEM", help=f"{mine}server private key file")
         p.add_argument(f"--{proto}-root-cert", metavar="PEM",
-                       help="root certificates that client certificates must chain to")
-    _flag(p, "--metrics-use-ssl", False, "serve metrics over TLS with the HTTP certificate settings")
+                       help=f"{mine}root certificates that client certificates must chain to")
+    _flag(p, "--metrics-use-ssl", False, "tritond's: serve metrics over TLS with the HTTP certificate settings")
     p.add_argument("--http-restricted-api-subject", action="append", default=[], metavar="CATEGORIES:NAME",
-                   help="limit API categories to clients whose certificate subject matches an RFC 4514 name")
+                   help="tritond's: limit API categories to clients whose certificate subject matches an "
+                        "RFC 4514 name")
     p.add_argument("--grpc-restricted-protocol-subject", action="append", default=[], metavar="CATEGORIES:NAME",
-                   help="limit protocol categories to clients whose certificate subject matches an RFC 4514 name")
-    p.add_argument("--log-verbose", type=int, default=_D.log_verbose)
-    p.add_argument("--exit-timeout-secs", type=float, default=_D.exit_timeout_secs)
+                   help="tritond's: limit protocol categories to clients whose certificate subject matches an "
+                        "RFC 4514 name")
+    p.add_argument("--log-verbose", type=int, default=_D.log_verbose, metavar="LEVEL",
+                   help="verbose logging at this level and below (0: off)")
+    p.add_argument("--exit-timeout-secs", type=float, default=_D.exit_timeout_secs, metavar="SECS",
+                   help="on SIGTERM/SIGINT, how long in-flight requests may finish before the server exits")
     p.add_argument("--broker-hang-timeout-secs", type=float, default=_D.broker_hang_timeout_secs, metavar="SECS",
-                   help="restart the broker when it has sent nothing for this long (it pings twice a second)")
+                   help="tritond's: restart the broker when it has sent nothing for this long (it pings twice a "
+                        "second)")
     _flag(p, "--exit-on-error", _D.exit_on_error, "exit when a model fails to load at startup")
     _flag(p, "--strict-readiness", _D.strict_readiness, "ready only when every model is ready")
     _flag(p, "--allow-client-shm", _D.allow_client_shm, "allow client shared-memory registration")
-    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=_D.model_control_mode)
-    p.add_argument("--load-model", dest="load_models", action="append", default=[])
-    p.add_argument("--repository-poll-secs", type=int, default=_D.repository_poll_secs,
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=_D.model_control_mode,
+                   help="none: load the repository at startup; poll: follow its changes; explicit: load and "
+                        "unload through the repository API")
+    p.add_argument("--load-model", dest="load_models", action="append", default=[], metavar="NAME",
+                   help="explicit mode: load this model at startup, '*' for all (repeatable)")
+    p.add_argument("--repository-poll-secs", type=int, default=_D.repository_poll_secs, metavar="SECS",
                    help="poll mode: rescan the repository this often (0: only on SIGHUP)")
-    p.add_argument("--model-load-thread-count", type=int, default=_D.model_load_thread_count,
+    p.add_argument("--model-load-thread-count", type=int, default=_D.model_load_thread_count, metavar="N",
                    help="models loading at once (their configs read on this many threads)")
     p.add_argument("--model-unload-timeout-secs", type=float, default=_D.model_unload_timeout_secs, metavar="SECS",
-                   help="how long an unloaded or replaced model version may finish its queued and executing "
-                        "requests before they fail")
+                   help="tritond's: how long an unloaded or replaced model version may finish its queued and "
+                        "executing requests before they fail")
     p.add_argument("--model-file-override-max-bytes", type=int, default=_D.model_file_override_max_bytes,
                    metavar="BYTES",
-                   help="total size of the 'file:' overrides one load request may carry")
+                   help="tritond's: total size of the 'file:' overrides one load request may carry")
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default=_D.rate_limit,
                    help="execution_count: instances run only while their rate_limiter resources are free")
     p.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append", default=[],
                    metavar="NAME:COUNT[:DEVICE]", help="how much of a rate limiter resource there is (repeatable)")
-    p.add_argument("--model-config-name", default=_D.model_config_name)
+    p.add_argument("--model-config-name", default=_D.model_config_name, metavar="NAME",
+                   help="read configs/<NAME>.pbtxt instead of config.pbtxt where it exists ('': config.pbtxt)")
     _flag(p, "--disable-auto-complete-config", _D.disable_auto_complete, "do not auto-complete model configs")
     p.add_argument("--strict-model-config", type=parse_bool, nargs="?", const=True, default=None,
-                   metavar="BOOL", help="deprecated: true disables auto-complete")
-    p.add_argument("--backend-config", action="append", default=[], help="<backend>,<key>=<value>")
-    _flag(p, "--mps", _D.mps, "run GPU workers under a private NVIDIA MPS daemon")
+                   metavar="BOOL", help="deprecated: true disables auto-complete (default: false)")
+    p.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]SETTING=VALUE",
+                   help="default-max-batch-size=N (default 4), tensorflow,version=2, "
+                        "tensorflow,allow-soft-placement=true (repeatable)")
+    _flag(p, "--mps", _D.mps, "tritond's: run GPU workers under a private NVIDIA MPS daemon")
     p.add_argument("--mps-active-thread-percentage", type=int, default=_D.mps_active_thread_percentage, metavar="PCT",
-                   help="share of a GPU's SMs each GPU worker may use under --mps (1-100)")
+                   help="tritond's: share of a GPU's SMs each GPU worker may use under --mps, 1-100 "
+                        "(default: MPS's, all)")
     observe_options.add_flags(p, _flag)
     _flag(p, "--worker-templates", _D.worker_templates,
-          "fork CPU workers from one warm process per backend that imported the framework once")
+          "tritond's: fork CPU workers from one warm process per backend that imported the framework once")
     connection_limits.add_arguments(p, parse_bool)
     triton_flags.add_to(p)
-    return p
+    return parser
 
 
 API_CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",

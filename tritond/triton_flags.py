@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 REFUSE = "refuse"
 WARN = "warn"
@@ -67,11 +68,20 @@ FLAGS: dict[str, Flag] = {
 }
 
 
-def add_to(parser: argparse.ArgumentParser) -> None:
-    """Recognise every flag of the table (hidden from --help)."""
-    for name in FLAGS:
+def add_to(parser: Any) -> None:
+    """Recognise every flag of the table; --help says what tritond does with each."""
+    for name, flag in FLAGS.items():
         parser.add_argument(name, dest=dest(name), action="append", nargs="?", const="true",
-                            default=None, help=argparse.SUPPRESS)
+                            default=None, metavar="VALUE", help=help_text(flag))
+
+
+def help_text(flag: Flag) -> str:
+    accepted = f"; accepted: {', '.join(flag.harmless)}" if flag.harmless else ""
+    if flag.decision == REFUSE:
+        return f"not supported: {flag.why}{accepted}"
+    if flag.decision == WARN:
+        return f"ignored with a warning: {flag.why}"
+    return f"accepted: {flag.why}"
 
 
 def dest(name: str) -> str:

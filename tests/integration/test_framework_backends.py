@@ -309,3 +309,20 @@ def test_without_the_packages_only_those_models_are_unavailable(repo, tmp_path):
         assert "pip install 'tritond[tensorflow]'" in index["mlp_tensorflow"]["reason"]
         assert infer(client, "mlp_onnx", np.ones((1, WIDTH), np.float32)).shape == (1, WIDTH)
         client.close()
+
+
+TF_STARTUP_LINES = ("absl::InitializeLog", "oneDNN custom operations are on")
+
+
+def test_tensorflows_start_up_lines_stay_out_of_the_log(server):
+    for line in TF_STARTUP_LINES:
+        assert line not in server.log, server.log
+
+
+def test_tensorflows_start_up_lines_are_verbose_lines(repo, tmp_path):
+    small = tmp_path / "models"
+    shutil.copytree(repo / "mlp_tensorflow", small / "mlp_tensorflow")
+    with serving(TritondServer(small, ["--log-verbose=1"], grpc=False), timeout=180) as s:
+        lines = [line for line in s.log.splitlines() if "] TensorFlow: " in line]
+        assert any(TF_STARTUP_LINES[1] in line for line in lines), s.log
+        assert all(line.startswith("I") for line in lines), lines

@@ -132,12 +132,31 @@ def test_grpc_shared_memory_poisson_rate_from_a_data_file(perf_server, tmp_path,
     assert not [n for n in os.listdir("/dev/shm") if n.startswith("tritond_perf_")], "regions left behind"
 
 
-def test_unstable_levels_and_bad_models_fail_like_perf_analyzer(perf_server):
+def test_unstable_levels_and_bad_models_fail_like_perf_analyzer(perf_server, tmp_path):
+    out = tmp_path / "unstable.csv"
     proc = tritond_perf("-m", "mlp_onnx", "-u", perf_server.http_url, "--engine", "python",
-                        "--concurrency-range", "1", "-p", "100", "-s", "0.0001", "-r", "3")
+                        "--concurrency-range", "1:2", "-p", "100", "-s", "0.0001", "-r", "3", "-f", str(out))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Failed to obtain stable measurement within 3 measurement windows for concurrency 1" in proc.stderr
+    # The unstable level's figures are still the result: reported, written, and said to be unstable.
+    header, rows = read_csv(out)
+    assert header == PA_COLUMNS and [r["Concurrency"] for r in rows] == ["1"], "the sweep ends at an unstable level"
+    assert float(rows[0]["Inferences/Second"]) > 0
+    assert "Concurrency: 1, throughput: " in proc.stdout and "usec (unstable)" in proc.stdout
+    assert f"Note: concurrency 1 is unstable: its figures in {out}" in proc.stderr
     proc = tritond_perf("-m", "nope", "-u", perf_server.http_url, "--engine", "python")
     assert proc.returncode == 1 and "tritond perf: error:" in proc.stderr and "nope" in proc.stderr
     proc = tritond_perf("-m", "mlp_onnx", "--concurrency-range", "4:2")
     assert proc.returncode == 1 and "end is below start" in proc.stderr
+
+
+@pytest.mark.skipif(perf_analyzer() is None, reason="perf_analyzer is not installed (scripts/install-perf-analyzer)")
+def test_when_perf_analyzer_finds_nothing_stable_the_engine_still_gives_a_result(perf_server, tmp_path):
+    out = tmp_path / "unstable.csv"
+    proc = tritond_perf("-m", "mlp_onnx", "-u", perf_server.http_url, "--concurrency-range", "1",
+                        "-p", "100", "-s", "0.0001", "-r", "3", "-f", str(out))
+    assert "perf_analyzer found no stable level and wrote nothing; measuring again" in proc.stderr, proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    header, rows = read_csv(out)
+    assert header == PA_COLUMNS and [r["Concurrency"] for r in rows] == ["1"]
+    assert f"Note: concurrency 1 is unstable: its figures in {out}" in proc.stderr

@@ -218,3 +218,12 @@ def test_batch_reporter(pb_utils):
     np.testing.assert_array_equal(second.outputs["BATCH_SIZE"], [[2]])
     np.testing.assert_array_equal(second.outputs["BATCH_ELEMENTS"], [[3]])
     assert first.outputs["BATCH_ELEMENTS"].dtype == np.int32
+
+
+def test_the_examples_start_without_advice(repo):
+    """A clean start of the example repository is clean: the models that are not batched are
+    so on purpose and say so (batching_advice: off)."""
+    from tritond.repository.catalog import check_repository
+    specs = check_repository([str(repo)])
+    assert {s.name for s in specs} == {p.name for p in repo.iterdir()}
+    assert {s.name: s.advice for s in specs if s.error or s.advice} == {}

@@ -42,3 +42,17 @@ def test_batching_model_without_dynamic_batching_is_flagged():
 )
 def test_no_advice(text):
     assert advice(text) == []
+
+
+@pytest.mark.parametrize("value", ["off", "OFF"])
+def test_a_deliberately_unbatched_model_silences_the_advice(value):
+    param = f'parameters {{ key: "batching_advice" value: {{ string_value: "{value}" }} }}'
+    assert advice(f'name: "m" input [{{ name: "x" dims: [-1] }}] {param}') == []
+    assert advice(f'name: "m" max_batch_size: 8 input [{{ name: "x" dims: [16] }}] {param}') == []
+
+
+def test_a_misspelt_silencing_value_is_named_and_the_advice_stays():
+    param = 'parameters { key: "batching_advice" value: { string_value: "of" } }'
+    first, second = advice(f'name: "m" max_batch_size: 8 input [{{ name: "x" dims: [16] }}] {param}')
+    assert "parameter 'batching_advice' must be 'on' or 'off', got 'of'" in first
+    assert "max_batch_size is 8 but there is no dynamic_batching" in second

@@ -103,7 +103,7 @@ def test_http_max_input_size_must_be_positive(value):
 def test_connection_limits_default_to_tritonservers_keepalive_and_refuse_bad_values():
     opts = options()
     args = dict(opts.grpc_channel_args)
-    for _, arg, default in GRPC_KEEPALIVE:
+    for _, arg, default, *_ in GRPC_KEEPALIVE:
         if default:
             assert args[arg] == default
     assert "grpc.max_connection_age_ms" not in args      # 0: no maximum, as tritonserver
@@ -162,4 +162,4 @@ def test_a_restricted_category_in_two_groups_is_refused_with_tritonservers_words
 
 def test_a_usage_error_in_tritonservers_words_is_printed_as_tritonserver_prints_it(capsys, tmp_path):
     assert cli.main(["--model-repository", str(tmp_path), "--http-max-input-size=0"]) == 1
-    assert "\nError: --http-max-input-size must be greater than 0.\n" in capsys.readouterr().err
+    assert "Error: --http-max-input-size must be greater than 0." in capsys.readouterr().err.splitlines()

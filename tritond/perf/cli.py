@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from . import binary as pa
 from .control import ControlError, connect
-from .engine import LevelResult, MeasureError, MeasureOptions
+from .engine import STABILITY_WINDOW, LevelResult, MeasureError, MeasureOptions
 from .inputs import InputDataError, parse_shapes
 from .progress import Display
 from .results import describe, summary_lines, write_csv
@@ -144,13 +144,15 @@ def run_engine(opts: PerfOptions, mode: str, levels: Sequence[float], csv_path: 
 
     def on_level(result: LevelResult) -> None:
         display.level_done()
-        if not result.stable:
-            what = "concurrency " + str(int(result.level)) if mode == "concurrency" else f"request rate {result.level:g}"
-            print(f"Failed to obtain stable measurement within {opts.measure.max_trials} measurement windows for "
-                  f"{what}. Please try to increase the --measurement-interval.", file=sys.stderr, flush=True)
-            raise Unstable()
         results.append(result)
+        if not result.stable:
+            print(f"Failed to obtain stable measurement within {opts.measure.max_trials} measurement windows for "
+                  f"{_level_name(result)}. Please try to increase the --measurement-interval. Its last "
+                  f"{STABILITY_WINDOW} windows are reported, marked unstable, and the sweep ends here.",
+                  file=sys.stderr, flush=True)
         print(describe(result, opts.measure.percentile) + "\n", flush=True)
+        if not result.stable:
+            raise Unstable()
 
     try:
         session.prepare()
@@ -170,12 +172,29 @@ def run_engine(opts: PerfOptions, mode: str, levels: Sequence[float], csv_path: 
     print("\n".join(summary_lines(results, opts.measure.percentile)), flush=True)
     if csv_path:
         write_csv(csv_path, results, verbose_csv, opts.measure.percentile)
-    return 0
+    unstable = [r for r in results if not r.stable]
+    if unstable:
+        print(f"Note: {_level_name(unstable[0])} is unstable: its figures{f' in {csv_path}' if csv_path else ''} "
+              f"are those of its last {STABILITY_WINDOW} windows, which varied by more than "
+              f"{opts.measure.stability * 100:g}%; a longer --measurement-interval, a higher "
+              f"--stability-percentage or a quieter host steadies them.", file=sys.stderr, flush=True)
+    return 2 if len(unstable) == len(results) else 0
+
+
+def _level_name(result: LevelResult) -> str:
+    return f"concurrency {int(result.level)}" if result.mode == "concurrency" else f"request rate {result.level:g}"
+
+
+class NothingStable(Exception):
+    """perf_analyzer ended without a stable level, so it reported and wrote nothing."""
 
 
 def run_binary(binary: str, opts: PerfOptions, flag: str, text: str, levels: Sequence[float],
                csv_path: str | None, verbose_csv: bool, display: Display) -> int:
+    """perf_analyzer's exit status; NothingStable (with that status) when it failed for want of a
+    stable level."""
     label = ""
+    unstable = False
 
     def on_level(level: float) -> None:
         nonlocal label
@@ -187,12 +206,17 @@ def run_binary(binary: str, opts: PerfOptions, flag: str, text: str, levels: Seq
         display.window(label, done, opts.measure.max_trials, ips, lat_ns / 1e6, False)
 
     def echo(line: str) -> None:
+        nonlocal unstable
         if line.startswith(("  Client:", "Inferences/Second")):
             display.level_done()
+        unstable = unstable or line.startswith("Failed to obtain stable measurement")
         print(line, flush=True)
 
     cmd = pa.command(binary, opts, flag, text, csv_path, verbose_csv)
-    return pa.run(cmd, on_level, on_pass, echo)
+    code = pa.run(cmd, on_level, on_pass, echo)
+    if code != 0 and unstable:
+        raise NothingStable(code)
+    return code
 
 
 def main(argv: Sequence[str]) -> int:
@@ -212,7 +236,14 @@ def main(argv: Sequence[str]) -> int:
     try:
         with Display() as display:
             if binary is not None:
-                return run_binary(binary, opts, flag, text, levels, args.csv, args.verbose_csv, display)
+                try:
+                    return run_binary(binary, opts, flag, text, levels, args.csv, args.verbose_csv, display)
+                except NothingStable as failed:
+                    if args.engine != "auto":
+                        return failed.args[0]
+                    print("tritond perf: perf_analyzer found no stable level and wrote nothing; measuring again "
+                          "with tritond's engine, which reports an unstable level's figures", file=sys.stderr,
+                          flush=True)
             return run_engine(opts, mode, levels, args.csv, args.verbose_csv, display)
     except KeyboardInterrupt:
         print("tritond perf: interrupted", file=sys.stderr)

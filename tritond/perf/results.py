@@ -99,5 +99,5 @@ def summary_lines(results: Sequence[LevelResult], percentile: int = -1) -> list[
     out = [f"Inferences/Second vs. Client {what} Batch Latency"]
     for r in results:
         out.append(f"{level_label(r)}, throughput: {_number(r.infer_per_sec)} infer/sec, "
-                   f"latency {r.latency_ns(percentile) // 1000} usec")
+                   f"latency {r.latency_ns(percentile) // 1000} usec" + ("" if r.stable else " (unstable)"))
     return out

@@ -23,6 +23,7 @@ from tritond.repository.parameters import config_parameter
 from tritond.repository.savedmodel import SERVE_TAG, select_signature
 from tritond.repository.tensorflow_autocomplete import PARAM_SIGNATURE, PARAM_TAG
 
+from .. import native_stderr
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
 from .batching import Reshapes, execute_batch
@@ -46,7 +47,8 @@ class TensorFlowBackend(Backend):
     def load(self) -> None:
         if self.instance.kind == "GPU":
             check_mps_share()
-        tf = self.tf = import_tensorflow()
+        with native_stderr.captured("TensorFlow"):
+            tf = self.tf = import_tensorflow()
         cfg = self.config
         # The instance's thread budget (TF_NUM_INTRA_THREADS / TF_NUM_INTER_THREADS or its share
         # of the host's cores, decided at load); TensorFlow's defaults when not budgeted.
@@ -57,7 +59,7 @@ class TensorFlowBackend(Backend):
         self.device = self._device()
         path = self.model_path()
         tag = config_parameter(cfg, PARAM_TAG).strip() or SERVE_TAG
-        with tf.device(self.device):
+        with tf.device(self.device), native_stderr.captured("TensorFlow"):
             self.model = tf.saved_model.load(path, tags=[tag])
         configured = config_parameter(cfg, PARAM_SIGNATURE).strip()
         name = select_signature(list(self.model.signatures.keys()), configured)
