@@ -8,8 +8,11 @@ import sysconfig
 import traceback
 
 import tritond
+import tritond.workers
 
-_SERVER_CODE = (os.path.dirname(tritond.__file__) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep)
+# The server's own code, wherever each package lies (an editable install maps them apart).
+_SERVER_CODE = tuple(os.path.dirname(p.__file__) + os.sep for p in (tritond, tritond.workers)) + (
+    sysconfig.get_paths()["stdlib"] + os.sep,)
 
 
 class ModelError(Exception):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import TritondServer, build_example_repository, http_get, serving
+from conftest import TritondServer, build_example_repository, http_get, serving, wait_for
 
 BUSY_S = 120        # each busy loop ends on its own after this, whatever happens to the test
 GRPC_DELAY_S = 3.0
@@ -52,20 +52,23 @@ def test_http_says_live_and_ready_only_once_grpc_accepts(tmp_path, loaded_host):
     repo = build_example_repository(tmp_path / "models", ("identity_fp32",))
     server = TritondServer(repo, env=slow_grpc_env(tmp_path)).launch()
     with serving(server):
-        deadline = time.monotonic() + 120
-        seen: dict[str, int] = {}
-        while len(seen) < 2:
-            assert time.monotonic() < deadline, f"the server did not become live and ready:\n{server.log}"
+        seen: set[str] = set()
+
+        def both_seen() -> bool:
+            """Each health answer's first 200 is followed at once by a gRPC call that must pass."""
             assert server.proc.poll() is None, server.log
             for path in ("live", "ready"):
                 if path not in seen and http_get(f"http://{server.http_url}/v2/health/{path}", 1.0)[0] == 200:
-                    seen[path] = 200
+                    seen.add(path)
                     client = grpcclient.InferenceServerClient(server.grpc_url)
                     try:
                         assert client.is_server_live(client_timeout=10), path
                     finally:
                         client.close()
-            time.sleep(0.01)
+            return len(seen) == 2
+
+        wait_for(both_seen, timeout=120, what=lambda: f"the server to become live and ready:\n{server.log}",
+                 every=0.01)
         client = grpcclient.InferenceServerClient(server.grpc_url)
         assert client.is_server_ready()
         client.close()
