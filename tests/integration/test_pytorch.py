@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 from tritonclient.utils import shared_memory as shm
 
-from conftest import TritondServer, serving
+from conftest import TritondServer, expect_error, serving, wait_for
 from tritond.repository.devices import gpu_count
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
@@ -28,6 +28,13 @@ MLP_WIDTH = 256
 class AddSub(torch.nn.Module):
     def forward(self, left: torch.Tensor, right: torch.Tensor):
         return left + right, left - right
+
+
+class Picky(torch.nn.Module):
+    def forward(self, x: torch.Tensor):
+        if bool(x.sum() < 0):
+            raise ValueError("negative input")
+        return x
 
 
 def config(name: str, body: str) -> str:
@@ -80,6 +87,14 @@ input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 256 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 256 ] } ]
 instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]
 """, {"model.pt": mlp_pt})
+    picky = repo.parent / "picky.pt"
+    torch.jit.save(torch.jit.script(Picky()), str(picky))
+    write_model(repo, "picky", """
+platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+""", {"model.pt": picky})
     write_model(repo, "plan_model", """
 platform: "tensorrt_plan"
 max_batch_size: 8
@@ -171,6 +186,17 @@ def index_entry(client, name: str) -> dict:
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU path; this host has a GPU")
+def test_an_execute_error_reaches_the_client_and_the_log_with_its_traceback(server, client):
+    wait_for(lambda: client.is_model_ready("picky"), 120, "picky to load")
+    inp = httpclient.InferInput("INPUT__0", [4], "FP32")
+    inp.set_data_from_numpy(np.full(4, -1.0, dtype=np.float32))
+    expect_error(lambda: client.infer("picky", [inp]), 500, "PyTorch execute failure")
+    marker = "model 'picky' instance 'picky_0' failed to execute a batch of 1 request(s)"
+    wait_for(lambda: marker in server.log, 30, "the error in the log")
+    logged = server.log[server.log.index(marker):]
+    assert "Traceback (most recent call last)" in logged and "negative input" in logged, logged
+
+
 def test_gpu_instance_fails_only_its_model(server, client):
     entry = index_entry(client, "mlp_torch_gpu")
     assert entry["state"] == "UNAVAILABLE"
