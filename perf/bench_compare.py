@@ -15,7 +15,8 @@ then measures bench_cpu's CPU time per request (user + system of every process a
 each server's tree, read from /proc, divided by the requests completed in the window) in
 rounds: each round runs every case on every server in turn, the servers' order rotating from
 round to round. The table gives each server's min-max over rounds, the medians of the
-per-round ratios (each ratio compares windows of the same round) and head's CPU by process.
+per-round ratios (each ratio compares windows of the same round) and base's and head's CPU by
+process.
 
   python perf/bench_compare.py
   python perf/bench_compare.py --base b280652 --rounds 2 --window 3
@@ -159,18 +160,19 @@ def breakdown(windows: Sequence[Window]) -> str:
 
 def render(results: dict[tuple[str, str], list[Window]], cases: Sequence[str], servers: Sequence[str]) -> str:
     """The markdown table: per case, µs/request min-max per server, median per-round ratios,
-    head's breakdown by process."""
+    base's and head's breakdowns by process."""
     triton = "Triton" in servers
     head = ["case"] + [f"{s} µs/req" for s in servers]
     head += ["base / Triton", "head / Triton"] if triton else []
-    head += ["head / base", "head by process, µs/req"]
-    rows = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 2) + "---|"]
+    head += ["head / base", "base by process, µs/req", "head by process, µs/req"]
+    rows = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 3) + "---|---|"]
     for name in cases:
         us = {s: [w.us_per_request for w in results.get((name, s), [])] for s in servers}
         cells = [LOADS[name].label] + [span(us[s]) for s in servers]
         if triton:
             cells += [median_ratio(us["base"], us["Triton"]), median_ratio(us["head"], us["Triton"])]
-        cells += [median_ratio(us["head"], us["base"]), breakdown(results.get((name, "head"), []))]
+        cells += [median_ratio(us["head"], us["base"]), breakdown(results.get((name, "base"), [])),
+                  breakdown(results.get((name, "head"), []))]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

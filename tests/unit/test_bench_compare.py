@@ -108,10 +108,10 @@ def test_render_with_triton():
                                                               "head": [800, 1000]}),
                       ["http-json-c1", "grpc-c16"], ["Triton", "base", "head"]).splitlines()
     assert table[0] == ("| case | Triton µs/req | base µs/req | head µs/req | base / Triton | head / Triton "
-                        "| head / base | head by process, µs/req |")
-    assert table[1] == "|---|---:|---:|---:|---:|---:|---:|---|"
+                        "| head / base | base by process, µs/req | head by process, µs/req |")
+    assert table[1] == "|---|---:|---:|---:|---:|---:|---:|---|---|"
     # per-round ratios: base 4.5, 4.0 -> 4.25; head 4.0, 4.0; head/base 0.889, 1.0 -> 0.94
-    assert table[2] == "| HTTP JSON, c=1 | 200–250 | 900–1000 | 800–1000 | 4.25 | 4.00 | 0.94 | worker 900 |"
+    assert table[2] == "| HTTP JSON, c=1 | 200–250 | 900–1000 | 800–1000 | 4.25 | 4.00 | 0.94 | worker 950 | worker 900 |"
     assert table[3].startswith("| gRPC, c=16 | ")
     assert len(table) == 4
 
@@ -119,14 +119,15 @@ def test_render_with_triton():
 def test_render_without_triton():
     table = bc.render(results(["http-binary-c16"], {"base": [600], "head": [450]}),
                       ["http-binary-c16"], ["base", "head"]).splitlines()
-    assert table[0] == "| case | base µs/req | head µs/req | head / base | head by process, µs/req |"
-    assert table[1] == "|---|---:|---:|---:|---|"
-    assert table[2] == "| HTTP binary, c=16 | 600 | 450 | 0.75 | worker 450 |"
+    assert table[0] == ("| case | base µs/req | head µs/req | head / base | base by process, µs/req "
+                        "| head by process, µs/req |")
+    assert table[1] == "|---|---:|---:|---:|---|---|"
+    assert table[2] == "| HTTP binary, c=16 | 600 | 450 | 0.75 | worker 600 | worker 450 |"
 
 
 def test_render_marks_missing_windows():
     table = bc.render({}, ["grpc-c16"], ["base", "head"]).splitlines()
-    assert table[2] == "| gRPC, c=16 | - | - | - | - |"
+    assert table[2] == "| gRPC, c=16 | - | - | - | - | - |"
 
 
 # ---------------------------------------------------------------- revisions and layout
