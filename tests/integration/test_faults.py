@@ -155,18 +155,26 @@ class Load:
             t.join(120)
 
 
-def test_kill_worker_mid_batch_fails_only_that_batch(fserver, markers):
-    pids = wait_serving(fserver, "slow2", 2)
-    restarts = metric(fserver, "tritond_model_restart_count", model="slow2")
-    with Load(fserver.http_url, "slow2", 32, sleep_ms=300) as load:
-        victim = pids[0]
-        batch = stop_while_busy(markers, victim)
-        os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: metric(fserver, "tritond_model_restart_count", model="slow2") == restarts + 1,
+def kill_mid_batch(fserver, markers, model: str, served_after: int) -> tuple[list[int], list[int], "Load", list]:
+    """Under 32 clients, SIGKILL the first of `model`'s two workers while it holds a batch and
+    wait for its replacement to serve `served_after` more requests; (pids before, pids after,
+    the load, the killed batch's request ids)."""
+    pids = wait_serving(fserver, model, 2)
+    restarts = metric(fserver, "tritond_model_restart_count", model=model)
+    with Load(fserver.http_url, model, 32, sleep_ms=300) as load:
+        batch = stop_while_busy(markers, pids[0])
+        os.kill(pids[0], signal.SIGKILL)
+        wait_for(lambda: metric(fserver, "tritond_model_restart_count", model=model) == restarts + 1,
                  what="the restart to be counted")
-        new_pids = wait_serving(fserver, "slow2", 2)
-        served_after = len(load.ok)
-        wait_for(lambda: len(load.ok) > served_after + 16, what="requests served after the restart")
+        new_pids = wait_serving(fserver, model, 2)
+        served = len(load.ok)
+        wait_for(lambda: len(load.ok) > served + served_after, what="requests served after the restart")
+    return pids, new_pids, load, batch
+
+
+def test_kill_worker_mid_batch_fails_only_that_batch(fserver, markers):
+    pids, new_pids, load, batch = kill_mid_batch(fserver, markers, "slow2", 16)
+    victim = pids[0]
     assert victim not in new_pids and pids[1] in new_pids
     assert batch and sorted(load.failed) == sorted(batch), (batch, load.failed)
     assert not load.wrong
@@ -268,18 +276,10 @@ def test_idempotent_model_retries_once_on_the_replacement(fserver, markers):
 
 
 def test_kill_worker_mid_batch_of_an_idempotent_model_fails_nothing(fserver, markers):
-    pids = wait_serving(fserver, "idem2", 2)
+    wait_serving(fserver, "idem2", 2)
     retries = metric(fserver, "tritond_inference_request_retry", model="idem2")
-    restarts = metric(fserver, "tritond_model_restart_count", model="idem2")
-    with Load(fserver.http_url, "idem2", 32, sleep_ms=300) as load:
-        victim = pids[0]
-        batch = stop_while_busy(markers, victim)
-        os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: metric(fserver, "tritond_model_restart_count", model="idem2") == restarts + 1,
-                 what="the restart to be counted")
-        new_pids = wait_serving(fserver, "idem2", 2)
-        served_after = len(load.ok)
-        wait_for(lambda: len(load.ok) > served_after + 32, what="requests served after the restart")
+    pids, new_pids, load, batch = kill_mid_batch(fserver, markers, "idem2", 32)
+    victim = pids[0]
     assert victim not in new_pids
     assert batch and not load.failed, {k: e.message() for k, e in load.failed.items()}
     assert not load.wrong and set(batch) <= set(load.ok)
