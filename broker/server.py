@@ -12,9 +12,11 @@ which is how the in-process tests drive it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import select
 import signal
 from typing import Any, Protocol
 
@@ -228,7 +230,7 @@ class Broker:
             self.sockets.to_frontend(ident, S.encode(self.registry.table(self.drain.stopping, self.boot)))
             self.sockets.to_frontend(ident, S.encode(self.observed()))
         if isinstance(msg, S.Infer):
-            self.on_infer(reply, msg, requester=ident)
+            self.on_infer(reply, msg, None, ident)
         elif isinstance(msg, S.Release):
             self.frontend_leases.released(ident, msg)
             self.route_release(msg)
@@ -426,53 +428,42 @@ class Broker:
         Needs the real sockets (BrokerSockets)."""
         sockets = self.sockets
         assert isinstance(sockets, BrokerSockets)
+        # The fds that rarely fire (signals, load jobs, process exits) sit in one epoll set,
+        # so each turn's poll looks at three items however many processes are watched.
+        slow = select.epoll()
+        slow.register(signal_fd, select.EPOLLIN)
+        slow.register(self.jobs.fd, select.EPOLLIN)
         poller = zmq.Poller()
         poller.register(sockets.fe, zmq.POLLIN)
         poller.register(sockets.wk, zmq.POLLIN)
-        poller.register(signal_fd, zmq.POLLIN)
-        poller.register(self.jobs.fd, zmq.POLLIN)
+        poller.register(slow.fileno(), zmq.POLLIN)
         self.model_ops.startup()
         registered: set[int] = set()
-        while self.running:
-            timeout = self.timers()
-            if self.instances.fds_changed or self.frontend_leases.fds_changed:
-                self.instances.fds_changed = self.frontend_leases.fds_changed = False
-                fds = self.instances.pidfds() | self.frontend_leases.pidfds()
-                for fd in fds - registered:
-                    poller.register(fd, zmq.POLLIN)
-                for fd in registered - fds:
-                    poller.unregister(fd)
-                registered = fds
-            if self.registry.dirty:
-                self.publish_table()
-            wake = self.end_turn()
-            if wake:    # a batch waits for its queue delay: the poll ends by then
-                timeout = min(timeout, max(0.0, (wake - self.clock.now_ns()) / 1e9))
-                if 0.0 < timeout < 0.001:   # below the poller's resolution: no turn spent on it
-                    sockets.wait_briefly(timeout)
-                    timeout = 0.0
-            events = dict(poller.poll(max(0, int(timeout * 1000))))
-            if signal_fd in events:
-                self.on_signals(os.read(signal_fd, 64))
-            if self.jobs.fd in events:
-                self.jobs.collect()
-            if sockets.wk in events:
-                sockets.drain(sockets.wk, self.on_worker_frame)
-            if sockets.fe in events:
-                sockets.drain(sockets.fe, self.on_frontend_frame)
-            for fd in events:
-                if not isinstance(fd, int) or fd in (signal_fd, self.jobs.fd):
-                    continue
-                inst = self.instances.by_pidfd(fd)
-                if inst is not None or fd in self.frontend_leases.pidfds():
-                    poller.unregister(fd)
-                    registered.discard(fd)
-                    if inst is not None:
-                        self.on_worker_exit(inst)
-                    else:
-                        self.on_frontend_exit(fd)
-            if self.registry.dirty:
-                self.publish_table()
+        try:
+            while self.running:
+                timeout = self.timers()
+                if self.instances.fds_changed or self.frontend_leases.fds_changed:
+                    self.instances.fds_changed = self.frontend_leases.fds_changed = False
+                    registered = self.watch_exits(slow, registered)
+                if self.registry.dirty:
+                    self.publish_table()
+                wake = self.end_turn()
+                if wake:    # a batch waits for its queue delay: the poll ends by then
+                    timeout = min(timeout, max(0.0, (wake - self.clock.now_ns()) / 1e9))
+                    if 0.0 < timeout < 0.001:   # below the poller's resolution: no turn spent on it
+                        sockets.wait_briefly(timeout)
+                        timeout = 0.0
+                events = dict(poller.poll(max(0, int(timeout * 1000))))
+                if sockets.wk in events:
+                    sockets.drain(sockets.wk, self.on_worker_frame)
+                if sockets.fe in events:
+                    sockets.drain(sockets.fe, self.on_frontend_frame)
+                if events.get(slow.fileno()):
+                    self.on_slow_fds([fd for fd, _ in slow.poll(0)], signal_fd, slow, registered)
+                if self.registry.dirty:
+                    self.publish_table()
+        finally:
+            slow.close()
         self.end_turn()
         self.jobs.close()
         self.shutdown_workers()
@@ -480,6 +471,36 @@ class Broker:
         self.cache.close()
         self.frontend_leases.close()
         return self.exit_code
+
+    def watch_exits(self, slow: select.epoll, registered: set[int]) -> set[int]:
+        """Watch the pidfds of the processes alive now. A closed pidfd left epoll by itself and
+        its number may be a new process's now, so the whole set is registered again."""
+        fds = self.instances.pidfds() | self.frontend_leases.pidfds()
+        for fd in registered:
+            with contextlib.suppress(OSError):
+                slow.unregister(fd)
+        for fd in fds:
+            slow.register(fd, select.EPOLLIN)
+        return fds
+
+    def on_slow_fds(self, fds: list[int], signal_fd: int, slow: select.epoll, registered: set[int]) -> None:
+        """Signals, finished load jobs and exited processes: a pidfd fires once, so it leaves
+        the watched set as its exit is handled."""
+        if signal_fd in fds:
+            self.on_signals(os.read(signal_fd, 64))
+        if self.jobs.fd in fds:
+            self.jobs.collect()
+        for fd in fds:
+            if fd in (signal_fd, self.jobs.fd):
+                continue
+            with contextlib.suppress(OSError):
+                slow.unregister(fd)
+            registered.discard(fd)
+            inst = self.instances.by_pidfd(fd)
+            if inst is not None:
+                self.on_worker_exit(inst)
+            elif fd in self.frontend_leases.pidfds():
+                self.on_frontend_exit(fd)
 
     def shutdown_workers(self) -> None:
         """Stop every worker: a busy one is killed at once (its requests were answered when

@@ -87,7 +87,8 @@ class RequestPath:
         except TritonError as e:
             reply(InferReply(msg.rid, error=e))
             return None
-        err = unavailable(f"model '{mv.name}' is not ready") if sched is None else self._restart_overdue(mv)
+        err = (unavailable(f"model '{mv.name}' is not ready") if sched is None
+               else self._restart_overdue(mv) if mv.restarting else None)
         if err is not None:     # an ensemble's composing model mid-reload, or a restart overdue
             self.regions.release(regions)
             reply(InferReply(msg.rid, error=err))
@@ -186,7 +187,7 @@ class RequestPath:
         inst.batch_padding = sum(1 for r in requests if r.pad) if requests is not None else 0
         inst.move_to(InstanceState.BUSY)
         inst.batch_started = self.clock.now()
-        self.send_worker(inst.identity, exec_msg)
+        self.send_worker(worker, exec_msg)
 
     def on_batch_done(self, inst: Instance, mv: ModelVersion, msg: BatchDone) -> None:
         if inst.batch != msg.bid:
@@ -212,12 +213,13 @@ class RequestPath:
             self.released(msg.bid, mv)
             return
         results = msg.results
+        owner = inst.identity
         for i, req in enumerate(reqs):
             res = results[i] if i < len(results) else ExecResult(
                 error=TritonError(Code.INTERNAL, f"model '{mv.name}' returned no result for the request"))
             if req.trace is not None:
                 req.trace.compute(req.dispatch_ns, msg)
-            self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, inst.identity),
+            self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, owner),
                         res.error is None, times, "BACKEND")
         self.released(msg.bid, mv)
 

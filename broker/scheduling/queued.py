@@ -25,6 +25,10 @@ class QueuedScheduling:
         # A decoupled request's sent responses cannot be redone.
         self.may_retry = mv.view.idempotent and not mv.view.decoupled
         self._batched = mv.max_batch_size > 0
+        policy = self.queue.policy
+        # Only a dynamic batcher over variable-shape, shape-tensor or optional inputs keys
+        # its requests by shape; every other model's requests batch freely.
+        self._shape_key = policy.shape_key if policy.equal_shape or policy.optional_inputs else None
         # Batches of a dynamic batcher form at the end of the loop turn, from every request
         # that arrived in it, rather than the first one leaving alone.
         self._defer = self.queue.policy.dynamic and mv.max_batch_size > 1
@@ -38,7 +42,7 @@ class QueuedScheduling:
     def admit(self, req: "Req", msg: Infer, now_ns: int) -> None:
         inputs = msg.inputs
         bs = inputs[0].shape[0] if self._batched and inputs and inputs[0].shape else 1
-        req.pending = Pending(req, now_ns, bs, self.queue.policy.shape_key(inputs))
+        req.pending = Pending(req, now_ns, bs, self._shape_key(inputs) if self._shape_key else ())
         try:
             self.queue.enqueue(req.pending, msg.priority, msg.timeout_us, now_ns)
         except TritonError as e:

@@ -41,8 +41,14 @@ class FrontendLeases:
     def sent(self, ident: bytes, reply: InferReply) -> Release | None:
         """Note the leases of a reply sent to `ident`; for a frontend that is gone, the
         release to route instead."""
-        leases = {lease for d in reply.outputs if (lease := lease_of(d))}
-        if not leases:
+        leases = None
+        for d in reply.outputs:
+            lease = lease_of(d)
+            if lease:
+                if leases is None:
+                    leases = set()
+                leases.add(lease)
+        if leases is None:      # inline outputs: nothing to hold
             return None
         if ident in self._gone:
             return Release(reply.owner, sorted(leases))

@@ -53,7 +53,12 @@ class ModelRegistry:
     def resolve(self, name: str, version: int, restarting_ok: bool = False) -> ModelVersion:
         """Triton's lookup; raises TritonError with Triton's texts. With `restarting_ok` (an
         inference), a version whose instances are restarting is found too: requests queue."""
-        return resolve(name, version, self.models.get(name), name in self.names, restarting_ok)
+        versions = self.models.get(name)
+        if versions is not None and version < 0 and len(versions) == 1:
+            for mv in versions.values():        # one version, ready: the common request
+                if mv.state is READY:
+                    return mv
+        return resolve(name, version, versions, versions is None and name in self.names, restarting_ok)
 
     # ---------------------------------------------------------------- states
 
