@@ -43,8 +43,8 @@ class NotifySocket:
                 continue
             fields = dict(line.split("=", 1) for line in data.decode().splitlines())
             self.messages.append((time.monotonic(), fields))
-            if fields.get("READY") == "1":
-                self.ready_checks.append(self.on_ready())
+            if fields.get("READY") == "1":     # checked beside, so later datagrams keep their times
+                threading.Thread(target=lambda: self.ready_checks.append(self.on_ready()), daemon=True).start()
 
     def times(self, key: str, value: str | None = None) -> list[float]:
         return [t for t, m in self.messages if key in m and (value is None or m[key] == value)]
@@ -87,7 +87,7 @@ def test_ready_watchdog_hung_broker_and_stopping(example_repo, tmp_path):
     notify = NotifySocket(tmp_path / "notify", lambda: every_connection_ready(holder["s"]))
     s = TritondServer(repo, ["--http-workers", "2", "--grpc-workers", "2",
                              f"--broker-hang-timeout-secs={HANG_S:g}"],
-                      env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "1000000"})
+                      env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "2000000"})
     holder["s"] = s
     try:
         with serving(s):
@@ -100,11 +100,14 @@ def test_ready_watchdog_hung_broker_and_stopping(example_repo, tmp_path):
 
             ready_at = notify.times("READY", "1")[0]
 
-            def pets_after_ready() -> list[float] | None:     # every 0.5 s (half of WatchdogSec=1s)
+            def pets_after_ready() -> list[float] | None:     # every 1 s (half of WatchdogSec=2s)
                 pets = [t for t in notify.times("WATCHDOG", "1") if t > ready_at]
                 return pets if len(pets) >= 4 else None
-            pets = wait_for(pets_after_ready, 10, lambda: f"four watchdog pets after READY=1: {notify.messages}")
-            assert max(b - a for a, b in zip(pets, pets[1:])) < 0.9, pets
+            pets = wait_for(pets_after_ready, 15, lambda: f"four watchdog pets after READY=1: {notify.messages}")
+            # systemd restarts a service silent for WatchdogSec; a pet every half of it leaves
+            # the other half for a busy host to schedule the supervisor late.
+            gaps = [b - a for a, b in zip(pets, pets[1:])]
+            assert 0.5 < min(gaps) and max(gaps) < 1.7, gaps
 
             # A hung (stopped, not dead) broker: the watchdog goes quiet, the supervisor kills it
             # after the hang timeout and starts a new one; then the pets resume.

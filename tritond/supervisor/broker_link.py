@@ -4,6 +4,7 @@ connect, not at construction. `wait` is the supervisor's one blocking call: it w
 broker's messages and for any other descriptor the loop waits on."""
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Iterable
@@ -64,7 +65,7 @@ class BrokerLink:
         given = {o.fileno() if isinstance(o, socket.socket) else o: o for o in others}
         for key in given:
             poller.register(key, zmq.POLLIN)
-        return {given[key] for key, _ in poller.poll(int(timeout_s * 1000)) if key in given}
+        return {given[key] for key, _ in poller.poll(math.ceil(timeout_s * 1000)) if key in given}
 
     def close(self) -> None:
         """Idempotent."""
