@@ -113,8 +113,8 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 7
-SCHEMA_FINGERPRINT = "04f664957a59c30c"
+RECORDED_VERSION = 8
+SCHEMA_FINGERPRINT = "c98558f7ffce275c"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -151,7 +151,7 @@ STRUCTS = {
     "replies.TraceSettingsReply": "b30abcd72d3d",
     "replies.WorkerProcess": "5ae384a67478",
     "replies._Reply": "2eb1ac50ac76",
-    "schema.BatchDone": "cf3c9914c525",
+    "schema.BatchDone": "4d46b2ae2f57",
     "schema.Block": "0edf3c5fc80e",
     "schema.Cancel": "50244795d415",
     "schema.CancelKeys": "9756f858b74c",
@@ -165,7 +165,7 @@ STRUCTS = {
     "schema.Drain": "1e4425faf4ec",
     "schema.DynamicBatching": "9e5b09b801a6",
     "schema.EndSequences": "4bca449d0908",
-    "schema.Exec": "ad32fd3c4140",
+    "schema.Exec": "5eeb574013b2",
     "schema.ExecRequest": "f9ede879a8af",
     "schema.ExecResult": "507391b291e0",
     "schema.Gone": "da0ed2334bd4",
@@ -193,6 +193,7 @@ STRUCTS = {
     "schema.Replies": "c7af2bc26e11",
     "schema.RepositoryIndex": "3fbf08cb0846",
     "schema.Respond": "d1bab5b98e71",
+    "schema.RunTimes": "c6b95bc2a49b",
     "schema.SequenceBatching": "4b44910761c2",
     "schema.SequenceControl": "104bf64d4f95",
     "schema.ShmRegister": "f432e118c9a0",
@@ -217,7 +218,3 @@ STRUCTS = {
     "schema.Zeros": "9cd0d19aa965",
     "schema._S": "c4554829a979",
 }
-
-
-if __name__ == "__main__":
-    print(record())

@@ -22,6 +22,10 @@ class Code(enum.Enum):
     CANCELLED = "CANCELLED"
 
 
+# What a request cancelled before it ran is answered with, wherever it waited.
+REQUEST_CANCELLED = "request was cancelled"
+
+
 class TritonError(Exception):
     """An error a client caused or must see."""
 

@@ -31,7 +31,7 @@ import msgspec
 from .errors import Code, TritonError
 from .replies import ControlResult
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 # Inline tensors up to this size ride inside the message; larger ones go through shm. Where
 # the two cost the same CPU per request (HTTP binary, c=16): below it a block's allocation,
 # lease and release cost more than copying the bytes through every hop; above it, less.
@@ -473,13 +473,24 @@ class ExecRequest(_S, gc=False):
 
 
 class Exec(_S, tag="exec", gc=False):
+    """A batch to execute. `serial`: requests a default scheduler's queue handed over together,
+    each executed on its own as if it had come alone (one message each way for several)."""
     bid: int
     requests: list[ExecRequest]
+    serial: bool = False
 
 
 class ExecResult(_S):
     outputs: list[TensorDesc] = []
     error: TritonError | None = None
+
+
+class RunTimes(_S, gc=False):
+    """One request's times in a serial Exec (BatchDone's own fields sum them)."""
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+    start_ns: int = 0       # 0: not executed (cancelled while it waited its turn)
 
 
 class BatchDone(_S, tag="done"):
@@ -491,6 +502,7 @@ class BatchDone(_S, tag="done"):
     infer_ns: int = 0
     output_ns: int = 0
     start_ns: int = 0       # monotonic ns when the worker began (trace timestamps)
+    runs: list[RunTimes] = []   # a serial Exec's times, one per request
 
 
 class WorkerUp(_S, tag="up"):

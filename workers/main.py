@@ -40,6 +40,7 @@ from .bls import BlsClient
 from .cuda_ipc import Exports, Imports
 from .model_errors import ModelError
 from .responses import Discard, Flow, Responder
+from .runs import execute_serially
 from .states import SequenceStates, state_specs
 from .tensors import Leases, desc_to_array, write_outputs
 from .threads import apply_threads
@@ -298,7 +299,8 @@ class Worker:
         while not self.stop_requested:
             msg = self.decoder.decode(self.sock.recv())
             if isinstance(msg, P.Exec):
-                self.send(self.execute(backend, msg))
+                self.send(execute_serially(lambda one: self.execute(backend, one), self.flow, msg) if msg.serial
+                          else self.execute(backend, msg))
             elif isinstance(msg, P.Stop):
                 return
             elif not self.handle_side(msg):

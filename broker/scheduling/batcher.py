@@ -240,6 +240,11 @@ class Scheduler:
         self._compact()
         return out
 
+    def take_run(self, n: int) -> list[Pending]:
+        """Up to `n` more requests from the front, in order, for a default scheduler's serial
+        run (its queue holds no deadlines: those are a dynamic batcher's)."""
+        return self._take(min(n, self.count))
+
     def _compact(self) -> None:
         """Entries of requests no longer queued linger until they reach the top; keep the heap
         (and the requests it references) proportional to what is still queued."""

@@ -161,9 +161,9 @@ class RequestPath:
         return wake
 
     def send_batch(self, mv: ModelVersion, inst: Instance, reqs: list[Req], now_ns: int,
-                   requests: list[ExecRequest] | None = None) -> None:
+                   requests: list[ExecRequest] | None = None, serial: bool = False) -> None:
         """Send a batch to `inst`; `requests` (sequence batches, with control inputs and padding)
-        replace the plain ExecRequests of `reqs`."""
+        replace the plain ExecRequests of `reqs`; a `serial` batch's requests execute one by one."""
         decoupled = mv.view.decoupled
         ordered = mv.scheduler.preserve_ordering
         worker = inst.identity
@@ -182,7 +182,7 @@ class RequestPath:
             ExecRequest(r.msg.inputs, r.msg.outputs, r.msg.id, r.msg.params,
                         r.msg.correlation_id, r.msg.flags, r.msg.timeout_us, r.key, window=r.msg.window)
             for r in reqs
-        ])
+        ], serial)
         inst.batch = bid
         inst.batch_padding = sum(1 for r in requests if r.pad) if requests is not None else 0
         inst.move_to(InstanceState.BUSY)
@@ -202,7 +202,11 @@ class RequestPath:
         if inst.state is InstanceState.BUSY:    # a worker being killed or stopped gets no more work
             inst.move_to(InstanceState.READY)
         inst.idle_since = self.clock.now()
-        mv.scheduler.note_busy(inst.name, int((inst.idle_since - inst.batch_started) * 1e9))
+        mv.scheduler.note_busy(inst.name, int((inst.idle_since - inst.batch_started) * 1e9), len(reqs),
+                               msg.input_ns + msg.infer_ns + msg.output_ns)
+        if msg.runs:
+            self._serial_done(inst, mv, msg, reqs)
+            return
         times = (msg.input_ns, msg.infer_ns, msg.output_ns)
         # Triton's onnxruntime backend reports no execution when every request of it failed;
         # its Python backend reports every execution.
@@ -221,6 +225,24 @@ class RequestPath:
                 req.trace.compute(req.dispatch_ns, msg)
             self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, owner),
                         res.error is None, times, "BACKEND")
+        self.released(msg.bid, mv)
+
+    def _serial_done(self, inst: Instance, mv: ModelVersion, msg: BatchDone, reqs: list[Req]) -> None:
+        """A serial run's requests, each counted and answered as the execution it was alone;
+        one cancelled before its turn was not executed."""
+        owner = inst.identity
+        python = mv.view.backend == "python"
+        for req, res, run in zip(reqs, msg.results, msg.runs):
+            times = (run.input_ns, run.infer_ns, run.output_ns)
+            ok = res.error is None
+            if run.start_ns and (ok or python):
+                mv.stats.record_execution(req.pending.batch_size, *times)
+            if req.trace is not None and run.start_ns:
+                req.trace.compute(req.dispatch_ns, BatchDone(msg.bid, [], *times, run.start_ns))
+            reason = "BACKEND" if run.start_ns else "OTHER"     # as when cancelled in the queue
+            self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, owner), ok, times, reason)
+        for req in reqs[len(msg.runs):]:
+            self.fail(req, TritonError(Code.INTERNAL, f"model '{mv.name}' returned no result for the request"))
         self.released(msg.bid, mv)
 
     def released(self, bid: int, mv: ModelVersion) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tritond.wire.errors import TritonError
+from tritond.wire.errors import REQUEST_CANCELLED, TritonError
 from tritond.wire.schema import ExecRequest, Infer
 
 from tritond.broker.clock import Clock
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tritond.broker.tables.inflight import Req
     from tritond.broker.tables.model_version import ModelVersion
 
-CANCELLED = "request was cancelled"
+CANCELLED = REQUEST_CANCELLED
 
 
 class Batches(Protocol):
@@ -31,10 +31,11 @@ class Batches(Protocol):
     clock: Clock
     regions: ClientRegions
     keys: Iterator[int]
+    limiter: Any                    # the rate limiter (None: --rate-limit=off)
 
     def free_instances(self, mv: "ModelVersion") -> list["Instance"]: ...
     def send_batch(self, mv: "ModelVersion", inst: "Instance", reqs: list["Req"], now_ns: int,
-                   requests: list[ExecRequest] | None = None) -> None: ...
+                   requests: list[ExecRequest] | None = None, serial: bool = False) -> None: ...
     def fail(self, req: "Req", err: TritonError, reason: str = "OTHER") -> None: ...
     def at_turn_end(self, mv: "ModelVersion") -> None: ...
     def wake_at(self, mv: "ModelVersion", at_ns: int) -> None: ...
@@ -86,5 +87,6 @@ class Scheduling(Protocol):
     def requeue_front(self, item: Pending) -> None:
         """Put a request of a lost batch back at the head of the queue."""
 
-    def note_busy(self, instance: str, ns: int) -> None:
-        """`instance` executed for `ns`."""
+    def note_busy(self, instance: str, ns: int, requests: int = 1, executed_ns: int = 0) -> None:
+        """`instance` was busy `ns` with `requests` requests, whose execution in the worker took
+        `executed_ns`."""

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from tritond.broker.tables.inflight import Req
     from tritond.broker.tables.model_version import ModelVersion
 
+# A serial run: at most this many requests, holding none back more than this long.
+RUN_MAX = 8
+RUN_BUDGET_NS = 500_000
+
+
 class QueuedScheduling:
     def __init__(self, mv: "ModelVersion", path: Batches) -> None:
         self.queue = Scheduler(BatchPolicy.from_view(mv.view), delay_scheduler(mv.name))
@@ -32,6 +37,11 @@ class QueuedScheduling:
         # Batches of a dynamic batcher form at the end of the loop turn, from every request
         # that arrived in it, rather than the first one leaving alone.
         self._defer = self.queue.policy.dynamic and mv.max_batch_size > 1
+        # A default scheduler hands a free instance the requests queued behind it as one serial
+        # run (each still executes alone), when the model is quick enough that the run holds
+        # none back long: decided here, for models whose requests are answered by their batch.
+        self._runs = not policy.dynamic and not mv.view.decoupled and path.limiter is None
+        self._request_ns = 0            # a request's execution time, as the model has shown it
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -70,7 +80,19 @@ class QueuedScheduling:
                 path.wake_at(mv, wake)
                 return
             mv.wake_ns = 0
-            path.send_batch(mv, queue.pick_instance(free), [p.key for p in batch], now)
+            serial = False
+            if self._runs and len(queue) and self._request_ns:
+                more = self._run_length(mv, len(queue)) - 1
+                if more > 0:
+                    batch += queue.take_run(more)
+                    serial = len(batch) > 1
+            path.send_batch(mv, queue.pick_instance(free), [p.key for p in batch], now, serial=serial)
+
+    def _run_length(self, mv: "ModelVersion", queued: int) -> int:
+        """The requests one instance takes at once: its share of what is queued, at most
+        RUN_MAX, and no more than RUN_BUDGET_NS of the model's execution."""
+        share = -(-(queued + 1) // max(1, len(mv.instances)))
+        return min(RUN_MAX, share, RUN_BUDGET_NS // self._request_ns)
 
     def at_turn_end(self, mv: "ModelVersion") -> None:
         self._dispatch(mv)
@@ -104,5 +126,8 @@ class QueuedScheduling:
     def requeue_front(self, item: Pending) -> None:
         self.queue.requeue_front(item)
 
-    def note_busy(self, instance: str, ns: int) -> None:
+    def note_busy(self, instance: str, ns: int, requests: int = 1, executed_ns: int = 0) -> None:
         self.queue.note_busy(instance, ns)
+        if self._runs and executed_ns:
+            per = max(1, executed_ns // max(1, requests))
+            self._request_ns = per if not self._request_ns else (3 * self._request_ns + per) // 4

@@ -222,7 +222,7 @@ class SequenceScheduling:
     def requeue_front(self, item: Pending) -> None:
         raise TritonError(Code.INTERNAL, "a sequence's requests are never retried")
 
-    def note_busy(self, instance: str, ns: int) -> None:
+    def note_busy(self, instance: str, ns: int, requests: int = 1, executed_ns: int = 0) -> None:
         pass
 
 

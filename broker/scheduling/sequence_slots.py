@@ -372,7 +372,7 @@ class SequenceBatcher:
         self.count -= len(out)
         return out
 
-    def note_busy(self, instance: str, ns: int) -> None:
+    def note_busy(self, instance: str, ns: int, requests: int = 1, executed_ns: int = 0) -> None:
         """Which instance runs a batch is decided by the slots, not by how busy it was."""
 
 

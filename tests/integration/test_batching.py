@@ -362,6 +362,19 @@ def test_without_dynamic_batching_each_request_runs_alone(srv, gates, pool):
     assert after["inference_count"] - before["inference_count"] == 7
 
 
+def test_without_dynamic_batching_quick_requests_queued_together_still_run_alone(srv, pool):
+    """Requests that queue behind a busy instance may reach its worker in one message (a serial
+    run); the model still sees each alone and each answer is its own."""
+    before = stats(srv, "nobatch")
+    futs = [submit(pool, srv, "nobatch", rows(1, value=float(i))) for i in range(160)]
+    results = [f.result(WAIT_S) for f in futs]
+    assert [batch_size(r) for r in results] == [1] * 160
+    assert [float(r.as_numpy("OUTPUT0")[0, 0]) for r in results] == [float(i) for i in range(160)]
+    after = stats(srv, "nobatch")
+    assert after["execution_count"] - before["execution_count"] == 160
+    assert after["inference_count"] - before["inference_count"] == 160
+
+
 def test_onnx_batch_of_requests_with_their_own_batch_dims(srv, repo, pool):
     import onnxruntime as ort
     session = ort.InferenceSession(str(repo / "mlp_pref6" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
