@@ -7,6 +7,10 @@ kept in a ring of RING (the requests a broker holds at once), so collections hap
 in a running server. Rounds alternate between the two schemas; the best round counts.
 
   python perf/bench_wire.py [--n 20000] [--rounds 7]
+
+It then prints what an inline tensor's bytes cost the broker: decoding a frontend's Infer and
+encoding the Exec that carries its inputs on, for inline sizes up to INLINE_MAX (the copies the
+broker makes of those bytes are the difference from the smallest size).
 """
 from __future__ import annotations
 
@@ -64,6 +68,18 @@ def round_us(msg: Any, decode: Callable[[bytes], Any], n: int) -> float:
     return (time.perf_counter_ns() - t0) / n / 1000
 
 
+def relay_us(size: int, n: int) -> float:
+    """Infer (one inline input of `size` bytes) decoded, then its inputs encoded in an Exec."""
+    frame = schema.encode(schema.Infer(1, "identity_fp32", inputs=[
+        schema.TensorDesc("INPUT0", "UINT8", [size], schema.Inline(bytes(size)))]))
+    decode, encode = schema.decoder(schema.FrontendMsg).decode, schema.encode
+    Exec, ExecRequest = schema.Exec, schema.ExecRequest
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        encode(Exec(1, [ExecRequest(decode(frame).inputs)]))
+    return (time.perf_counter_ns() - t0) / n / 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=20000, help="messages per round")
@@ -79,6 +95,11 @@ def main() -> None:
             for v, (msg, decode) in runs.items():
                 best[v] = min(best[v], round_us(msg, decode, args.n))
         print(f"{name:24} {best['gc=False']:12.3f} {best['gc=True']:11.3f} {best['gc=False'] / best['gc=True']:6.2f}")
+    print(f"\n{'inline bytes':>12} {'broker relay µs':>16}")
+    size = 64
+    while size <= schema.INLINE_MAX:
+        print(f"{size:12} {min(relay_us(size, args.n) for _ in range(args.rounds)):16.3f}")
+        size *= 4
 
 
 if __name__ == "__main__":
