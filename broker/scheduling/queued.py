@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tritond.broker.tables.model_version import ModelVersion
 
 # A serial run: at most this many requests, holding none back more than this long.
-RUN_MAX = 8
+RUN_MAX = 32
 RUN_BUDGET_NS = 500_000
 
 

@@ -14,7 +14,7 @@ from tritond.workers.responses import Flow
 from tritond.workers.runs import execute_serially
 
 X = np.ones(2, np.float32)
-QUICK_NS = 20_000
+QUICK_NS = 10_000
 
 
 @pytest.fixture
