@@ -87,6 +87,14 @@ def test_a_slow_model_gets_no_run(h):
     assert len(h.replies()) == 5
 
 
+def test_a_run_holds_at_most_the_budget_of_the_models_execution(h):
+    send(h, "plain", 1)
+    send(h, "plain", 12)
+    answer(h, "plain", ns=RUN_BUDGET_NS // 5)
+    [run] = answer(h, "plain", ns=RUN_BUDGET_NS // 5)
+    assert run.serial and len(run.requests) == 5
+
+
 def test_each_instance_takes_its_share_of_the_queue(h):
     send(h, "pair", 2)
     answer(h, "pair")
