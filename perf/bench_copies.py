@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""The copy ledger: CPU per MiB that each process spends moving a large tensor through tritond,
+in units of one memcpy, so a copy shows up as a number.
+
+tritond serves the example repository's identity_fp32 (Python backend, any length); the shared
+load generator sends one FP32 tensor of each --sizes and gets it back, over HTTP with the binary
+tensor extension, over gRPC, and with input and output in registered system shared-memory
+regions (HTTP and gRPC). For each case it reads the CPU time of every process of the server's
+tree from /proc over the window (as bench_cpu.py) and prints µs per MiB carried each way
+(request bytes; the response carries as many) by process, and that figure divided by what one
+memcpy of the same size costs on this host, measured in this run: "copies" per process. The
+client's own cost is not the server's and is left out.
+
+  python perf/bench_copies.py                          # 64 KiB, 1 MiB, 4 MiB; c=1
+  python perf/bench_copies.py --sizes 4M --concurrency 1,16 --cases http-binary,grpc-shm
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+
+from bench_core import READY_TIMEOUT_S, Server, build_repository
+from bench_cpu import sample
+
+from tritond.perf import loadgen
+
+MODEL = "identity_fp32"
+CASES = ("http-binary", "grpc", "http-shm", "grpc-shm")
+MIB = 1 << 20
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20}
+    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+
+
+def memcpy_us_per_mib(nbytes: int) -> float:
+    """One copy of `nbytes` between two buffers that stay allocated, best of several."""
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    reps = max(8, (256 * MIB) // nbytes)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            np.copyto(dst, src)
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best * 1e6 / (nbytes / MIB)
+
+
+class Regions:
+    """A registered input region holding the tensor and an output region of the same size."""
+
+    def __init__(self, http_url: str, x: np.ndarray) -> None:
+        tag = secrets.token_hex(3)
+        self.client = httpclient.InferenceServerClient(http_url)
+        self.names = [f"copies_in_{tag}", f"copies_out_{tag}"]
+        self.handles = [shm.create_shared_memory_region(n, "/" + n, x.nbytes) for n in self.names]
+        shm.set_shared_memory_region(self.handles[0], [x])
+        for n in self.names:
+            self.client.register_system_shared_memory(n, "/" + n, x.nbytes)
+        self.refs = {"in": loadgen.ShmRef(self.names[0], x.nbytes), "out": loadgen.ShmRef(self.names[1], x.nbytes)}
+
+    def close(self) -> None:
+        for n in self.names:
+            self.client.unregister_system_shared_memory(n)
+        for h in self.handles:
+            shm.destroy_shared_memory_region(h)
+        self.client.close()
+
+
+def request(case: str, server: Server, nbytes: int, regions: Regions | None) -> tuple[str, str, bytes]:
+    """(url, protocol, the request's bytes) of one case."""
+    inp = loadgen.make_input("INPUT0", (nbytes // 4,), "FP32")
+    in_shm = {"INPUT0": regions.refs["in"]} if regions else None
+    out_shm = {"OUTPUT0": regions.refs["out"]} if regions else None
+    if case.startswith("http"):
+        host, port = loadgen.split_target(server.http)
+        return server.http, "http", loadgen.http_request(host, port, MODEL, [inp], True, input_shm=in_shm,
+                                                        output_shm=out_shm)
+    return server.grpc, "grpc", loadgen.grpc_request(MODEL, [inp], input_shm=in_shm, output_shm=out_shm)
+
+
+async def window(url: str, protocol: str, body: bytes, root: int, concurrency: int, seconds: float,
+                 warmup: float) -> tuple[int, dict[tuple[str, str], float]]:
+    driver = loadgen.Driver(url, protocol, [body])
+    try:
+        await driver.send_one()
+        await driver.start(concurrency=concurrency)
+        await asyncio.sleep(warmup)
+        driver.take()
+        before = sample(root)
+        await asyncio.sleep(seconds)
+        done, _, _ = driver.take()
+        after = sample(root)
+    finally:
+        await driver.close()
+    return len(done), {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+
+def run(args: argparse.Namespace) -> str:
+    rows = ["| case | size | conc | infer/s | server µs/MiB | server copies | by process: µs/MiB (copies) |",
+            "|---|---:|---:|---:|---:|---:|---|"]
+    with tempfile.TemporaryDirectory(prefix="bench-copies-") as tmp:
+        repository = Path(tmp) / "models"
+        build_repository(repository, [MODEL])
+        server = Server(repository, Path(tmp) / "tritond.log", ["--allow-client-shm=true"])
+        try:
+            server.wait_ready(READY_TIMEOUT_S)
+            for nbytes in args.sizes:
+                floor = memcpy_us_per_mib(nbytes)
+                rows_of_size = []
+                for case in args.cases:
+                    regions = Regions(server.http, np.ones(nbytes // 4, np.float32)) if case.endswith("shm") else None
+                    try:
+                        url, protocol, body = request(case, server, nbytes, regions)
+                        for c in args.concurrency:
+                            count, cpu = asyncio.run(window(url, protocol, body, server.proc.pid, c, args.window,
+                                                            args.warmup))
+                            mib = max(count, 1) * nbytes / MIB
+                            by_role: dict[str, float] = {}
+                            for (role, _), seconds in cpu.items():
+                                by_role[role] = by_role.get(role, 0.0) + seconds
+                            total = sum(by_role.values()) * 1e6 / mib
+                            parts = ", ".join(f"{r} {v * 1e6 / mib:.0f} ({v * 1e6 / mib / floor:.1f})"
+                                              for r, v in sorted(by_role.items(), key=lambda kv: -kv[1])
+                                              if v * 1e6 / mib >= 1)
+                            rows_of_size.append(f"| {case} | {nbytes // 1024} KiB | {c} | {count / args.window:,.0f} | "
+                                                f"{total:.0f} | {total / floor:.1f} | {parts} |")
+                    finally:
+                        if regions is not None:
+                            regions.close()
+                rows += rows_of_size
+                rows.append(f"| one memcpy | {nbytes // 1024} KiB | | | {floor:.0f} | 1.0 | |")
+        finally:
+            server.stop()
+    return "\n".join(rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
+                   default=[64 << 10, 1 << 20, 4 << 20], help="tensor sizes in bytes (K and M suffixes)")
+    p.add_argument("--cases", type=lambda s: s.split(","), default=list(CASES), help=", ".join(CASES))
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1])
+    p.add_argument("--window", type=float, default=3.0, help="measured seconds per case")
+    p.add_argument("--warmup", type=float, default=1.0)
+    args = p.parse_args()
+    unknown = set(args.cases) - set(CASES)
+    if unknown:
+        p.error(f"unknown case(s) {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}")
+    print(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
