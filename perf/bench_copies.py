@@ -8,7 +8,9 @@ tensor extension, over gRPC, and with input and output in registered system shar
 regions (HTTP and gRPC). For each case it reads the CPU time of every process of the server's
 tree from /proc over the window (as bench_cpu.py) and prints µs per MiB carried each way
 (request bytes; the response carries as many) by process, and that figure divided by what one
-memcpy of the same size costs on this host, measured in this run: "copies" per process. The
+memcpy of the same size costs on this host, measured in this run: "copies" per process. Each
+process's figure is split into user and kernel time: the kernel's is mostly the sockets' own
+copies and TCP processing, which any server pays; the user time is where our copies show. The
 client's own cost is not the server's and is left out.
 
   python perf/bench_copies.py                          # 64 KiB, 1 MiB, 4 MiB; c=1
@@ -29,13 +31,30 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from bench_core import READY_TIMEOUT_S, Server, build_repository
-from bench_cpu import sample
+from bench_cpu import TICKS, role
+
+from tritond.frontend.metrics import tree
 
 from tritond.perf import loadgen
 
 MODEL = "identity_fp32"
 CASES = ("http-binary", "grpc", "http-shm", "grpc-shm")
 MIB = 1 << 20
+
+
+def sample(root: int) -> dict[str, tuple[float, float]]:
+    """(user, kernel) CPU seconds so far of every process of the tree, by role."""
+    out: dict[str, tuple[float, float]] = {}
+    for pid in tree(root):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        r = role(pid)
+        user, kernel = out.get(r, (0.0, 0.0))
+        out[r] = (user + int(fields[11]) / TICKS, kernel + int(fields[12]) / TICKS)
+    return out
 
 
 def parse_size(text: str) -> int:
@@ -91,7 +110,7 @@ def request(case: str, server: Server, nbytes: int, regions: Regions | None) -> 
 
 
 async def window(url: str, protocol: str, body: bytes, root: int, concurrency: int, seconds: float,
-                 warmup: float) -> tuple[int, dict[tuple[str, str], float]]:
+                 warmup: float) -> tuple[int, dict[str, tuple[float, float]]]:
     driver = loadgen.Driver(url, protocol, [body])
     try:
         await driver.send_one()
@@ -104,11 +123,12 @@ async def window(url: str, protocol: str, body: bytes, root: int, concurrency: i
         after = sample(root)
     finally:
         await driver.close()
-    return len(done), {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    return len(done), {k: (u - before.get(k, (0.0, 0.0))[0], s - before.get(k, (0.0, 0.0))[1])
+                       for k, (u, s) in after.items()}
 
 
 def run(args: argparse.Namespace) -> str:
-    rows = ["| case | size | conc | infer/s | server µs/MiB | server copies | by process: µs/MiB (copies) |",
+    rows = ["| case | size | conc | infer/s | server µs/MiB | server copies | by process: µs/MiB user + kernel (copies) |",
             "|---|---:|---:|---:|---:|---:|---|"]
     with tempfile.TemporaryDirectory(prefix="bench-copies-") as tmp:
         repository = Path(tmp) / "models"
@@ -127,13 +147,11 @@ def run(args: argparse.Namespace) -> str:
                             count, cpu = asyncio.run(window(url, protocol, body, server.proc.pid, c, args.window,
                                                             args.warmup))
                             mib = max(count, 1) * nbytes / MIB
-                            by_role: dict[str, float] = {}
-                            for (role, _), seconds in cpu.items():
-                                by_role[role] = by_role.get(role, 0.0) + seconds
-                            total = sum(by_role.values()) * 1e6 / mib
-                            parts = ", ".join(f"{r} {v * 1e6 / mib:.0f} ({v * 1e6 / mib / floor:.1f})"
-                                              for r, v in sorted(by_role.items(), key=lambda kv: -kv[1])
-                                              if v * 1e6 / mib >= 1)
+                            per = {r: (u * 1e6 / mib, k * 1e6 / mib) for r, (u, k) in cpu.items()}
+                            total = sum(u + k for u, k in per.values())
+                            parts = ", ".join(f"{r} {u:.0f} + {k:.0f} ({(u + k) / floor:.1f})"
+                                              for r, (u, k) in sorted(per.items(), key=lambda kv: -sum(kv[1]))
+                                              if u + k >= 1)
                             rows_of_size.append(f"| {case} | {nbytes // 1024} KiB | {c} | {count / args.window:,.0f} | "
                                                 f"{total:.0f} | {total / floor:.1f} | {parts} |")
                     finally:
