@@ -1,4 +1,9 @@
-"""ModelInfer's and ModelStreamInfer's responses as protobuf bytes, encoded once.
+"""ModelInfer's request parsed once, and ModelInfer's and ModelStreamInfer's responses as
+protobuf bytes, encoded once.
+
+A large request's raw_input_contents are taken as views of the received bytes: protobuf would
+copy each tensor twice (into the message, then into the bytes the field returns) before the
+frontend copies it into shared memory. The other fields parse with protobuf.
 
 The response is written field by field in field-number order, as protobuf serializes it:
 the model's name and version (encoded once per model version), the id, each output's
@@ -15,6 +20,10 @@ from ..dataplane import InferResult
 from . import converters as cv
 
 MAX_CACHED = 4096       # encoded heads and output descriptions remembered
+# A request this large carries tensor bytes whose copies cost more than finding them; below it
+# protobuf parses the whole request.
+VIEW_MIN = 64 * 1024
+_RAW_INPUT = 7          # ModelInferRequest.raw_input_contents
 _U64 = (1 << 64) - 1
 _SMALL = [bytes((n,)) for n in range(0x80)]
 
@@ -111,5 +120,61 @@ class ResponseEncoder:
         return parts
 
 
-def parse_request(data: bytes) -> pb.ModelInferRequest:
-    return pb.ModelInferRequest.FromString(data)
+def parse_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryview] | None]:
+    """The request and, when it is large, its raw_input_contents as views of `data` (None:
+    read them from the message). Bytes that are not a well-formed message go to protobuf
+    whole, which refuses them."""
+    if len(data) >= VIEW_MIN:
+        split = _split_raw_inputs(data)
+        if split is not None:
+            return pb.ModelInferRequest.FromString(split[0]), split[1]
+    return pb.ModelInferRequest.FromString(data), None
+
+
+def _split_raw_inputs(data: bytes) -> tuple[bytes, list[memoryview]] | None:
+    """(the message without its raw_input_contents, those contents as views), walking the
+    top-level fields; None when a field is malformed or of a wire type it does not skip."""
+    view = memoryview(data)
+    raw: list[memoryview] = []
+    rest: list[memoryview] = []
+    kept = 0            # where the bytes not yet put in `rest` begin
+    i, n = 0, len(data)
+    while i < n:
+        key, j = _read_varint(data, i)
+        wire = key & 7
+        if wire == 2:
+            length, j = _read_varint(data, j)
+            end = j + length
+            if end > n:
+                return None
+            if key >> 3 == _RAW_INPUT:
+                rest.append(view[kept:i])
+                raw.append(view[j:end])
+                kept = end
+        elif wire == 0:
+            _, end = _read_varint(data, j)
+        elif wire == 1:
+            end = j + 8
+        elif wire == 5:
+            end = j + 4
+        else:
+            return None
+        if end > n or key >> 3 == 0:
+            return None
+        i = end
+    if not raw:
+        return None
+    rest.append(view[kept:])
+    return b"".join(rest), raw
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    """The varint at `i` and where it ends (an unterminated one ends past the data)."""
+    value = shift = 0
+    for k in range(i, min(i + 10, len(data))):
+        b = data[k]
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, k + 1
+        shift += 7
+    return 0, len(data) + 1

@@ -170,10 +170,12 @@ def _contents_bytes(io: Any, model: str) -> bytes:
     return data
 
 
-def parse_inputs(request: Any) -> list[InputTensor]:
-    """InputTensors with data from shared memory, `contents`, or `raw_input_contents` (in that order)."""
+def parse_inputs(request: Any, raw: list[memoryview] | None = None) -> list[InputTensor]:
+    """InputTensors with data from shared memory, `contents`, or `raw_input_contents` (in that
+    order); `raw`: those contents where the request was parsed without them (codec.py)."""
     model = request.model_name
-    raw = request.raw_input_contents
+    if raw is None:
+        raw = request.raw_input_contents
     next_raw = 0
     inputs = []
     for io in request.inputs:

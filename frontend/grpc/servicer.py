@@ -197,7 +197,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             self._entries[key] = entry
         return entry
 
-    async def _infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext | None = None) -> bytes:
+    async def _infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext | None = None,
+                     raw: list[memoryview] | None = None) -> bytes:
         client = self.client
         mode = client.trace_mode(request.model_name) if client.tracing else ""
         pending = Pending("GRPC", mode, traceparent(context) if context else "") if mode else None
@@ -212,7 +213,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             logs.REQUEST_ID.set(request_id)      # this RPC's task: its log lines carry the id
         if pending is not None:
             opts.trace = pending.start()
-        inputs = cv.parse_inputs(request)
+        inputs = cv.parse_inputs(request, raw)
         outputs = cv.parse_outputs(request) if request.outputs else []
         result = await self.dp.infer(entry, inputs, outputs, opts)
         info = result.reply.trace if result.reply is not None else None
@@ -232,14 +233,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if self.stopping or self.gated_inference:
             await self.admit(context, "inference")
         try:
-            request = parse_request(data)
+            request, raw = parse_request(data)
         except Exception:   # DecodeError, and whatever else protobuf raises on hostile bytes
-            request = None
+            request = raw = None
         if request is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, UNPARSABLE)
         self.inflight += 1
         try:
-            return await self._infer(request, context)
+            return await self._infer(request, context, raw)
         except grpc.aio.AbortError:
             raise
         except Exception as e:
