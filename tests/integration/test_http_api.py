@@ -232,6 +232,24 @@ def test_all_binary_inputs_and_default_binary_output(client):
         np.testing.assert_array_equal(result.as_numpy(f"OUTPUT_{dt}"), arr)
 
 
+def test_non_utf8_bytes_output_in_json(client, server):
+    """A BYTES output that is not UTF-8, asked for as JSON, is written as the model made it (as
+    Triton writes it, escaped but not re-encoded): tritonclient refuses that body instead of
+    handing back altered strings (qa/L0_string_io)."""
+    inputs, values = dtypes_inputs()
+    raw = np.array([b"\xff\xfe\x00\"\\\n", b"ok", "\u00e9".encode()], dtype=np.object_)
+    for t, arr in zip(inputs, values.values()):
+        t.set_data_from_numpy(raw if t.name() == "INPUT_BYTES" else arr, binary_data=True)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT_BYTES", binary_data=False)]
+    expect_error(lambda: client.infer("dtypes_py", inputs, outputs=outputs),
+                 text="Failed to encode using UTF-8. Please use binary_data=True")
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
+    headers = {"Inference-Header-Content-Length": str(json_size)} if json_size is not None else {}
+    status, _, data = request(server, "POST", "/v2/models/dtypes_py/infer", body, headers)
+    assert status == 200, data
+    assert b'"data":["\xff\xfe\\u0000\\"\\\\\\n","ok","\xc3\xa9"]' in data, data
+
+
 def test_fp16_json_rejected(client):
     inputs, _ = dtypes_inputs(fp16_binary=False)
     expect_error(lambda: client.infer("dtypes_py", inputs), 400,
