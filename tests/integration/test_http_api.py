@@ -250,6 +250,16 @@ def test_non_utf8_bytes_output_in_json(client, server):
     assert b'"data":["\xff\xfe\\u0000\\"\\\\\\n","ok","\xc3\xa9"]' in data, data
 
 
+@pytest.mark.parametrize("shape", [[1, 0], [3, 0]])
+def test_empty_output_with_a_zero_in_a_later_dimension(client, shape):
+    """An output with no elements but more than one dimension comes back with its shape
+    (qa/L0_infer_zero)."""
+    t = fp32_input("INPUT0", np.zeros(shape, np.float32))
+    result = client.infer("identity_dyn", [t])
+    assert result.get_output("OUTPUT0")["shape"] == shape
+    assert result.as_numpy("OUTPUT0").shape == tuple(shape)
+
+
 def test_fp16_json_rejected(client):
     inputs, _ = dtypes_inputs(fp16_binary=False)
     expect_error(lambda: client.infer("dtypes_py", inputs), 400,
