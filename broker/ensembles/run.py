@@ -94,6 +94,7 @@ class EnsembleRun:
         self.run_step, self.needed = plan.needed(self.wanted)
         self.tensors: dict[str, TensorDesc] = {d.name: d for d in msg.inputs}
         self.owner_of: dict[str, bytes] = {}
+        self.absent: set[str] = set()         # step outputs the model did not produce
         present = set(self.tensors) | (set(plan.inputs) - set(self.tensors))  # absent optional inputs
         self.waiting = [sum(1 for t in dict.fromkeys(s.inputs.values()) if t not in present) for s in plan.steps]
         self.started = [False] * len(plan.steps)
@@ -196,8 +197,11 @@ class EnsembleRun:
                 continue
             d = by_name.get(model_output)
             if d is None:
-                self.fail(step, TritonError(Code.INTERNAL, f"the model returned no output '{model_output}'"))
-                return
+                # As Triton: an empty placeholder, so a step taking it as an optional input still runs
+                # (without it) and an ensemble output left unmade is left out of the answer.
+                self.absent.add(tensor)
+                produced.append(tensor)
+                continue
             self.tensors[tensor] = TensorDesc(tensor, d.datatype, d.shape, d.loc)
             self.owner_of[tensor] = reply.owner if owners is None else owners.get(model_output, b"")
             produced.append(tensor)
@@ -243,7 +247,7 @@ class EnsembleRun:
         if self.done or self.starting or self.active:
             return
         streams = {t for j in self.streaming for t in self.plan.steps[j].outputs.values()}
-        missing = [t for t in self.wanted if t not in self.tensors and t not in streams]
+        missing = [t for t in self.wanted if t not in self.tensors and t not in streams and t not in self.absent]
         if self.error is None and missing:
             self.error = TritonError(Code.INTERNAL, f"ensemble '{self.mv.name}' produced no tensor '{missing[0]}'")
         self.done = True

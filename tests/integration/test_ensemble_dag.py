@@ -72,6 +72,9 @@ PYTHON_MODELS = {
              "allow_timeout_override: true default_timeout_microseconds: 100000000 } }"),
     "broken_init": (["IN"], ["OUT"], '{"OUT": x["IN"]}', ""),
     "late_types": ([], [], '{"OUT": x["IN"]}', ""),
+    "optional_pass": ([], ["A_OUT", "B_OUT"], '{k + "_OUT": v for k, v in x.items()}',
+                      'input { name: "A" data_type: TYPE_FP32 dims: [ -1 ] optional: true }\n'
+                      'input { name: "B" data_type: TYPE_FP32 dims: [ -1 ] optional: true }\nmax_batch_size: 0'),
 }
 
 EXTRA = {
@@ -109,6 +112,13 @@ ENSEMBLES = {
                        [step("diamond", {"IN": "IN"}, {"SUM": "s"}), step("split", {"IN": "s"}, {"A": "OUT"})]),
     "through_slow": ensemble("through_slow", [FP32_IN], [io("output", "OUT")],
                              [step("slow", {"IN": "IN"}, {"OUT": "OUT"})], mbs=1),
+    "optional_chain": ensemble(
+        "optional_chain",
+        ['input { name: "A" data_type: TYPE_FP32 dims: [ -1 ] optional: true }',
+         'input { name: "B" data_type: TYPE_FP32 dims: [ -1 ] optional: true }'],
+        [io("output", "A_END"), io("output", "B_END")],
+        [step("optional_pass", {"A": "A", "B": "B"}, {"A_OUT": "a", "B_OUT": "b"}),
+         step("optional_pass", {"A": "a", "B": "b"}, {"A_OUT": "A_END", "B_OUT": "B_END"})]),
     "bad_cycle": ensemble("bad_cycle", [FP32_IN], [io("output", "OUT")], [
         step("split", {"IN": "IN"}, {"A": "t0"}), step("left", {"A": "t2"}, {"L": "t1"}),
         step("left", {"A": "t1"}, {"L": "t2"}), step("right", {"B": "t1"}, {"R": "OUT"})]),
@@ -228,6 +238,17 @@ def test_nested_ensemble(client):
     x = np.arange(100_000, dtype=np.float32)
     out = client.infer("nested", [fp32("IN", x)]).as_numpy("OUT")
     np.testing.assert_allclose(out, expected_sum(x) + 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("wanted", [("A_END",), ("A_END", "B_END")])
+def test_an_output_a_step_does_not_make_is_an_absent_optional_input_downstream(client, wanted):
+    """As Triton: a step output the model leaves out is an empty placeholder, so the next step
+    runs without that optional input, and an ensemble output never made is left out of the
+    answer (qa/L0_optional_input's optional_connecting_tensor)."""
+    x = np.arange(3, dtype=np.float32)
+    result = client.infer("optional_chain", [fp32("A", x)], outputs=outputs(*wanted))
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["A_END"]
+    np.testing.assert_array_equal(result.as_numpy("A_END"), x)
 
 
 def test_only_the_steps_a_requested_output_needs_run(client):
