@@ -318,6 +318,19 @@ def test_classification(client):
     assert [x.decode().split(":")[1] for x in labels[1][:2]] == ["0", "1"]
 
 
+def test_classification_of_a_row_over_a_million_elements_is_refused(client):
+    """Triton bounds the work of one classification at 1,000,000 elements per batch row
+    (qa/L0_parameters class_count_test)."""
+    wanted = [httpclient.InferRequestedOutput("OUTPUT0", class_count=5)]
+    big = fp32_input("INPUT0", np.ones((1, 1_000_001), np.float32))
+    expect_error(lambda: client.infer("identity_dyn", [big], outputs=wanted), 400,
+                 "classification output tensor too large", exact=True)
+    x = np.zeros((1, 1_000_000), np.float32)
+    x[0, 999_999] = 1.0
+    labels = client.infer("identity_dyn", [fp32_input("INPUT0", x)], outputs=wanted).as_numpy("OUTPUT0")
+    assert labels[0][0].decode() == "1.000000:999999"
+
+
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_compression(client, algorithm):
     x = np.arange(64, dtype=np.float32)
