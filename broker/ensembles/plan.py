@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tritond.repository.spec import ModelSpec
 from tritond.repository.ensemble import validate_ensemble
 from tritond.repository.render import config_from_json
-from tritond.wire.schema import ModelState
+from tritond.wire.schema import ModelState, TensorDesc
 
 from tritond.broker.tables.model_version import LOADING, READY, UNAVAILABLE, ModelVersion
 from tritond.broker.tables.registry import ModelRegistry
@@ -43,6 +43,10 @@ class Plan:
             for i, s in enumerate(steps)
         ]
         self.inputs = [io["name"] for io in config.get("input") or []]
+        # An input's `reshape` is the shape its steps see (behind the batch dimension), as in Triton.
+        self.batching = int(config.get("max_batch_size") or 0) > 0
+        self.reshapes = {io["name"]: [int(d) for d in (io["reshape"].get("shape") or [])]
+                         for io in config.get("input") or [] if "reshape" in io}
         self.outputs = [io["name"] for io in config.get("output") or []]
         self.producer = {t: s.index for s in self.steps for t in s.outputs.values()}
         self._needed: dict[tuple[str, ...], tuple[tuple[bool, ...], frozenset[str]]] = {}
@@ -50,6 +54,13 @@ class Plan:
         for s in self.steps:
             for t in dict.fromkeys(s.inputs.values()):
                 self.consumers.setdefault(t, []).append(s.index)
+
+    def step_view(self, d: TensorDesc) -> TensorDesc:
+        """A request input as the steps read it: in its `reshape` shape when the config has one."""
+        shape = self.reshapes.get(d.name)
+        if shape is None:
+            return d
+        return TensorDesc(d.name, d.datatype, (d.shape[:1] if self.batching else []) + shape, d.loc)
 
     def needed(self, wanted: tuple[str, ...]) -> tuple[tuple[bool, ...], frozenset[str]]:
         """Steps that contribute to the wanted outputs, and every tensor they must produce."""

@@ -92,7 +92,7 @@ class EnsembleRun:
         self.out_specs = {o.name: o for o in msg.outputs}
         self.wanted = tuple(o.name for o in msg.outputs) or tuple(plan.outputs)
         self.run_step, self.needed = plan.needed(self.wanted)
-        self.tensors: dict[str, TensorDesc] = {d.name: d for d in msg.inputs}
+        self.tensors: dict[str, TensorDesc] = {d.name: plan.step_view(d) for d in msg.inputs}
         self.owner_of: dict[str, bytes] = {}
         self.absent: set[str] = set()         # step outputs the model did not produce
         present = set(self.tensors) | (set(plan.inputs) - set(self.tensors))  # absent optional inputs
