@@ -43,10 +43,13 @@ class Plan:
             for i, s in enumerate(steps)
         ]
         self.inputs = [io["name"] for io in config.get("input") or []]
-        # An input's `reshape` is the shape its steps see (behind the batch dimension), as in Triton.
+        # As in Triton, behind the batch dimension: an input with a `reshape` reaches the steps in
+        # that shape, and an output with one reaches the client in its `dims`.
         self.batching = int(config.get("max_batch_size") or 0) > 0
         self.reshapes = {io["name"]: [int(d) for d in (io["reshape"].get("shape") or [])]
                          for io in config.get("input") or [] if "reshape" in io}
+        self.output_dims = {io["name"]: [int(d) for d in io.get("dims") or []]
+                            for io in config.get("output") or [] if "reshape" in io}
         self.outputs = [io["name"] for io in config.get("output") or []]
         self.producer = {t: s.index for s in self.steps for t in s.outputs.values()}
         self._needed: dict[tuple[str, ...], tuple[tuple[bool, ...], frozenset[str]]] = {}
@@ -57,7 +60,13 @@ class Plan:
 
     def step_view(self, d: TensorDesc) -> TensorDesc:
         """A request input as the steps read it: in its `reshape` shape when the config has one."""
-        shape = self.reshapes.get(d.name)
+        return self._reshaped(d, self.reshapes.get(d.name))
+
+    def client_view(self, d: TensorDesc) -> TensorDesc:
+        """An ensemble output as the client reads it: in its `dims` when the config reshapes it."""
+        return self._reshaped(d, self.output_dims.get(d.name))
+
+    def _reshaped(self, d: TensorDesc, shape: list[int] | None) -> TensorDesc:
         if shape is None:
             return d
         return TensorDesc(d.name, d.datatype, (d.shape[:1] if self.batching else []) + shape, d.loc)

@@ -181,8 +181,8 @@ class EnsembleRun:
             self.fail(step, reply.error)
         elif not reply.empty and self.error is None and not self.done:
             by_name = {d.name: d for d in reply.outputs}
-            outputs = [TensorDesc(t, d.datatype, d.shape, d.loc) for o, t in step.outputs.items()
-                       if t in self.wanted and (d := by_name.get(o)) is not None]
+            outputs = [self.plan.client_view(TensorDesc(t, d.datatype, d.shape, d.loc))
+                       for o, t in step.outputs.items() if t in self.wanted and (d := by_name.get(o)) is not None]
             self.reply_to(InferReply(self.msg.rid, self.mv.version, outputs, None, reply.owner, more=True))
             forwarded = True
         if not forwarded:
@@ -270,7 +270,7 @@ class EnsembleRun:
     def reply(self) -> InferReply:
         """The ensemble's outputs; their leases pass to whoever receives the reply. What went out
         in streamed replies is not repeated; with nothing left the reply only ends the request."""
-        outputs = [self.tensors[name] for name in self.wanted if name in self.tensors]
+        outputs = [self.plan.client_view(self.tensors[name]) for name in self.wanted if name in self.tensors]
         if self.streaming and not outputs:
             self.ens.release(self.held)
             return InferReply(self.msg.rid, self.mv.version, empty=True)

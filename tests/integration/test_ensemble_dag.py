@@ -119,9 +119,11 @@ ENSEMBLES = {
         [io("output", "A_END"), io("output", "B_END")],
         [step("optional_pass", {"A": "A", "B": "B"}, {"A_OUT": "a", "B_OUT": "b"}),
          step("optional_pass", {"A": "a", "B": "b"}, {"A_OUT": "A_END", "B_OUT": "B_END"})]),
-    "reshaped_in": ensemble("reshaped_in", ['input { name: "IN" data_type: TYPE_FP32 dims: [ 2, 2 ] '
-                                            'reshape: { shape: [ 4 ] } }'],
-                            [io("output", "OUT")], [step("split", {"IN": "IN"}, {"A": "OUT"})]),
+    "reshaped": ensemble("reshaped", ['input { name: "IN" data_type: TYPE_FP32 dims: [ 2, 2 ] '
+                                      'reshape: { shape: [ 4 ] } }'],
+                         [io("output", "OUT"),
+                          'output { name: "B" data_type: TYPE_FP32 dims: [ 1, 4 ] reshape: { shape: [ 4 ] } }'],
+                         [step("split", {"IN": "IN"}, {"A": "OUT", "B": "B"})]),
     "bad_cycle": ensemble("bad_cycle", [FP32_IN], [io("output", "OUT")], [
         step("split", {"IN": "IN"}, {"A": "t0"}), step("left", {"A": "t2"}, {"L": "t1"}),
         step("left", {"A": "t1"}, {"L": "t2"}), step("right", {"B": "t1"}, {"R": "OUT"})]),
@@ -254,11 +256,13 @@ def test_an_output_a_step_does_not_make_is_an_absent_optional_input_downstream(c
     np.testing.assert_array_equal(result.as_numpy("A_END"), x)
 
 
-def test_an_ensemble_input_reaches_its_steps_in_its_reshape_shape(client):
-    """As Triton: an ensemble input's `reshape` is the shape its steps read (qa/L0_infer_reshape)."""
+def test_ensemble_reshapes_apply_to_its_inputs_and_outputs(client):
+    """As Triton: an ensemble input's `reshape` is the shape its steps read, and an output's
+    `dims` the shape the client reads when it has a `reshape` (qa/L0_infer_reshape)."""
     x = np.arange(4, dtype=np.float32).reshape(2, 2)
-    out = client.infer("reshaped_in", [fp32("IN", x)]).as_numpy("OUT")
-    np.testing.assert_array_equal(out, x.reshape(4) + 1)
+    result = client.infer("reshaped", [fp32("IN", x)])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x.reshape(4) + 1)
+    np.testing.assert_array_equal(result.as_numpy("B"), x.reshape(1, 4) * 2)
 
 
 def test_only_the_steps_a_requested_output_needs_run(client):
