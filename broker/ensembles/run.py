@@ -11,6 +11,7 @@ unless its own requester accepts device memory.
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
@@ -26,6 +27,8 @@ from tritond.broker.ensembles.plan import EnsembleVersion, Step
 from tritond.broker.tables.inflight import ReplyTo, Req
 from tritond.broker.tables.model_version import ModelVersion
 from tritond.broker.tables.registry import ModelRegistry
+
+log = logging.getLogger("tritond.broker")
 
 replace = msgspec.structs.replace
 
@@ -271,6 +274,9 @@ class EnsembleRun:
         """The ensemble's outputs; their leases pass to whoever receives the reply. What went out
         in streamed replies is not repeated; with nothing left the reply only ends the request."""
         outputs = [self.plan.client_view(self.tensors[name]) for name in self.wanted if name in self.tensors]
+        for name in self.wanted:
+            if name in self.absent:
+                log.debug("Composing models did not output tensor %s", name)
         if self.streaming and not outputs:
             self.ens.release(self.held)
             return InferReply(self.msg.rid, self.mv.version, empty=True)

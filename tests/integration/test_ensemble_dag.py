@@ -256,6 +256,18 @@ def test_an_output_a_step_does_not_make_is_an_absent_optional_input_downstream(c
     np.testing.assert_array_equal(result.as_numpy("A_END"), x)
 
 
+def test_an_ensemble_output_never_made_is_logged_at_verbose_level_1(server, client):
+    """Triton's verbose line for a requested ensemble output no step made (qa/L0_simple_ensemble
+    looks for it)."""
+    client.update_log_settings({"log_verbose_level": 1})
+    try:
+        client.infer("optional_chain", [fp32("A", np.ones(2, np.float32))], outputs=outputs("A_END", "B_END"))
+        wait_for(lambda: "Composing models did not output tensor B_END" in server.log, 30,
+                 "the verbose line in the server log")
+    finally:
+        client.update_log_settings({"log_verbose_level": 0})
+
+
 def test_ensemble_reshapes_apply_to_its_inputs_and_outputs(client):
     """As Triton: an ensemble input's `reshape` is the shape its steps read, and an output's
     `dims` the shape the client reads when it has a `reshape` (qa/L0_infer_reshape)."""
