@@ -106,6 +106,7 @@ class EnsembleVersion(ModelVersion):
 
     _deriving = False
     _announced = False      # its READY was logged
+    _refused = ""           # the derived reason it was last logged UNAVAILABLE for
 
     def __init__(self, registry: ModelRegistry, spec: ModelSpec, version: int, config: dict, error: str = "") -> None:
         """`error`: why the ensemble itself is invalid (UNAVAILABLE); else its state follows
@@ -209,9 +210,16 @@ class EnsembleVersion(ModelVersion):
     def settle(self, now: float) -> None:
         """Apply what the composing models' completed configs imply: as Triton, an ensemble
         with a decoupled step is decoupled itself (its config says so, and it streams). The
-        first time it is READY it is logged as loaded, as every other model is."""
-        if self.state != READY or self._checked is None:
+        first time it is READY it is logged as loaded, as every other model is; made UNAVAILABLE by
+        the models it composes (not while they restart), it is logged with the reason, once per reason."""
+        state, reason = self._derive()
+        restarts = any(mv.restarting for step in self.plan.steps for mv in self.registry.get(step.model).values())
+        if state == UNAVAILABLE and self._own_state == READY and reason != self._refused and not restarts:
+            self._refused = reason
+            log.error("model '%s' version %d is UNAVAILABLE: %s", self.name, self.version, reason)
+        if state != READY or self._checked is None:
             return
+        self._refused = ""
         if not self._announced:
             self._announced = True
             self.load_duration = now - self.load_started if self.load_started else 0.0

@@ -356,13 +356,16 @@ def test_a_killed_composing_worker_fails_only_its_requests(server, client, tmp_p
 
 # ---------------------------------------------------------------------- validation
 
-def test_invalid_ensembles_are_unavailable_with_their_reason(client):
+def test_invalid_ensembles_are_unavailable_with_their_reason(server, client):
+    """Each with its reason in the repository index and, once, in the server log."""
     index = {m["name"]: m for m in client.get_model_repository_index()}
+    log = server.log
     for name, fragments in INVALID.items():
         entry = index[name]
         assert entry.get("state") == "UNAVAILABLE", (name, entry)
         for fragment in fragments:
             assert fragment in entry.get("reason", ""), (name, fragment, entry.get("reason"))
+        assert log.count(entry["reason"]) == 1, (name, entry["reason"])
     for name in COMPOSING + ["diamond", "nested", "through_slow", "late_types"]:
         assert index[name].get("state") == "READY", (name, index[name])
     assert index["broken_init"].get("state") == "UNAVAILABLE"
