@@ -24,6 +24,7 @@ from tritond.wire.schema import Block, Device, Infer, InferReply, OutputSpec, Te
 from tritond.broker.tables.client_regions import ClientRegions
 from tritond.broker.clock import Clock
 from tritond.broker.ensembles.plan import EnsembleVersion, Step
+from tritond.broker.scheduling.sequence_slots import FLAG_END, FLAG_START
 from tritond.broker.tables.inflight import ReplyTo, Req
 from tritond.broker.tables.model_version import ModelVersion
 from tritond.broker.tables.registry import ModelRegistry
@@ -186,7 +187,8 @@ class EnsembleRun:
             by_name = {d.name: d for d in reply.outputs}
             outputs = [self.plan.client_view(TensorDesc(t, d.datatype, d.shape, d.loc))
                        for o, t in step.outputs.items() if t in self.wanted and (d := by_name.get(o)) is not None]
-            self.reply_to(InferReply(self.msg.rid, self.mv.version, outputs, None, reply.owner, more=True))
+            self.reply_to(InferReply(self.msg.rid, self.mv.version, outputs, None, reply.owner, more=True,
+                                     parameters=self.sequence_parameters()))
             forwarded = True
         if not forwarded:
             self.ens.release((reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease)
@@ -283,6 +285,7 @@ class EnsembleRun:
         if isinstance(self.reply_to, StepReply):
             self.reply_to.adopt(self.held, {d.name: self.owner_of[d.name] for d in outputs if lease_of(d)})
             return InferReply(self.msg.rid, self.mv.version, outputs)
+        parameters = self.sequence_parameters() if any(d.name in self.owner_of for d in outputs) else {}
         units = {(self.owner_of[d.name], lease_of(d)) for d in outputs if lease_of(d)}
         held = Counter(self.held)
         held.subtract(units)
@@ -294,4 +297,9 @@ class EnsembleRun:
                        for d in outputs]
         else:
             owner = next(iter(owners), b"")
-        return InferReply(self.msg.rid, self.mv.version, outputs, None, owner)
+        return InferReply(self.msg.rid, self.mv.version, outputs, None, owner, parameters=parameters)
+
+    def sequence_parameters(self) -> dict[str, int | str | bool]:
+        """As Triton: a response made of step outputs carries the request's sequence id and flags."""
+        return {"sequence_id": self.msg.correlation_id, "sequence_start": bool(self.msg.flags & FLAG_START),
+                "sequence_end": bool(self.msg.flags & FLAG_END)}

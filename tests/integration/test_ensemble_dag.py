@@ -112,6 +112,7 @@ ENSEMBLES = {
                        [step("diamond", {"IN": "IN"}, {"SUM": "s"}), step("split", {"IN": "s"}, {"A": "OUT"})]),
     "through_slow": ensemble("through_slow", [FP32_IN], [io("output", "OUT")],
                              [step("slow", {"IN": "IN"}, {"OUT": "OUT"})], mbs=1),
+    "split_only": ensemble("split_only", [FP32_IN], [io("output", "A")], [step("split", {"IN": "IN"}, {"A": "A"})]),
     "optional_chain": ensemble(
         "optional_chain",
         ['input { name: "A" data_type: TYPE_FP32 dims: [ -1 ] optional: true }',
@@ -237,6 +238,20 @@ def test_diamond_runs_its_parallel_branch_concurrently(server, size, protocol):
     lt, rt = result.as_numpy("LT"), result.as_numpy("RT")
     assert lt[1] - lt[0] >= 300_000_000 and rt[1] - rt[0] >= 300_000_000    # the parameter reached both
     assert lt[0] < rt[1] and rt[0] < lt[1], "left and right did not overlap"
+
+
+def test_an_ensemble_response_carries_the_requests_sequence_parameters(server, client):
+    """As Triton: a response made of step outputs carries the request's sequence id and flags
+    as response parameters (qa/L0_simple_ensemble test_ensemble_sequence_flags)."""
+    x = np.ones(4, np.float32)
+    assert client.infer("split_only", [fp32("IN", x)]).get_response()["parameters"] == {
+        "sequence_id": 0, "sequence_start": False, "sequence_end": False}
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    params = g.infer("split_only", [fp32("IN", x, grpcclient)], sequence_id=7, sequence_start=True,
+                     sequence_end=False).get_response().parameters
+    g.close()
+    assert (params["sequence_id"].int64_param, params["sequence_start"].bool_param,
+            params["sequence_end"].bool_param) == (7, True, False)
 
 
 def test_nested_ensemble(client):
