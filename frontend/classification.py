@@ -14,6 +14,7 @@ from tritond.wire import schema as S
 from tritond.wire.errors import TritonError, invalid
 
 MAX_NESTING = 16
+MAX_ELEMENTS = 1_000_000        # per batch row, as Triton bounds the work of one classification
 Resolve = Callable[[str, int], S.ModelEntry]
 
 
@@ -43,6 +44,8 @@ def classify(datatype: str, arr: np.ndarray, k: int, batching: bool, labels: lis
     if datatype == "BYTES":
         raise invalid(f"class result not available for output due to unsupported type '{datatype}'")
     rows = arr.reshape(arr.shape[0], -1) if batching else arr.reshape(1, -1)
+    if rows.shape[1] > MAX_ELEMENTS:
+        raise invalid("classification output tensor too large")
     k = min(k, rows.shape[1])
     result = []
     for row in rows:

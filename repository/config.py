@@ -44,6 +44,8 @@ OVERRIDE_FILE = "<config given with the load request>"
 _PARSE_LOCATION = re.compile(r"^\d+:\d+ : ")
 _PARSE_FIELD = re.compile(r'(?:field named|Field) "(\w+)"')
 _FIELD_BEFORE_VALUE = re.compile(r"([A-Za-z_]\w*)\s*[:{\[]")
+_NOT_INTEGER = re.compile(r"Couldn't parse integer: (.*)$")
+_OUT_OF_RANGE = re.compile(r"Value out of range: (-?)(\d+)$")
 
 
 def config_path(model_path: str, config_name: str = "") -> str:
@@ -61,10 +63,23 @@ def parse_config_text(text: str, model: str, file: str) -> ModelConfig:
     try:
         text_format.Parse(text, cfg)
     except text_format.ParseError as e:
-        detail = _PARSE_LOCATION.sub("", str(e))
+        detail = _triton_wording(_PARSE_LOCATION.sub("", str(e)))
         where = f"line {e.GetLine()}, column {e.GetColumn()}: " if e.GetLine() else ""
         raise ConfigError(model, file, _parse_error_field(text, e, detail), where + detail) from None
     return cfg
+
+
+def _triton_wording(detail: str) -> str:
+    """An integer value's parse error in the words of the C++ text-format parser Triton uses;
+    a negative value out of range is one given to an unsigned field, whose parser stops at '-'."""
+    m = _NOT_INTEGER.search(detail)
+    if m:
+        return detail[:m.start()] + f"Expected integer, got: {m.group(1)}"
+    m = _OUT_OF_RANGE.search(detail)
+    if m:
+        words = "Expected integer, got: -" if m.group(1) else f"Integer out of range ({m.group(2)})"
+        return detail[:m.start()] + words
+    return detail
 
 
 def _parse_error_field(text: str, e: text_format.ParseError, detail: str) -> str:

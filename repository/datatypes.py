@@ -130,7 +130,7 @@ def array_to_bytes(array: np.ndarray, datatype: str) -> bytes | memoryview:
     if datatype == "BYTES":
         return serialize_bytes(array)
     arr = np.ascontiguousarray(array, dtype=WIRE_TO_NUMPY[datatype])
-    return memoryview(arr).cast("B")
+    return memoryview(arr.reshape(-1)).cast("B")     # flat: a view with a 0 in its shape cannot be cast
 
 
 def bytes_to_array(buf: bytes | memoryview, datatype: str, shape: list[int] | tuple[int, ...]) -> np.ndarray:

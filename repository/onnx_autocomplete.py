@@ -104,7 +104,10 @@ def _complete_max_batch(cfg, tensors: list[GraphTensor], default_max_batch_size:
 
 def _check_dims(cfg, io, kind: str, t: GraphTensor, field: str, fail: Callable) -> None:
     if t.dims is None:
-        return
+        if kind == "output":
+            return      # ONNX Runtime infers an output's shape when it loads the graph
+        # ONNX Runtime reports an input declared without a shape as a scalar, and so checks it.
+        t = GraphTensor(t.name, t.data_type, [])
     if kind == "input" and io.allow_ragged_batch:
         # The backend hands a ragged input over as the batch's elements in one 1-D tensor.
         if t.dims != [-1]:
@@ -118,8 +121,9 @@ def _check_dims(cfg, io, kind: str, t: GraphTensor, field: str, fail: Callable) 
         if any(d != 1 for d in configured):
             raise fail(
                 field,
-                f"scalar tensor '{io.name}' should only have dims of 1 in the model configuration; "
-                f"got {_shape(configured)}",
+                f"unable to load model '{cfg.name}', scalar tensor '{io.name}', should only provide 1 in the "
+                f"model configuration when the model doesn't support batching. Model configuration provided: "
+                f"{_shape(configured)}.",
             )
         return
     full = ([-1] + configured) if cfg.max_batch_size > 0 else configured

@@ -113,8 +113,8 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 8
-SCHEMA_FINGERPRINT = "c98558f7ffce275c"
+RECORDED_VERSION = 9
+SCHEMA_FINGERPRINT = "a741a755df3f4cb7"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -173,7 +173,7 @@ STRUCTS = {
     "schema.Heartbeat": "8342a9b93715",
     "schema.Hello": "7e69f3240178",
     "schema.Infer": "4c742f13931d",
-    "schema.InferReply": "939c00edb08a",
+    "schema.InferReply": "3a5ce77539fe",
     "schema.Inline": "d3262ce55494",
     "schema.LoadModel": "6e2ca930ed77",
     "schema.LogConfig": "bf32f47a4950",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tritond.repository.spec import ModelSpec
 from tritond.repository.ensemble import validate_ensemble
 from tritond.repository.render import config_from_json
-from tritond.wire.schema import ModelState
+from tritond.wire.schema import ModelState, TensorDesc
 
 from tritond.broker.tables.model_version import LOADING, READY, UNAVAILABLE, ModelVersion
 from tritond.broker.tables.registry import ModelRegistry
@@ -43,6 +43,13 @@ class Plan:
             for i, s in enumerate(steps)
         ]
         self.inputs = [io["name"] for io in config.get("input") or []]
+        # As in Triton, behind the batch dimension: an input with a `reshape` reaches the steps in
+        # that shape, and an output with one reaches the client in its `dims`.
+        self.batching = int(config.get("max_batch_size") or 0) > 0
+        self.reshapes = {io["name"]: [int(d) for d in (io["reshape"].get("shape") or [])]
+                         for io in config.get("input") or [] if "reshape" in io}
+        self.output_dims = {io["name"]: [int(d) for d in io.get("dims") or []]
+                            for io in config.get("output") or [] if "reshape" in io}
         self.outputs = [io["name"] for io in config.get("output") or []]
         self.producer = {t: s.index for s in self.steps for t in s.outputs.values()}
         self._needed: dict[tuple[str, ...], tuple[tuple[bool, ...], frozenset[str]]] = {}
@@ -50,6 +57,19 @@ class Plan:
         for s in self.steps:
             for t in dict.fromkeys(s.inputs.values()):
                 self.consumers.setdefault(t, []).append(s.index)
+
+    def step_view(self, d: TensorDesc) -> TensorDesc:
+        """A request input as the steps read it: in its `reshape` shape when the config has one."""
+        return self._reshaped(d, self.reshapes.get(d.name))
+
+    def client_view(self, d: TensorDesc) -> TensorDesc:
+        """An ensemble output as the client reads it: in its `dims` when the config reshapes it."""
+        return self._reshaped(d, self.output_dims.get(d.name))
+
+    def _reshaped(self, d: TensorDesc, shape: list[int] | None) -> TensorDesc:
+        if shape is None:
+            return d
+        return TensorDesc(d.name, d.datatype, (d.shape[:1] if self.batching else []) + shape, d.loc)
 
     def needed(self, wanted: tuple[str, ...]) -> tuple[tuple[bool, ...], frozenset[str]]:
         """Steps that contribute to the wanted outputs, and every tensor they must produce."""
@@ -86,6 +106,7 @@ class EnsembleVersion(ModelVersion):
 
     _deriving = False
     _announced = False      # its READY was logged
+    _refused = ""           # the derived reason it was last logged UNAVAILABLE for
 
     def __init__(self, registry: ModelRegistry, spec: ModelSpec, version: int, config: dict, error: str = "") -> None:
         """`error`: why the ensemble itself is invalid (UNAVAILABLE); else its state follows
@@ -189,9 +210,16 @@ class EnsembleVersion(ModelVersion):
     def settle(self, now: float) -> None:
         """Apply what the composing models' completed configs imply: as Triton, an ensemble
         with a decoupled step is decoupled itself (its config says so, and it streams). The
-        first time it is READY it is logged as loaded, as every other model is."""
-        if self.state != READY or self._checked is None:
+        first time it is READY it is logged as loaded, as every other model is; made UNAVAILABLE by
+        the models it composes (not while they restart), it is logged with the reason, once per reason."""
+        state, reason = self._derive()
+        restarts = any(mv.restarting for step in self.plan.steps for mv in self.registry.get(step.model).values())
+        if state == UNAVAILABLE and self._own_state == READY and reason != self._refused and not restarts:
+            self._refused = reason
+            log.error("model '%s' version %d is UNAVAILABLE: %s", self.name, self.version, reason)
+        if state != READY or self._checked is None:
             return
+        self._refused = ""
         if not self._announced:
             self._announced = True
             self.load_duration = now - self.load_started if self.load_started else 0.0

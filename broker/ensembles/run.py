@@ -11,6 +11,7 @@ unless its own requester accepts device memory.
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
@@ -23,9 +24,12 @@ from tritond.wire.schema import Block, Device, Infer, InferReply, OutputSpec, Te
 from tritond.broker.tables.client_regions import ClientRegions
 from tritond.broker.clock import Clock
 from tritond.broker.ensembles.plan import EnsembleVersion, Step
+from tritond.broker.scheduling.sequence_slots import FLAG_END, FLAG_START
 from tritond.broker.tables.inflight import ReplyTo, Req
 from tritond.broker.tables.model_version import ModelVersion
 from tritond.broker.tables.registry import ModelRegistry
+
+log = logging.getLogger("tritond.broker")
 
 replace = msgspec.structs.replace
 
@@ -92,8 +96,9 @@ class EnsembleRun:
         self.out_specs = {o.name: o for o in msg.outputs}
         self.wanted = tuple(o.name for o in msg.outputs) or tuple(plan.outputs)
         self.run_step, self.needed = plan.needed(self.wanted)
-        self.tensors: dict[str, TensorDesc] = {d.name: d for d in msg.inputs}
+        self.tensors: dict[str, TensorDesc] = {d.name: plan.step_view(d) for d in msg.inputs}
         self.owner_of: dict[str, bytes] = {}
+        self.absent: set[str] = set()         # step outputs the model did not produce
         present = set(self.tensors) | (set(plan.inputs) - set(self.tensors))  # absent optional inputs
         self.waiting = [sum(1 for t in dict.fromkeys(s.inputs.values()) if t not in present) for s in plan.steps]
         self.started = [False] * len(plan.steps)
@@ -180,9 +185,10 @@ class EnsembleRun:
             self.fail(step, reply.error)
         elif not reply.empty and self.error is None and not self.done:
             by_name = {d.name: d for d in reply.outputs}
-            outputs = [TensorDesc(t, d.datatype, d.shape, d.loc) for o, t in step.outputs.items()
-                       if t in self.wanted and (d := by_name.get(o)) is not None]
-            self.reply_to(InferReply(self.msg.rid, self.mv.version, outputs, None, reply.owner, more=True))
+            outputs = [self.plan.client_view(TensorDesc(t, d.datatype, d.shape, d.loc))
+                       for o, t in step.outputs.items() if t in self.wanted and (d := by_name.get(o)) is not None]
+            self.reply_to(InferReply(self.msg.rid, self.mv.version, outputs, None, reply.owner, more=True,
+                                     parameters=self.sequence_parameters()))
             forwarded = True
         if not forwarded:
             self.ens.release((reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease)
@@ -196,8 +202,11 @@ class EnsembleRun:
                 continue
             d = by_name.get(model_output)
             if d is None:
-                self.fail(step, TritonError(Code.INTERNAL, f"the model returned no output '{model_output}'"))
-                return
+                # As Triton: an empty placeholder, so a step taking it as an optional input still runs
+                # (without it) and an ensemble output left unmade is left out of the answer.
+                self.absent.add(tensor)
+                produced.append(tensor)
+                continue
             self.tensors[tensor] = TensorDesc(tensor, d.datatype, d.shape, d.loc)
             self.owner_of[tensor] = reply.owner if owners is None else owners.get(model_output, b"")
             produced.append(tensor)
@@ -243,7 +252,7 @@ class EnsembleRun:
         if self.done or self.starting or self.active:
             return
         streams = {t for j in self.streaming for t in self.plan.steps[j].outputs.values()}
-        missing = [t for t in self.wanted if t not in self.tensors and t not in streams]
+        missing = [t for t in self.wanted if t not in self.tensors and t not in streams and t not in self.absent]
         if self.error is None and missing:
             self.error = TritonError(Code.INTERNAL, f"ensemble '{self.mv.name}' produced no tensor '{missing[0]}'")
         self.done = True
@@ -266,13 +275,17 @@ class EnsembleRun:
     def reply(self) -> InferReply:
         """The ensemble's outputs; their leases pass to whoever receives the reply. What went out
         in streamed replies is not repeated; with nothing left the reply only ends the request."""
-        outputs = [self.tensors[name] for name in self.wanted if name in self.tensors]
+        outputs = [self.plan.client_view(self.tensors[name]) for name in self.wanted if name in self.tensors]
+        for name in self.wanted:
+            if name in self.absent:
+                log.debug("Composing models did not output tensor %s", name)
         if self.streaming and not outputs:
             self.ens.release(self.held)
             return InferReply(self.msg.rid, self.mv.version, empty=True)
         if isinstance(self.reply_to, StepReply):
             self.reply_to.adopt(self.held, {d.name: self.owner_of[d.name] for d in outputs if lease_of(d)})
             return InferReply(self.msg.rid, self.mv.version, outputs)
+        parameters = self.sequence_parameters() if any(d.name in self.owner_of for d in outputs) else {}
         units = {(self.owner_of[d.name], lease_of(d)) for d in outputs if lease_of(d)}
         held = Counter(self.held)
         held.subtract(units)
@@ -284,4 +297,9 @@ class EnsembleRun:
                        for d in outputs]
         else:
             owner = next(iter(owners), b"")
-        return InferReply(self.msg.rid, self.mv.version, outputs, None, owner)
+        return InferReply(self.msg.rid, self.mv.version, outputs, None, owner, parameters=parameters)
+
+    def sequence_parameters(self) -> dict[str, int | str | bool]:
+        """As Triton: a response made of step outputs carries the request's sequence id and flags."""
+        return {"sequence_id": self.msg.correlation_id, "sequence_start": bool(self.msg.flags & FLAG_START),
+                "sequence_end": bool(self.msg.flags & FLAG_END)}

@@ -105,9 +105,9 @@ class ModelStats:
             self.latency.cache_miss(miss_ns)
 
     def record_ensemble(self, batch_size: int, total_ns: int) -> None:
-        """One ensemble request answered with outputs: its steps were counted by their models."""
-        self.execution_count += 1
-        self.last_inference_ms = int(time.time() * 1000)
+        """One ensemble request answered with outputs, an execution of its own batch size as
+        Triton counts it (its steps were counted by their models)."""
+        self.record_execution(batch_size, 0, 0, 0)
         self.record_success(batch_size, total_ns, 0, 0, 0, 0)
 
     def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:

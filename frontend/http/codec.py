@@ -1,6 +1,8 @@
 """KServe v2 JSON + Triton's binary tensor extension: request parsing, response building."""
 from __future__ import annotations
 
+import re
+import secrets
 from typing import Any
 
 import msgspec
@@ -423,10 +425,25 @@ def _json_numbers(t: OutputTensor) -> np.ndarray:
     return flat
 
 
+# JSON string escapes as Triton's JSON writer makes them; every other byte is written unchanged.
+_JSON_ESCAPES = {**{i: b"\\u%04X" % i for i in range(0x20)}, 0x08: b"\\b", 0x09: b"\\t", 0x0A: b"\\n",
+                 0x0C: b"\\f", 0x0D: b"\\r", 0x22: b'\\"', 0x5C: b"\\\\"}
+_JSON_ESCAPED = re.compile(rb'[\x00-\x1f"\\]')
+
+
+def _raw_json_strings(items: list[bytes]) -> bytes:
+    """A JSON array of byte strings written as Triton writes BYTES output data, without checking
+    the encoding: an element that is not UTF-8 reaches the client as the model produced it (and
+    a client that decodes the body as UTF-8 reports it), never silently altered."""
+    escaped = (_JSON_ESCAPED.sub(lambda m: _JSON_ESCAPES[m.group()[0]], x) for x in items)
+    return b"[" + b",".join(b'"' + x + b'"' for x in escaped) + b"]"
+
+
 def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, int | None]:
     """(body, json length or None when the response is JSON only)."""
     outputs = []
     blobs: list[bytes | memoryview] = []
+    raw: dict[bytes, bytes] = {}        # BYTES data that is not UTF-8, spliced in after orjson
     for t in result.outputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
         if t.data is None:
@@ -438,8 +455,13 @@ def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, i
             blobs.append(t.data)
         else:
             if t.datatype == "BYTES":
-                entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
-                                 for x in t.as_numpy().reshape(-1)]
+                items = [x if isinstance(x, bytes) else str(x).encode() for x in t.as_numpy().reshape(-1)]
+                try:
+                    entry["data"] = [x.decode("utf-8") for x in items]
+                except UnicodeDecodeError:
+                    marker = f"tritond-raw-{secrets.token_hex(16)}"
+                    raw[orjson.dumps(marker)] = _raw_json_strings(items)
+                    entry["data"] = marker
             else:
                 entry["data"] = _json_numbers(t)
         outputs.append(entry)
@@ -452,6 +474,8 @@ def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, i
         doc["parameters"] = result.parameters
     doc["outputs"] = outputs
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    for marker, data in raw.items():
+        head = head.replace(marker, data, 1)
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)

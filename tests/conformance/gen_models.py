@@ -1,6 +1,7 @@
 """Build the qa model repositories Triton's L0 suites read from `$DATADIR`, with the generator
 scripts of a fetched Triton checkout (`qa/common/gen_qa_*.py`), for the CPU backends tritond
-runs here: onnx and libtorch (python models are derived from the onnx ones by each test.sh).
+runs here: onnx and libtorch (python models are derived from the onnx ones by each test.sh), and
+the onnx scalar models.
 
 Run as `python gen_models.py <qa dir> <data dir>`. Each generator runs in this interpreter with
 the generators' own `--onnx_opset` set to one onnxruntime supports and `onnx.save` clamping the
@@ -23,6 +24,8 @@ JOBS: list[tuple[str, str, list[str]]] = [
     ("qa_variable_model_repository", "gen_qa_models.py", ["--onnx", "--libtorch", "--variable"]),
     ("qa_identity_model_repository", "gen_qa_identity_models.py", ["--onnx", "--libtorch"]),
     ("qa_ragged_model_repository", "gen_qa_ragged_models.py", ["--onnx", "--libtorch"]),
+    ("qa_reshape_model_repository", "gen_qa_reshape_models.py", ["--onnx", "--libtorch", "--variable"]),
+    ("qa_scalar_models", "gen_qa_ort_scalar_models.py", [f"--onnx_opset={ONNX_OPSET}"]),
     ("qa_sequence_model_repository", "gen_qa_sequence_models.py", ["--onnx", "--libtorch"]),
     ("qa_variable_sequence_model_repository", "gen_qa_sequence_models.py", ["--onnx", "--libtorch", "--variable"]),
     ("qa_sequence_implicit_model_repository", "gen_qa_implicit_models.py", ["--onnx", "--libtorch"]),
@@ -33,6 +36,7 @@ JOBS: list[tuple[str, str, list[str]]] = [
      ["--ensemble", "--variable"]),
     ("qa_ensemble_model_repository/qa_identity_model_repository", "gen_qa_identity_models.py",
      ["--ensemble"]),
+    ("qa_ensemble_model_repository/qa_reshape_model_repository", "gen_qa_reshape_models.py", ["--ensemble"]),
 ]
 
 

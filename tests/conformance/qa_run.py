@@ -39,6 +39,32 @@ SKIP = {
         "counts 7 models, two of them left out here (densenet_onnx, simple_string_dyna_sequence)",
 }
 
+# Cases that fail here for a reason outside tritond: (why, text the failure must contain). Such a
+# failure is recorded as skipped with its reason; any other failure of the case stays a failure.
+TRT_RESHAPE = ("after its onnx, libtorch and ensemble models it checks plan (TensorRT) reshape models, not "
+               "generated here", "Request for unknown model: 'plan_")
+TRT_STATUS = ("checks a plan (TensorRT) model of qa_model_repository, not generated here",
+              "Request for unknown model: 'plan_")
+TRT_FIRST = ("checks a plan (TensorRT) model, not generated here, before its onnx and libtorch trials",
+             "Request for unknown model: 'plan_")
+KNOWN = {
+    **{f"InferVariableTest.{n}": TRT_FIRST
+       for n in ("test_class_fff", "test_class_iii", "test_mix_iii", "test_raw_fff", "test_raw_iii")},
+    "ServerMetadataTest.test_model_latest_infer": TRT_STATUS,
+    "ModelMetadataTest.test_model_versions_added": TRT_STATUS,
+    "ServerMetadataTest.test_basic":
+        ("expects the cuda_shared_memory extension, which tritond lists only on a host with a GPU",
+         "'cuda_shared_memory' not found"),
+    "ModelMetadataTest.test_infer_stats_no_model":
+        ("counts the ready versions of Triton's whole qa_model_repository (144, with its plan, openvino "
+         "and other models); the one generated here holds fewer", "expected 144 infer stats"),
+    "InferReshapeTest.test_ff2": TRT_RESHAPE,
+    "InferReshapeTest.test_ff4": TRT_RESHAPE,
+    "OutputNameValidationTest.test_grpc":
+        ("its last trial needs plan_nobatch_zero_1_float32 (TensorRT, not generated here); the libtorch "
+         "and onnx trials before it passed", "'plan_nobatch_zero_1_float32' is not found"),
+}
+
 
 def _port_busy(port: int) -> bool:
     with socket.socket() as s:
@@ -201,7 +227,11 @@ class QA:
             for line in tmp.read_text().splitlines():
                 r = json.loads(line)
                 seen.add(r["case"])
-                self.record(module, r["case"] + (f"[{variant}]" if variant else ""), r["status"], r["detail"])
+                status, detail = r["status"], r["detail"]
+                why, sign = KNOWN.get(r["case"], ("", None))
+                if status in ("fail", "error") and sign is not None and sign in detail:
+                    status, detail = "skip", why
+                self.record(module, r["case"] + (f"[{variant}]" if variant else ""), status, detail)
         for name in names:
             if not any(s == name or s.startswith(name + ".") or s.endswith("." + name) for s in seen):
                 self.record(module, name + (f"[{variant}]" if variant else ""), "error", "no result (timeout or crash)")

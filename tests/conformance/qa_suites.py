@@ -1,9 +1,13 @@
 """The suites qa_run.py knows, in the order it runs them."""
 from __future__ import annotations
 
+from suites_ensembles import l0_simple_ensemble
 from suites_http import l0_http, l0_input_validation, l0_shared_memory
 from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
 from suites_sequence import l0_http_generate, l0_sequence_batcher, l0_sequence_batcher_implicit
+from suites_tensors import (l0_client_nobatch, l0_infer_reshape, l0_infer_variable, l0_infer_zero, l0_nan_inf,
+                            l0_nullchar_string, l0_optional_input, l0_output_name, l0_parameters, l0_scalar_io,
+                            l0_server_status, l0_string_io)
 
 SUITES = {
     "L0_http": l0_http,
@@ -16,4 +20,17 @@ SUITES = {
     "L0_http_generate": l0_http_generate,
     "L0_sequence_batcher": l0_sequence_batcher,
     "L0_sequence_batcher_implicit": l0_sequence_batcher_implicit,
+    "L0_string_io": l0_string_io,
+    "L0_nullchar_string": l0_nullchar_string,
+    "L0_scalar_io": l0_scalar_io,
+    "L0_nan_inf": l0_nan_inf,
+    "L0_infer_zero": l0_infer_zero,
+    "L0_infer_reshape": l0_infer_reshape,
+    "L0_infer_variable": l0_infer_variable,
+    "L0_optional_input": l0_optional_input,
+    "L0_output_name": l0_output_name,
+    "L0_client_nobatch": l0_client_nobatch,
+    "L0_parameters": l0_parameters,
+    "L0_server_status": l0_server_status,
+    "L0_simple_ensemble": l0_simple_ensemble,
 }

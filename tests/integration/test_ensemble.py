@@ -128,6 +128,9 @@ def test_statistics_count_the_ensemble_and_each_composing_model(server):
 
     assert grew(ENSEMBLE, "execution_count") == 3
     assert grew(ENSEMBLE, "inference_count") == 3
+    batches = [{b["batch_size"]: b["compute_infer"]["count"] for b in s[ENSEMBLE]["batch_stats"]}
+               for s in (after, before)]
+    assert batches[0].get(1, 0) - batches[1].get(1, 0) == 3      # one execution of its size per request
     assert grew(ENSEMBLE, "inference_stats", "success", "count") == 3
     for model in (PRE, ENCODER):
         assert grew(model, "inference_stats", "success", "count") == 3

@@ -72,6 +72,9 @@ PYTHON_MODELS = {
              "allow_timeout_override: true default_timeout_microseconds: 100000000 } }"),
     "broken_init": (["IN"], ["OUT"], '{"OUT": x["IN"]}', ""),
     "late_types": ([], [], '{"OUT": x["IN"]}', ""),
+    "optional_pass": ([], ["A_OUT", "B_OUT"], '{k + "_OUT": v for k, v in x.items()}',
+                      'input { name: "A" data_type: TYPE_FP32 dims: [ -1 ] optional: true }\n'
+                      'input { name: "B" data_type: TYPE_FP32 dims: [ -1 ] optional: true }\nmax_batch_size: 0'),
 }
 
 EXTRA = {
@@ -109,6 +112,19 @@ ENSEMBLES = {
                        [step("diamond", {"IN": "IN"}, {"SUM": "s"}), step("split", {"IN": "s"}, {"A": "OUT"})]),
     "through_slow": ensemble("through_slow", [FP32_IN], [io("output", "OUT")],
                              [step("slow", {"IN": "IN"}, {"OUT": "OUT"})], mbs=1),
+    "split_only": ensemble("split_only", [FP32_IN], [io("output", "A")], [step("split", {"IN": "IN"}, {"A": "A"})]),
+    "optional_chain": ensemble(
+        "optional_chain",
+        ['input { name: "A" data_type: TYPE_FP32 dims: [ -1 ] optional: true }',
+         'input { name: "B" data_type: TYPE_FP32 dims: [ -1 ] optional: true }'],
+        [io("output", "A_END"), io("output", "B_END")],
+        [step("optional_pass", {"A": "A", "B": "B"}, {"A_OUT": "a", "B_OUT": "b"}),
+         step("optional_pass", {"A": "a", "B": "b"}, {"A_OUT": "A_END", "B_OUT": "B_END"})]),
+    "reshaped": ensemble("reshaped", ['input { name: "IN" data_type: TYPE_FP32 dims: [ 2, 2 ] '
+                                      'reshape: { shape: [ 4 ] } }'],
+                         [io("output", "OUT"),
+                          'output { name: "B" data_type: TYPE_FP32 dims: [ 1, 4 ] reshape: { shape: [ 4 ] } }'],
+                         [step("split", {"IN": "IN"}, {"A": "OUT", "B": "B"})]),
     "bad_cycle": ensemble("bad_cycle", [FP32_IN], [io("output", "OUT")], [
         step("split", {"IN": "IN"}, {"A": "t0"}), step("left", {"A": "t2"}, {"L": "t1"}),
         step("left", {"A": "t1"}, {"L": "t2"}), step("right", {"B": "t1"}, {"R": "OUT"})]),
@@ -224,10 +240,56 @@ def test_diamond_runs_its_parallel_branch_concurrently(server, size, protocol):
     assert lt[0] < rt[1] and rt[0] < lt[1], "left and right did not overlap"
 
 
+def test_an_ensemble_response_carries_the_requests_sequence_parameters(server, client):
+    """As Triton: a response made of step outputs carries the request's sequence id and flags
+    as response parameters (qa/L0_simple_ensemble test_ensemble_sequence_flags)."""
+    x = np.ones(4, np.float32)
+    assert client.infer("split_only", [fp32("IN", x)]).get_response()["parameters"] == {
+        "sequence_id": 0, "sequence_start": False, "sequence_end": False}
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    params = g.infer("split_only", [fp32("IN", x, grpcclient)], sequence_id=7, sequence_start=True,
+                     sequence_end=False).get_response().parameters
+    g.close()
+    assert (params["sequence_id"].int64_param, params["sequence_start"].bool_param,
+            params["sequence_end"].bool_param) == (7, True, False)
+
+
 def test_nested_ensemble(client):
     x = np.arange(100_000, dtype=np.float32)
     out = client.infer("nested", [fp32("IN", x)]).as_numpy("OUT")
     np.testing.assert_allclose(out, expected_sum(x) + 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("wanted", [("A_END",), ("A_END", "B_END")])
+def test_an_output_a_step_does_not_make_is_an_absent_optional_input_downstream(client, wanted):
+    """As Triton: a step output the model leaves out is an empty placeholder, so the next step
+    runs without that optional input, and an ensemble output never made is left out of the
+    answer (qa/L0_optional_input's optional_connecting_tensor)."""
+    x = np.arange(3, dtype=np.float32)
+    result = client.infer("optional_chain", [fp32("A", x)], outputs=outputs(*wanted))
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["A_END"]
+    np.testing.assert_array_equal(result.as_numpy("A_END"), x)
+
+
+def test_an_ensemble_output_never_made_is_logged_at_verbose_level_1(server, client):
+    """Triton's verbose line for a requested ensemble output no step made (qa/L0_simple_ensemble
+    looks for it)."""
+    client.update_log_settings({"log_verbose_level": 1})
+    try:
+        client.infer("optional_chain", [fp32("A", np.ones(2, np.float32))], outputs=outputs("A_END", "B_END"))
+        wait_for(lambda: "Composing models did not output tensor B_END" in server.log, 30,
+                 "the verbose line in the server log")
+    finally:
+        client.update_log_settings({"log_verbose_level": 0})
+
+
+def test_ensemble_reshapes_apply_to_its_inputs_and_outputs(client):
+    """As Triton: an ensemble input's `reshape` is the shape its steps read, and an output's
+    `dims` the shape the client reads when it has a `reshape` (qa/L0_infer_reshape)."""
+    x = np.arange(4, dtype=np.float32).reshape(2, 2)
+    result = client.infer("reshaped", [fp32("IN", x)])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x.reshape(4) + 1)
+    np.testing.assert_array_equal(result.as_numpy("B"), x.reshape(1, 4) * 2)
 
 
 def test_only_the_steps_a_requested_output_needs_run(client):
@@ -309,13 +371,16 @@ def test_a_killed_composing_worker_fails_only_its_requests(server, client, tmp_p
 
 # ---------------------------------------------------------------------- validation
 
-def test_invalid_ensembles_are_unavailable_with_their_reason(client):
+def test_invalid_ensembles_are_unavailable_with_their_reason(server, client):
+    """Each with its reason in the repository index and, once, in the server log."""
     index = {m["name"]: m for m in client.get_model_repository_index()}
+    log = server.log
     for name, fragments in INVALID.items():
         entry = index[name]
         assert entry.get("state") == "UNAVAILABLE", (name, entry)
         for fragment in fragments:
             assert fragment in entry.get("reason", ""), (name, fragment, entry.get("reason"))
+        assert log.count(entry["reason"]) == 1, (name, entry["reason"])
     for name in COMPOSING + ["diamond", "nested", "through_slow", "late_types"]:
         assert index[name].get("state") == "READY", (name, index[name])
     assert index["broken_init"].get("state") == "UNAVAILABLE"

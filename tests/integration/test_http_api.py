@@ -232,6 +232,34 @@ def test_all_binary_inputs_and_default_binary_output(client):
         np.testing.assert_array_equal(result.as_numpy(f"OUTPUT_{dt}"), arr)
 
 
+def test_non_utf8_bytes_output_in_json(client, server):
+    """A BYTES output that is not UTF-8, asked for as JSON, is written as the model made it (as
+    Triton writes it, escaped but not re-encoded): tritonclient refuses that body instead of
+    handing back altered strings (qa/L0_string_io)."""
+    inputs, values = dtypes_inputs()
+    raw = np.array([b"\xff\xfe\x00\"\\\n", b"ok", "\u00e9".encode()], dtype=np.object_)
+    for t, arr in zip(inputs, values.values()):
+        t.set_data_from_numpy(raw if t.name() == "INPUT_BYTES" else arr, binary_data=True)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT_BYTES", binary_data=False)]
+    expect_error(lambda: client.infer("dtypes_py", inputs, outputs=outputs),
+                 text="Failed to encode using UTF-8. Please use binary_data=True")
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
+    headers = {"Inference-Header-Content-Length": str(json_size)} if json_size is not None else {}
+    status, _, data = request(server, "POST", "/v2/models/dtypes_py/infer", body, headers)
+    assert status == 200, data
+    assert b'"data":["\xff\xfe\\u0000\\"\\\\\\n","ok","\xc3\xa9"]' in data, data
+
+
+@pytest.mark.parametrize("shape", [[1, 0], [3, 0]])
+def test_empty_output_with_a_zero_in_a_later_dimension(client, shape):
+    """An output with no elements but more than one dimension comes back with its shape
+    (qa/L0_infer_zero)."""
+    t = fp32_input("INPUT0", np.zeros(shape, np.float32))
+    result = client.infer("identity_dyn", [t])
+    assert result.get_output("OUTPUT0")["shape"] == shape
+    assert result.as_numpy("OUTPUT0").shape == tuple(shape)
+
+
 def test_fp16_json_rejected(client):
     inputs, _ = dtypes_inputs(fp16_binary=False)
     expect_error(lambda: client.infer("dtypes_py", inputs), 400,
@@ -288,6 +316,19 @@ def test_classification(client):
     labels = result.as_numpy("OUTPUT0")
     assert [x.decode() for x in labels[0]] == ["9.000000:7", "7.000000:11", "5.000000:3"]
     assert [x.decode().split(":")[1] for x in labels[1][:2]] == ["0", "1"]
+
+
+def test_classification_of_a_row_over_a_million_elements_is_refused(client):
+    """Triton bounds the work of one classification at 1,000,000 elements per batch row
+    (qa/L0_parameters class_count_test)."""
+    wanted = [httpclient.InferRequestedOutput("OUTPUT0", class_count=5)]
+    big = fp32_input("INPUT0", np.ones((1, 1_000_001), np.float32))
+    expect_error(lambda: client.infer("identity_dyn", [big], outputs=wanted), 400,
+                 "classification output tensor too large", exact=True)
+    x = np.zeros((1, 1_000_000), np.float32)
+    x[0, 999_999] = 1.0
+    labels = client.infer("identity_dyn", [fp32_input("INPUT0", x)], outputs=wanted).as_numpy("OUTPUT0")
+    assert labels[0][0].decode() == "1.000000:999999"
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])

@@ -98,6 +98,7 @@ def test_load_and_unload_answer_with_tritons_codes_and_texts(server, client):
     assert "initialize failed: the weights file is corrupt" in text
     status, text = http_error(lambda: client.load_model("bad_config"))
     assert status == 400 and text.startswith("load failed for model 'bad_config': ") and "max_batch_size" in text
+    assert "'max_batch_size: many': Expected integer, got: many;" in text      # protobuf's C++ words
     assert http_error(lambda: client.load_model("empty")) == (
         400, "load failed for model 'empty': at least one version must be available under the version policy "
              "of model 'empty'\n")

@@ -37,6 +37,15 @@ class Picky(torch.nn.Module):
         return x
 
 
+class Doubler2x2(torch.nn.Module):
+    """Doubles a batch of 2x2 matrices, and refuses any other shape."""
+
+    def forward(self, x: torch.Tensor):
+        if x.dim() != 3:
+            raise ValueError("expected a batch of 2x2 matrices")
+        return x * 2
+
+
 def config(name: str, body: str) -> str:
     return f'name: "{name}"\n{body}'
 
@@ -95,6 +104,14 @@ max_batch_size: 0
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """, {"model.pt": picky})
+    doubler = repo.parent / "doubler.pt"
+    torch.jit.save(torch.jit.script(Doubler2x2()), str(doubler))
+    write_model(repo, "reshaped", """
+platform: "pytorch_libtorch"
+max_batch_size: 8
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+""", {"model.pt": doubler})
     write_model(repo, "plan_model", """
 platform: "tensorrt_plan"
 max_batch_size: 8
@@ -179,6 +196,17 @@ def test_input_from_client_shared_memory(server, client, repo):
     finally:
         client.unregister_system_shared_memory("torch_in")
         shm.destroy_shared_memory_region(handle)
+
+
+def test_config_reshape_applies_to_inputs_and_outputs(client):
+    """As Triton: the model sees an input in its `reshape` shape and the client an output in its
+    `dims` (qa/L0_infer_reshape)."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = httpclient.InferInput("INPUT__0", [3, 4], "FP32")
+    t.set_data_from_numpy(x)
+    result = client.infer("reshaped", [t])
+    assert result.get_output("OUTPUT__0")["shape"] == [3, 4]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), x * 2)
 
 
 def index_entry(client, name: str) -> dict:

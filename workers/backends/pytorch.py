@@ -31,7 +31,7 @@ from tritond.repository.parameters import config_parameter
 
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
-from .batching import concat_inputs, execute_batch
+from .batching import Reshapes, concat_inputs, execute_batch
 from .ragged import RaggedPlan
 
 log = logging.getLogger("tritond.worker.pytorch")
@@ -141,6 +141,7 @@ class TorchBackend(Backend):
         self.input_types = {n: t.datatype for n, t in view.inputs.items()}
         self.input_types.update({target: CONFIG_TO_WIRE[dtype] for target, dtype in batch_inputs})
         self.ragged = RaggedPlan.from_config(view, cfg)
+        self.reshapes = Reshapes(view, cfg)
 
     def _device(self):
         torch = self.torch
@@ -211,7 +212,7 @@ class TorchBackend(Backend):
 
     def _run(self, inputs: dict[str, Any]) -> dict[str, Any]:
         torch = self.torch
-        tensors = {name: self._input(name, arr) for name, arr in inputs.items()}
+        tensors = {name: self._input(name, arr) for name, arr in self.reshapes.model_inputs(inputs).items()}
         with self._mode():
             try:
                 if self.dict_input:
@@ -273,7 +274,7 @@ class TorchBackend(Backend):
                                    "model provides TYPE_STRING")
             out = np.empty(len(value), dtype=np.object_)
             out[:] = [s.encode("utf-8") for s in value]
-            return out
+            return self.reshapes.client_outputs({name: out})[name]
         if not isinstance(value, torch.Tensor):
             raise RuntimeError(f"output '{name}' must be of type Tensor or List[str].")
         provided = TORCH_TO_WIRE.get(str(value.dtype).replace("torch.", ""), str(value.dtype))
@@ -282,6 +283,7 @@ class TorchBackend(Backend):
                                f"model provides TYPE_{provided}")
         if value.dim() == 0:
             raise RuntimeError(f"output '{name}' is a scalar which is not supported.")
+        value = self.reshapes.client_outputs({name: value})[name]
         if self.keep_on_device:
             from tritond.workers.cuda_ipc import DeviceArray
             return DeviceArray.from_torch(value)
