@@ -41,8 +41,15 @@ def desc_to_array(desc: TensorDesc, maps: SegmentMaps, imports: Imports | None =
     loc = desc.loc
     if isinstance(loc, Inline):
         dtype = _FIXED_NUMPY.get(desc.datatype)
-        if dtype is not None:       # a view on the received bytes
-            return np.frombuffer(loc.data, dtype).reshape(desc.shape)
+        if dtype is not None:       # a view on the received bytes, made at once where they fit exactly
+            nbytes = dtype.itemsize
+            for d in desc.shape:
+                if d < 0:
+                    break
+                nbytes *= d
+            else:
+                if nbytes == len(loc.data):
+                    return np.ndarray(desc.shape, dtype, loc.data)
         return bytes_to_array(loc.data, desc.datatype, desc.shape)
     if isinstance(loc, Zeros):
         if desc.datatype == "BYTES":
