@@ -39,7 +39,7 @@ from .backends.base import InstanceInfo, WorkerRequest
 from .bls import BlsClient
 from .cuda_ipc import Exports, Imports
 from .model_errors import ModelError
-from .responses import Discard, Flow, Responder
+from .responses import DISCARD, Flow, Responder
 from .runs import execute_serially
 from .states import SequenceStates, state_specs
 from .tensors import Leases, desc_to_array, write_outputs
@@ -109,6 +109,7 @@ class Worker:
         self.stream.connect(spec.workers)
         self.stream_lock = threading.Lock()
         self.states = SequenceStates(state_specs(view, spec.config, spec.model_dir), self.arena, list(view.outputs))
+        self.stateful = bool(self.states)      # decided once: a model without states skips their steps
 
     def send(self, msg) -> None:
         self.sock.send(P.encode(msg))
@@ -177,7 +178,8 @@ class Worker:
 
     def execute(self, backend, msg: P.Exec) -> P.BatchDone:
         """Run one batch; what the model logs meanwhile carries the batch's request ids."""
-        ids = ",".join(r.id for r in msg.requests if r.id)
+        reqs = msg.requests
+        ids = reqs[0].id if len(reqs) == 1 else ",".join([r.id for r in reqs if r.id])
         token = logs.REQUEST_ID.set(ids) if ids else None
         try:
             return self._execute(backend, msg)
@@ -191,9 +193,10 @@ class Worker:
         slots: list = []
         on_device = backend.accepts_device_inputs
         decoupled = self.decoupled
+        maps, imports, flow, deliver = self.maps, self.imports, self.flow, self.deliver
         for r in msg.requests:
             try:
-                inputs = {d.name: desc_to_array(d, self.maps, self.imports, on_device) for d in r.inputs}
+                inputs = {d.name: desc_to_array(d, maps, imports, on_device) for d in r.inputs}
             except Exception as e:  # malformed BYTES payload, vanished region
                 err = invalid(f"failed to read inputs: {e}")
                 if decoupled and not r.pad:
@@ -201,15 +204,15 @@ class Worker:
                 slots.append((None, r.outputs, err))
                 continue
             if r.pad:
-                responder = Discard()
+                responder = DISCARD
             else:
-                responder = Responder(r.key, r.outputs, self.flow, self.deliver)
-                self.flow.open(r.key, r.window if decoupled else 0)
+                responder = Responder(r.key, r.outputs, flow, deliver)
+                flow.open(r.key, r.window if decoupled else 0)
             requests.append(WorkerRequest(inputs, [o.name for o in r.outputs], r.id, r.params,
                                           r.correlation_id, r.flags, r.timeout_us, responder))
             slots.append(None)
-        runs = [r for r, slot in zip(msg.requests, slots) if slot is None]
-        if self.states:
+        if self.stateful:
+            runs = [r for r, slot in zip(msg.requests, slots) if slot is None]
             first = next((w for w, r in zip(requests, runs) if not r.pad), None)
             for w, r in sorted(zip(requests, runs), key=lambda p: p[1].pad):
                 self.states.feed(w, r.seq, r.flags, r.pad, first)
@@ -231,14 +234,14 @@ class Worker:
                         w.responder.send(None, batch_error, True)
             self.close_imports()
             return P.BatchDone(msg.bid, [], t1 - t0, t2 - t1, time.monotonic_ns() - t2)
-        if self.states and batch_error is None:
+        if self.stateful and batch_error is None:
             for w, r, resp in zip(requests, runs, responses):
                 self.states.keep(w, resp, r.seq, r.flags, r.pad)
         it = iter(responses)
         per_request = []
         for r, slot in zip(msg.requests, slots):
             if not r.pad:
-                self.flow.close(r.key)
+                flow.close(r.key)
             if slot is not None:
                 result = slot
             elif batch_error is not None:
@@ -296,11 +299,12 @@ class Worker:
         return 0
 
     def serve(self, backend) -> None:
+        recv, send, decode, encode = self.sock.recv, self.sock.send, self.decoder.decode, P.encode
         while not self.stop_requested:
-            msg = self.decoder.decode(self.sock.recv())
+            msg = decode(recv())
             if isinstance(msg, P.Exec):
-                self.send(execute_serially(lambda one: self.execute(backend, one), self.flow, msg) if msg.serial
-                          else self.execute(backend, msg))
+                send(encode(execute_serially(lambda one: self.execute(backend, one), self.flow, msg) if msg.serial
+                            else self.execute(backend, msg)))
             elif isinstance(msg, P.Stop):
                 return
             elif not self.handle_side(msg):

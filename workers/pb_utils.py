@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from tritond.repository.datatypes import deserialize_bytes, numpy_to_wire, serialize_bytes
+from tritond.repository.datatypes import WIRE_TO_NUMPY, deserialize_bytes, numpy_to_wire, serialize_bytes
 
 from .pb_config import (  # noqa: F401  (pb_utils' public names)
     Logger, LogLevel, ModelConfig, get_input_config_by_name, get_output_config_by_name,
@@ -48,6 +48,11 @@ _CODE_TO_NUMPY: dict[int, type] = {
     1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8,
     7: np.int16, 8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64,
     13: np.object_,
+}
+
+# The fixed-size dtypes' codes, looked up directly (the tensors of every request pass here).
+_FIXED_DTYPE_TO_CODE: dict[np.dtype, int] = {
+    WIRE_TO_NUMPY[wire]: code for wire, code in _WIRE_TO_CODE.items() if wire not in ("BYTES", "BF16")
 }
 
 TRITON_STRING_TO_NUMPY: dict[str, type] = {
@@ -124,6 +129,8 @@ def triton_to_numpy_type(data_type: int) -> type | None:
 
 def numpy_to_triton_type(data_type: Any) -> int | None:
     """TRITONSERVER_DataType code for a numpy dtype; str/bytes/object map to BYTES (13)."""
+    if isinstance(data_type, np.dtype) and data_type in _FIXED_DTYPE_TO_CODE:
+        return _FIXED_DTYPE_TO_CODE[data_type]
     try:
         return _WIRE_TO_CODE[numpy_to_wire(np.dtype(data_type))]
     except (TypeError, ValueError):
@@ -179,10 +186,11 @@ class Tensor:
         array = np.asarray(numpy_array)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        if array.dtype.kind in "OSU":
-            array = _as_bytes_objects(array)
-        if numpy_to_triton_type(array.dtype) is None:
-            raise TritonModelException("NumPy dtype is not supported.")
+        if array.dtype not in _FIXED_DTYPE_TO_CODE:
+            if array.dtype.kind in "OSU":
+                array = _as_bytes_objects(array)
+            if numpy_to_triton_type(array.dtype) is None:
+                raise TritonModelException("NumPy dtype is not supported.")
         self._name = name
         self._array = array
 
@@ -197,7 +205,7 @@ class Tensor:
 
     def triton_dtype(self) -> int:
         """TRITONSERVER_DataType code, e.g. 11 for FP32 and 13 for BYTES."""
-        return _WIRE_TO_CODE[numpy_to_wire(self._array.dtype)]
+        return numpy_to_triton_type(self._array.dtype)
 
     def is_cpu(self) -> bool:
         return True
@@ -287,6 +295,10 @@ class InferenceTrace:
 
     def get_context(self) -> str | None:
         return None
+
+
+_DEFAULT_MEMORY = PreferredMemory(MemoryType.TRITONSERVER_MEMORY_DEFAULT)
+_NO_TRACE = InferenceTrace()
 
 
 class ResponseIterator:
@@ -405,8 +417,8 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._flags = int(flags)
         self._timeout = int(timeout)
-        self._preferred_memory = preferred_memory or PreferredMemory(MemoryType.TRITONSERVER_MEMORY_DEFAULT)
-        self._trace = trace or InferenceTrace()
+        self._preferred_memory = preferred_memory or _DEFAULT_MEMORY
+        self._trace = trace or _NO_TRACE
         self._parameters = _parameters_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._response_sender: ResponseSender | None = None

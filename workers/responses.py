@@ -20,22 +20,25 @@ from tritond.wire.schema import OutputSpec
 
 class Flow:
     def __init__(self, stall_s: float = 60.0) -> None:
-        self.cond = threading.Condition()
+        # Every request opens and closes an entry: those take the lock itself (a C-level
+        # context manager), not the Condition's Python-level one around it.
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
         self.live: dict[int, list[int]] = {}     # key -> [sent, allowed] (allowed < 0: no bound)
         self.cancelled: set[int] = set()
         self.stall_s = stall_s                   # a requester silent this long is taken as gone
 
     def open(self, key: int, window: int = 0) -> None:
-        with self.cond:
+        with self.lock:
             self.live[key] = [0, window if window > 0 else -1]
 
     def close(self, key: int) -> None:
-        with self.cond:
+        with self.lock:
             self.live.pop(key, None)
             self.cancelled.discard(key)
 
     def is_open(self, key: int) -> bool:
-        with self.cond:
+        with self.lock:
             return key in self.live
 
     def cancel(self, keys: list[int]) -> None:
@@ -111,3 +114,5 @@ class Discard:
     def send(self, outputs: dict[str, Any] | None, error: TritonError | None, final: bool) -> None:
         pass
 
+
+DISCARD = Discard()

@@ -29,6 +29,10 @@ from .cuda_ipc import CudaIpcError, DeviceArray, Exports, Imports, IpcRef, check
 
 log = logging.getLogger("tritond.worker")
 
+# The fixed-size datatypes both ways, for the common small tensor read from and sent inline.
+_FIXED_NUMPY = {wire: dtype for wire, dtype in WIRE_TO_NUMPY.items() if wire not in ("BYTES", "BF16")}
+_FIXED_WIRE = {dtype: wire for wire, dtype in _FIXED_NUMPY.items()}
+
 
 def desc_to_array(desc: TensorDesc, maps: SegmentMaps, imports: Imports | None = None,
                   on_device: bool = False) -> np.ndarray | DeviceArray:
@@ -36,6 +40,16 @@ def desc_to_array(desc: TensorDesc, maps: SegmentMaps, imports: Imports | None =
     `imports` and stays a DeviceArray when `on_device`, else it is copied to the host."""
     loc = desc.loc
     if isinstance(loc, Inline):
+        dtype = _FIXED_NUMPY.get(desc.datatype)
+        if dtype is not None:       # a view on the received bytes, made at once where they fit exactly
+            nbytes = dtype.itemsize
+            for d in desc.shape:
+                if d < 0:
+                    break
+                nbytes *= d
+            else:
+                if nbytes == len(loc.data):
+                    return np.ndarray(desc.shape, dtype, loc.data)
         return bytes_to_array(loc.data, desc.datatype, desc.shape)
     if isinstance(loc, Zeros):
         if desc.datatype == "BYTES":
@@ -163,6 +177,12 @@ def write_outputs(
         for name, value in outputs.items():
             spec = by_name.get(name) or OutputSpec(name)
             region = spec.region
+            if region is None and type(value) is np.ndarray and value.dtype in _FIXED_WIRE:
+                size = value.nbytes
+                if size <= INLINE_MAX and inline_total + size <= INLINE_BUDGET:    # one copy, in C order
+                    descs.append(TensorDesc(name, _FIXED_WIRE[value.dtype], list(value.shape), Inline(value.tobytes())))
+                    inline_total += size
+                    continue
             try:
                 device = device_array(value)
                 if device is not None and spec.device_ok and exports is not None:

@@ -276,6 +276,7 @@ def worker(maps) -> Worker:
     ids = iter(range(1, 1 << 30))
     w.leases, w.exports, w.imports = Leases(w.arena, ids), Exports(ids), Imports()
     w.decoupled, w.flow, w.states = False, Flow(), SequenceStates([], w.arena, [])
+    w.stateful = False
     return w
 
 

@@ -36,7 +36,7 @@ class InstanceInfo:
     inter_op_threads: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class WorkerRequest:
     """One inference request inside a batch, as the backend sees it."""
     inputs: dict[str, np.ndarray]          # BYTES tensors are numpy object arrays of bytes
@@ -51,7 +51,7 @@ class WorkerRequest:
     responder: Any = None
 
 
-@dataclass
+@dataclass(slots=True)
 class WorkerResponse:
     """Outputs for one request, or the error the client gets for it."""
     outputs: dict[str, np.ndarray] = field(default_factory=dict)

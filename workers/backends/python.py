@@ -43,6 +43,7 @@ class PythonBackend(Backend):
         self._model: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        self._all_outputs: list[str] = []
 
     def _import_model(self) -> ModuleType:
         """Import model.py once, under a name unique to this load so reloads get fresh code."""
@@ -88,6 +89,7 @@ class PythonBackend(Backend):
 
     def load(self) -> None:
         self._decoupled = self.view.decoupled
+        self._all_outputs = list(self.view.outputs)
         self._model = self._run_model_code(self._import_model().TritonPythonModel)
         if hasattr(self._model, "initialize"):
             info = self.instance
@@ -120,7 +122,7 @@ class PythonBackend(Backend):
         if responses is None and problem is None and all(r is not None for r in sent):
             responses = sent    # answered through the response sender during execute()
         for r in pb_requests:
-            r.get_response_sender().close()
+            r._response_sender.close()
         problem = problem or _check_responses(responses, len(pb_requests))
         if problem is not None:
             message = self._failed(problem)
@@ -172,24 +174,20 @@ class PythonBackend(Backend):
 
     def _to_pb_request(self, request: WorkerRequest, collect: Any = None) -> pb_utils.InferenceRequest:
         # Triton's core treats "no outputs requested" as "every configured output".
-        requested = request.requested_outputs or list(self.view.outputs)
         pb_request = pb_utils.InferenceRequest(
-            request_id=request.request_id,
-            correlation_id=request.correlation_id,
+            request.request_id, request.correlation_id,
             inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
-            requested_output_names=requested,
-            model_name=self.instance.model_name,
-            model_version=self.instance.model_version,
-            flags=request.flags,
-            timeout=request.timeout_us,
-            parameters=request.parameters,
+            requested_output_names=request.requested_outputs or self._all_outputs,
+            model_name=self.instance.model_name, model_version=self.instance.model_version,
+            flags=request.flags, timeout=request.timeout_us, parameters=request.parameters,
         )
         responder = request.responder
         if responder is not None:
-            pb_request._cancelled = responder.is_cancelled
+            is_cancelled = pb_request._cancelled = responder.is_cancelled
+        else:
+            is_cancelled = _never
         pb_request._response_sender = pb_utils.ResponseSender(
-            collect or _deliver(responder, pb_request), self._decoupled,
-            responder.is_cancelled if responder is not None else (lambda: False))
+            collect or _deliver(responder, pb_request), self._decoupled, is_cancelled)
         return pb_request
 
     def _run_model_code(self, fn: Any, *args: Any) -> Any:
@@ -240,6 +238,10 @@ def _check_responses(responses: Any, count: int) -> str | None:
     return None
 
 
+def _never() -> bool:
+    return False
+
+
 def _keep(sent: list, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
     """A non-decoupled model's response sent through the sender during execute() becomes the
     request's result."""
@@ -261,10 +263,10 @@ def _deliver(responder: Any, request: pb_utils.InferenceRequest) -> Any:
 def _to_worker_response(response: pb_utils.InferenceResponse,
                         request: pb_utils.InferenceRequest) -> WorkerResponse:
     """Error or outputs, pruned to the requested names as Triton prunes them."""
-    if response.has_error():
-        error = response.error()
+    error = response.error()
+    if error is not None:
         return WorkerResponse(error=TritonError(Code[error.code().name], error.message()))
     wanted = set(request.requested_output_names())
     outputs = {t.name(): t.as_numpy() for t in response.output_tensors()
                if not wanted or t.name() in wanted}
-    return WorkerResponse(outputs=outputs)
+    return WorkerResponse(outputs)
