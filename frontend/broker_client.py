@@ -27,6 +27,8 @@ log = logging.getLogger("tritond.frontend")
 BROKER_SILENCE_S = 3.0
 NOBLOCK = int(zmq.NOBLOCK)      # int flags: pyzmq's enum operations cost more than the send
 NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+EVENTS = int(zmq.EVENTS)
+POLLIN = int(zmq.POLLIN)
 
 
 class ModelTable:
@@ -157,6 +159,7 @@ class BrokerClient:
         self.on_observe: Callable[[S.Observe], None] | None = None
         self.outbox: list[bytes] = []       # frames queued this loop turn (see _send)
         self.outbox_rids: list[int] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def _connect(self) -> None:
         """One DEALER for the frontend's life: ZeroMQ reconnects it to a restarted broker."""
@@ -168,10 +171,11 @@ class BrokerClient:
         s.setsockopt(zmq.RCVHWM, 0)
         s.connect(self.endpoint)
         self.sock = s
+        self.loop = asyncio.get_running_loop()
 
     async def start(self) -> None:
         self._connect()
-        asyncio.get_running_loop().add_reader(self.sock.getsockopt(zmq.FD), self._drain)
+        self.loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
         self.tasks = [asyncio.create_task(self._watchdog())]
         await self._hello()
 
@@ -188,7 +192,7 @@ class BrokerClient:
         if self.sock is None:
             raise unavailable("the server's broker is not reachable")
         if not self.outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.loop.call_soon(self._flush)
         self.outbox.append(frame)
         self.outbox_rids.append(rid)
 
@@ -209,7 +213,8 @@ class BrokerClient:
                     sock.send(frame, NOBLOCK_MORE if i < last else NOBLOCK)
         except zmq.ZMQError:
             self._undeliverable(rids)
-        self._drain()
+        if self._readable():
+            self._drain()
 
     def _undeliverable(self, rids: list[int]) -> None:
         """The broker is not connected: fail what waits on the frames that did not leave."""
@@ -243,13 +248,14 @@ class BrokerClient:
         return True
 
     def _drain(self) -> None:
-        """Read every frame that has arrived (called when the socket's FD turns readable)."""
+        """Read every frame that has arrived (called when the socket's FD turns readable).
+
+        The socket's EVENTS say whether a frame waits, so the loop ends without a raised
+        zmq.Again (an exception costs more than the check)."""
         sock = self.sock
-        while True:
+        while self._readable():
             try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+                frame = sock.recv(NOBLOCK)
             except zmq.ZMQError:
                 return
             try:
@@ -284,6 +290,13 @@ class BrokerClient:
             elif isinstance(msg, S.Refused):
                 log.critical("the broker refused this process: %s; exiting to be restarted", msg.reason)
                 os._exit(EXIT_REFUSED)
+
+    def _readable(self) -> bool:
+        """Whether a frame waits (false on a socket closed or failing: nothing to read)."""
+        try:
+            return bool(self.sock.get(EVENTS) & POLLIN)
+        except zmq.ZMQError:
+            return False
 
     def _reply(self, msg: S.InferReply) -> None:
         """Hand a reply to its stream or its waiting request; one nobody waits for any more (the
@@ -359,7 +372,7 @@ class BrokerClient:
         once the broker has answered after all (or is gone), so input blocks are not freed while a
         worker may still read them."""
         self._check()
-        fut = asyncio.get_running_loop().create_future()
+        fut = self.loop.create_future()
         self.futures[msg.rid] = fut
         try:
             self._send(S.encode(msg), msg.rid)
@@ -415,9 +428,9 @@ class BrokerClient:
         return reply.result
 
     def release_outputs(self, reply: S.InferReply) -> None:
-        leases = sorted({S.lease_of(d) for d in reply.outputs} - {0})
+        leases = {lease for d in reply.outputs if (lease := S.lease_of(d))}
         if leases and self.sock is not None:
-            self._send_quietly(S.encode(S.Release(reply.owner, leases)))
+            self._send_quietly(S.encode(S.Release(reply.owner, sorted(leases))))
 
     def _send_quietly(self, frame: bytes) -> None:
         try:

@@ -37,10 +37,7 @@ async def read_body(receive: Callable[[], Awaitable[dict]], encoding: str, decla
     """The body `receive` delivers, decompressed per `encoding` (the Content-Encoding header,
     stripped and lowercased); `declared` is the Content-Length header (text or its raw bytes).
     A disconnect before the body is complete raises ClientDisconnect."""
-    if encoding not in ENCODINGS:
-        raise UnsupportedEncoding()
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise too_large(int(declared), limit, infer, header_length)
+    _check_head(encoding, declared, limit, infer, header_length)
     first: bytes = b""
     grown: bytearray | None = None     # a body of several chunks grows in place (no 2x join)
     total = 0
@@ -64,7 +61,28 @@ async def read_body(receive: Callable[[], Awaitable[dict]], encoding: str, decla
                 break
         elif kind == "http.disconnect":
             raise ClientDisconnect()
-    body = first if grown is None else grown
+    return _decoded(first if grown is None else grown, encoding, limit)
+
+
+def held_body(body: bytes | bytearray, encoding: str, declared: str | bytes | None, limit: int,
+              infer: bool = False, header_length: str | None = None) -> bytes | bytearray:
+    """A body the server had already read whole before the handler ran, checked and decompressed
+    as read_body does it (no ASGI message is made for it)."""
+    _check_head(encoding, declared, limit, infer, header_length)
+    if len(body) > limit:
+        raise too_large(len(body), limit, infer, header_length)
+    return _decoded(body, encoding, limit)
+
+
+def _check_head(encoding: str, declared: str | bytes | None, limit: int, infer: bool,
+                header_length: str | None) -> None:
+    if encoding not in ENCODINGS:
+        raise UnsupportedEncoding()
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise too_large(int(declared), limit, infer, header_length)
+
+
+def _decoded(body: bytes | bytearray, encoding: str, limit: int) -> bytes | bytearray:
     if encoding == "" or encoding == "identity":
         return body
     if not body:

@@ -73,11 +73,11 @@ async def until_disconnect(receive: Receive, work: Any) -> Any:
     so), the work is cancelled (the broker takes a queued request out, an executing one sees
     `is_cancelled()`) and ClientDisconnect is raised."""
     global _sweep
-    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    loop = task.get_loop()
     sweep = _sweep
     if sweep is None or sweep.loop is not loop:
         sweep = _sweep = _Sweep(loop)
-    task = asyncio.current_task()
     sweep.add(task, receive)
     try:
         return await work

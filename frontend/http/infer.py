@@ -27,7 +27,7 @@ from tritond.wire.errors import Code, TritonError, invalid
 from ..dataplane import Dataplane
 from ..errors import http_status
 from ..tracing import Pending
-from .body import UnsupportedEncoding, read_body
+from .body import UnsupportedEncoding, held_body, read_body
 from .codec import parse_infer, render_response
 from .disconnect import until_disconnect
 
@@ -106,6 +106,19 @@ def gzip_compress(data: bytes) -> bytes:
     return c.compress(data) + c.flush()
 
 
+def _held_body(cycle: Any) -> bytearray | None:
+    """The body uvicorn's cycle already holds whole (the common small request), taken as its
+    receive() would take it; None when it must come through receive() (more to read, a 100
+    Continue to send, the client gone)."""
+    if cycle.more_body or cycle.waiting_for_100_continue or cycle.disconnected or cycle.response_complete:
+        return None
+    body = cycle.body
+    cycle.body = bytearray()
+    cycle.message_event.clear()
+    cycle.flow.resume_reading()
+    return body
+
+
 def _latin1(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
@@ -122,6 +135,7 @@ class InferRoute:
         self.restriction = (restriction[0].lower().encode("latin-1"), restriction[1]) if restriction else None
         self.rule = subjects
         self.client_certificate = client_certificate
+        self.guarded = self.restriction is not None or subjects is not None   # else no check per request
         self._targets: dict[str, tuple[str, int]] = {}     # path -> (model, version)
         self._table: Any = None                            # the model table _entries were resolved in
         self._entries: dict[str, S.ModelEntry] = {}        # path -> entry, for that table
@@ -165,10 +179,11 @@ class InferRoute:
 
     async def serve(self, scope: Scope, receive: Receive, send: Send, target: tuple[str, int]) -> None:
         headers = dict(reversed(scope["headers"]))      # the first of repeated fields wins, as in Starlette
-        refusal = self._refusal(scope, headers)
-        if refusal is not None:
-            await refusal(scope, receive, send)
-            return
+        if self.guarded:
+            refusal = self._refusal(scope, headers)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
         try:
             traced = await self._infer(scope, receive, send, headers, target)
         except TritonError as e:
@@ -209,8 +224,13 @@ class InferRoute:
         if header is not None:
             header = header.decode("latin-1")
         encoding = headers.get(b"content-encoding")
-        body = await read_body(receive, encoding.decode("latin-1").strip().lower() if encoding else "",
-                               headers.get(b"content-length"), self.limit, True, header)
+        encoding = encoding.decode("latin-1").strip().lower() if encoding else ""
+        cycle = getattr(send, "__self__", None)
+        held = _held_body(cycle) if type(cycle) is _UvicornCycle else None
+        if held is not None:
+            body = held_body(held, encoding, headers.get(b"content-length"), self.limit, True, header)
+        else:
+            body = await read_body(receive, encoding, headers.get(b"content-length"), self.limit, True, header)
         header_len = None
         if header is not None:
             header_len = parse_header_length(header)
@@ -238,7 +258,6 @@ class InferRoute:
         elif encoding_out == "deflate":
             body_out = zlib.compress(body_out)
         sent = time.monotonic_ns() if info is not None else 0
-        cycle = getattr(send, "__self__", None)
         if (type(cycle) is _UvicornCycle and not cycle.response_started and not cycle.flow.write_paused
                 and not cycle.access_log):
             self._write(cycle, body_out, json_len, encoding_out)

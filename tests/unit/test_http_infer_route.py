@@ -90,9 +90,10 @@ def infer_body(values: list[float], **extra) -> bytes:
                                    "data": values}], **extra}).encode()
 
 
-async def serve(data: bytes, opts: HttpOptions | None = None, responses: int = 1,
+async def serve(data: bytes | list[bytes], opts: HttpOptions | None = None, responses: int = 1,
                 client: Client | None = None) -> Transport:
-    """Feed `data` to one connection; returns its transport once `responses` were written."""
+    """Feed `data` (or its parts, a loop turn apart) to one connection; returns its transport
+    once `responses` were written."""
     api = HttpApi(Dataplane(client or Client(), None, None), opts or HttpOptions())
     limits = HttpLimits.from_options(HttpLimitsConfig())
     protocol_class = uvicorn_protocol(HttpToolsProtocol, limits, ConnectionCap(limits, "test"))
@@ -104,7 +105,9 @@ async def serve(data: bytes, opts: HttpOptions | None = None, responses: int = 1
     protocol = protocol_class(config=config, server_state=state, app_state={})
     transport = Transport()
     protocol.connection_made(transport)
-    protocol.data_received(data)
+    for part in [data] if isinstance(data, bytes) else data:
+        protocol.data_received(part)
+        await asyncio.sleep(0)
     for _ in range(200):
         if sum(w.startswith(b"HTTP/1.1 ") for w in transport.writes) >= responses:
             break
@@ -163,6 +166,26 @@ def test_pipelined_requests_are_answered_in_order():
     transport = asyncio.run(serve(data, responses=2))
     bodies = [json.loads(split(w)[1]) for w in transport.writes]
     assert [b["outputs"][0]["data"] for b in bodies] == [[1.0], [2.0, 3.0]]
+
+
+def test_a_body_still_arriving_is_read_through_receive():
+    data = request(infer_body([1.0, 2.0, 3.0]))
+    transport = asyncio.run(serve([data[:-7], data[-7:]]))
+    assert json.loads(split(transport.writes[0])[1])["outputs"][0]["data"] == [1.0, 2.0, 3.0]
+
+
+def test_a_client_that_expects_100_continue_gets_it_before_the_response():
+    transport = asyncio.run(serve(request(infer_body([4.0]), extra=b"Expect: 100-continue\r\n")))
+    assert transport.writes[0] == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert json.loads(split(transport.writes[1])[1])["outputs"][0]["data"] == [4.0]
+
+
+def test_a_held_body_over_the_limit_is_refused_as_one_that_is_read():
+    body = infer_body([1.0] * 64)
+    transport = asyncio.run(serve(request(body), HttpOptions(max_input_size=100)))
+    lines, payload = first(transport)
+    assert lines[0] == b"HTTP/1.1 400 Bad Request"
+    assert json.loads(payload)["error"].startswith(f"request JSON size of {len(body)} bytes exceeds")
 
 
 def test_request_parameters_reach_the_broker_checked_once():
