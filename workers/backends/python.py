@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -57,17 +58,19 @@ class PythonBackend(Backend):
             if folder not in sys.path:
                 sys.path.insert(0, folder)
         safe_name = re.sub(r"\W", "_", self.instance.model_name)
-        module_name = f"tritond_model_{safe_name}_{self.instance.model_version}_{next(_module_ids)}"
+        package = f"tritond_model_{safe_name}_{self.instance.model_version}_{next(_module_ids)}"
+        module_name = f"{package}.{os.path.splitext(os.path.basename(path))[0]}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[package] = _version_package(package, self.instance.version_dir)
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
         except Exception as e:
-            del sys.modules[module_name]
+            _forget(package)
             raise ModelError(describe(e)) from e
         except BaseException:
-            del sys.modules[module_name]
+            _forget(package)
             raise
         if not inspect.isclass(getattr(module, "TritonPythonModel", None)):
             raise AttributeError(f"Python model '{path}' does not define class TritonPythonModel")
@@ -223,6 +226,21 @@ class PythonBackend(Backend):
         self._loop_thread.join()
         self._loop.close()
         self._loop = self._loop_thread = None
+
+
+def _version_package(name: str, version_dir: str) -> ModuleType:
+    """The version directory as a package holding model.py, as Triton's stub imports it
+    (`<version>.model`), so a model's relative imports (`from . import helper`) resolve."""
+    package = ModuleType(name)
+    package.__path__ = [version_dir]
+    package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    package.__spec__.submodule_search_locations = [version_dir]
+    return package
+
+
+def _forget(package: str) -> None:
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+        del sys.modules[name]
 
 
 def _check_responses(responses: Any, count: int) -> str | None:
