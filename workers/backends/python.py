@@ -7,6 +7,7 @@ InferenceResponses back into numpy outputs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.machinery
 import importlib.util
@@ -18,6 +19,7 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -94,15 +96,16 @@ class PythonBackend(Backend):
         self._model = self._run_model_code(self._import_model().TritonPythonModel)
         if hasattr(self._model, "initialize"):
             info = self.instance
-            self._run_model_code(self._model.initialize, {
-                "model_config": json.dumps(self.config),
-                "model_instance_kind": info.kind,
-                "model_instance_name": info.instance_name,
-                "model_instance_device_id": str(info.device_id),
-                "model_repository": info.model_dir,
-                "model_version": str(info.model_version),
-                "model_name": info.model_name,
-            })
+            with _bls_refused():
+                self._run_model_code(self._model.initialize, {
+                    "model_config": json.dumps(self.config),
+                    "model_instance_kind": info.kind,
+                    "model_instance_name": info.instance_name,
+                    "model_instance_device_id": str(info.device_id),
+                    "model_repository": info.model_dir,
+                    "model_version": str(info.model_version),
+                    "model_name": info.model_name,
+                })
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
         if not hasattr(self._model, "execute"):
@@ -139,7 +142,8 @@ class PythonBackend(Backend):
     def close(self) -> None:
         try:
             if self._model is not None and hasattr(self._model, "finalize"):
-                self._call(self._model.finalize)
+                with _bls_refused():
+                    self._call(self._model.finalize)
         finally:
             self._model = None
             self._stop_loop()
@@ -226,6 +230,21 @@ class PythonBackend(Backend):
         self._loop_thread.join()
         self._loop.close()
         self._loop = self._loop_thread = None
+
+
+def _refuse_bls(*_args: Any) -> Any:
+    raise pb_utils.TritonModelException("BLS is only supported during the 'execute' function.")
+
+
+@contextlib.contextmanager
+def _bls_refused() -> Iterator[None]:
+    """Triton's stub refuses BLS calls while the model initializes or finalizes."""
+    installed = pb_utils._bls_handler, pb_utils._bls_stream_handler
+    pb_utils.set_bls_handler(_refuse_bls, _refuse_bls)
+    try:
+        yield
+    finally:
+        pb_utils.set_bls_handler(*installed)
 
 
 def _version_package(name: str, version_dir: str) -> ModuleType:
