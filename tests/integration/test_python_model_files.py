@@ -88,3 +88,38 @@ def test_a_stub_killed_in_initialize_fails_the_load_as_not_healthy(tmp_path):
     assert s.returncode == 1
     assert "Stub process 'init_exit_0_0' is not healthy." in s.log, s.log
     s.assert_clean()
+
+
+SELF_TEST = """
+import unittest
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class SelfTest(unittest.TestCase):
+    def test_runs(self):
+        self.assertTrue(True)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.passed = unittest.main("model", exit=False).result.wasSuccessful()
+
+    def execute(self, requests):
+        out = np.array([float(self.passed)], dtype=np.float32)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out)]) for _ in requests]
+"""
+
+
+def test_a_model_runs_unittest_main_on_itself_as_under_triton_stub(tmp_path):
+    """Triton's stub has an empty sys.argv, so unittest.main() in a model (as the qa models do)
+    runs the model's own tests rather than reading the worker's command line."""
+    repo = tmp_path / "models"
+    model(repo, "self_test", {"model.py": SELF_TEST})
+    with serving(TritondServer(repo)) as s:
+        client = httpclient.InferenceServerClient(s.http_url)
+        inp = httpclient.InferInput("INPUT0", [1], "FP32")
+        inp.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+        assert client.infer("self_test", [inp]).as_numpy("OUTPUT0").tolist() == [1.0]
+        client.close()

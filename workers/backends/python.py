@@ -55,6 +55,7 @@ class PythonBackend(Backend):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Python model file not found in '{path}'")
         sys.modules["triton_python_backend_utils"] = pb_utils
+        sys.argv = [""]         # as in Triton's stub, an embedded interpreter (unittest.main() reads it)
         pb_utils.set_model_dir(self.instance.version_dir)
         for folder in (self.instance.model_dir, self.instance.version_dir):
             if folder not in sys.path:
