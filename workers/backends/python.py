@@ -115,24 +115,22 @@ class PythonBackend(Backend):
         if self._decoupled:
             self._execute_decoupled([self._to_pb_request(r) for r in requests])
             return []
-        sent: list[pb_utils.InferenceResponse | None] = [None] * len(requests)
-        pb_requests = [self._to_pb_request(r, functools.partial(_keep, sent, i)) for i, r in enumerate(requests)]
+        sent = _Sent(len(requests))
+        pb_requests = [self._to_pb_request(r, functools.partial(sent.keep, i)) for i, r in enumerate(requests)]
         try:
-            responses = self._call(self._model.execute, pb_requests)
-            problem = None
+            returned = self._call(self._model.execute, pb_requests)
+            problem = _check_responses(returned, len(pb_requests))
         except MemoryError:
             raise
         except Exception as e:
-            responses, problem = None, describe(e)
-        if responses is None and problem is None and all(r is not None for r in sent):
-            responses = sent    # answered through the response sender during execute()
+            returned, problem = None, describe(e)
+        if problem is None:
+            problem = sent.settle(pb_requests, returned or [None] * len(pb_requests))
         for r in pb_requests:
-            r.get_response_sender().close()
-        problem = problem or _check_responses(responses, len(pb_requests))
-        if problem is not None:
-            message = self._failed(problem)
-            return [WorkerResponse(error=internal(message)) for _ in requests]
-        return [_to_worker_response(resp, req) for resp, req in zip(responses, pb_requests)]
+            r._response_sender.close()
+        message = self._failed(problem) if problem is not None else ""
+        return [_to_worker_response(resp, req) if resp is not None else WorkerResponse(error=internal(message))
+                for resp, req in zip(sent.responses, pb_requests)]
 
     def _failed(self, problem: str) -> str:
         """Triton's text for requests the model failed, logged as an error as Triton logs it."""
@@ -263,8 +261,42 @@ def _forget(package: str) -> None:
         del sys.modules[name]
 
 
+class _Sent:
+    """A non-decoupled batch's answers, as Triton's stub takes them: a response sent through the
+    request's sender (during execute() or, from another thread, after it) is the request's answer;
+    one execute() returns counts only for a request not answered so."""
+
+    def __init__(self, count: int) -> None:
+        self.responses: list[pb_utils.InferenceResponse | None] = [None] * count
+        self._cond = threading.Condition()
+
+    def keep(self, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if response is not None:
+            with self._cond:
+                self.responses[index] = response
+                self._cond.notify_all()
+
+    def settle(self, requests: list[pb_utils.InferenceRequest], returned: list) -> str | None:
+        """Take the returned responses, then wait for those the model still owes through a sender
+        it took (until the request is cancelled); a request nobody can answer is an error."""
+        with self._cond:
+            for i, response in enumerate(returned):
+                if self.responses[i] is None:
+                    self.responses[i] = response
+            for i, request in enumerate(requests):
+                while self.responses[i] is None and request._sender_taken and not request.is_cancelled():
+                    self._cond.wait(0.1)
+        if any(r is None for r in self.responses):
+            return ("Expected an 'InferenceResponse' object in the execute function return list, "
+                    f"found type '{type(None)}'.")
+        return None
+
+
 def _check_responses(responses: Any, count: int) -> str | None:
-    """Why execute()'s return value is unusable (Triton's wording), or None."""
+    """Why execute()'s return value is unusable (Triton's wording), or None; None (every request
+    answered through its response sender) is usable."""
+    if responses is None:
+        return None
     if not isinstance(responses, list):
         return f"Expected a list in the execute return, found type '{type(responses)}'."
     if len(responses) != count:
@@ -272,17 +304,10 @@ def _check_responses(responses: Any, count: int) -> str | None:
                 f"objects. InferenceRequest(s) size is:{count}, and InferenceResponse(s) size "
                 f"is:{len(responses)}")
     for response in responses:
-        if not isinstance(response, pb_utils.InferenceResponse):
+        if response is not None and not isinstance(response, pb_utils.InferenceResponse):
             return ("Expected an 'InferenceResponse' object in the execute function return list, "
                     f"found type '{type(response)}'.")
     return None
-
-
-def _keep(sent: list, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
-    """A non-decoupled model's response sent through the sender during execute() becomes the
-    request's result."""
-    if response is not None:
-        sent[index] = response
 
 
 def _deliver(responder: Any, request: pb_utils.InferenceRequest) -> Any:
