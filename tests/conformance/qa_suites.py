@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from suites_http import l0_http, l0_input_validation, l0_shared_memory
 from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
+from suites_python_backend import l0_backend_python
 from suites_sequence import l0_http_generate, l0_sequence_batcher, l0_sequence_batcher_implicit
 
 SUITES = {
@@ -16,4 +17,5 @@ SUITES = {
     "L0_http_generate": l0_http_generate,
     "L0_sequence_batcher": l0_sequence_batcher,
     "L0_sequence_batcher_implicit": l0_sequence_batcher_implicit,
+    "L0_backend_python": l0_backend_python,
 }

@@ -9,7 +9,8 @@
 # are built with the checkout's own generators (qa/common/gen_qa_*.py) for onnx and libtorch.
 # Work files go under $QA_WORK (default /tmp/tritond-qa); the generated models are kept there
 # between runs. Suites: L0_http L0_input_validation L0_shared_memory L0_infer L0_batcher L0_batch_input
-# L0_lifecycle L0_http_generate L0_sequence_batcher L0_sequence_batcher_implicit (default: all).
+# L0_lifecycle L0_http_generate L0_sequence_batcher L0_sequence_batcher_implicit L0_backend_python
+# (default: all).
 # Options: --drop MODEL[,MODEL] leaves models out of every repository (each printed in the
 # summary). QA_SEQUENCE_TRIALS picks L0_sequence_batcher's trials (default "0 1 2 4 v").
 # The suites need ports 8000-8002 free.
@@ -21,7 +22,7 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 WORK="${QA_WORK:-/tmp/tritond-qa}"
 
 if [ $# -lt 1 ]; then
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 SRC="$(cd "$1" && pwd)"
