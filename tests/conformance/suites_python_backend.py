@@ -481,8 +481,9 @@ def _async_execute(qa, d: Path) -> None:
 def _lifecycle(qa, d: Path) -> None:
     models = _fresh(d / "models")
     for n in ("error_code", "execute_cancel", "execute_error", "execute_grpc_error", "decoupled_grpc_error",
-              "execute_return_error", "wrong_model"):
+              "execute_return_error"):
         _model(qa, models, n)
+    _model(qa, models, "wrong_model", "wrong_model")
     for n, delay in (("execute_error", 12000000), ("execute_grpc_error", 1200000)):
         cfg = models / n / "config.pbtxt"
         _sed(cfg, r"(?m)^name:.*", f'name: "{n}"')
