@@ -324,13 +324,14 @@ def _bls(qa, d: Path) -> None:
             s = qa.start(d, _args(models, f"--cuda-memory-pool-byte-size=0:{pool * 1024 * 1024}"),
                          f"bls_{trial}.{pool}.server.log", env=env)
             for name in ("bls", "bls_memory", "bls_memory_async", "bls_async"):
-                _pytest(qa, d, "../test_infer_shm_leak.py", s, env=dict(env, MODEL_NAME=name),
-                        variant=f"{name},{trial},{pool}MB")
-            if s is not None:
-                text = s.text()
-                _stop(qa, s, f"bls {trial} {pool}MB")
-                qa.check(f"bls {trial} {pool}MB: log has 'Request timeout: 11000000000'",
-                         "Request timeout: 11000000000" in text, "not in the server log")
+                variant = f"{name},{trial},{pool}MB"
+                if name in ("bls", "bls_async"):       # their unittest suites hold CUDA tensor cases
+                    _skip(qa, "../test_infer_shm_leak.py", f"TestInferShmLeak.test_shm_leak[{variant}]", GPU)
+                    continue
+                _pytest(qa, d, "../test_infer_shm_leak.py", s, env=dict(env, MODEL_NAME=name), variant=variant)
+            _skip(qa, "test.sh", f"bls {trial} {pool}MB: log has 'Request timeout: 11000000000'",
+                  "Triton internals: a verbose log line of Triton's core, from the bls model's CUDA-bound suite")
+            _stop(qa, s, f"bls {trial} {pool}MB")
 
     message = "BLS is only supported during the 'execute' function."
     models = _fresh(d / "models")
