@@ -7,7 +7,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from conftest import TritondServer, wait_for
+from conftest import TritondServer, serving, wait_for
 
 MESSAGE = "BLS is only supported during the 'execute' function."
 
@@ -64,7 +64,6 @@ def test_bls_in_initialize_fails_the_load(tmp_path):
 
 
 def test_bls_in_finalize_is_refused_and_logged(tmp_path):
-    s = TritondServer(repository(tmp_path / "models", "finalize")).start()
-    assert s.stop() == 0
+    with serving(TritondServer(repository(tmp_path / "models", "finalize"))) as s:
+        pass
     wait_for(lambda: MESSAGE in s.log, 10, "the refusal in the log")
-    s.assert_clean()
