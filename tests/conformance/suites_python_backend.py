@@ -97,6 +97,13 @@ def _stop(qa, server, case: str) -> None:
     qa.check(f"{case}: shared memory cleaned up", not left, f"left in /dev/shm: {left}")
 
 
+def _log_as(path: Path, server) -> None:
+    """The server's log where test.sh's SERVER_LOG puts it (a test module reads it by that name)."""
+    path.unlink(missing_ok=True)
+    if server is not None:
+        path.symlink_to(server.log)
+
+
 def _workers(server, model: str = "") -> list[int]:
     """The worker processes (Triton's python stubs) of a server, for one model or all."""
     sid, pids = _server_id(server), []
@@ -407,6 +414,7 @@ def _decoupled(qa, d: Path) -> None:
         _model(qa, models, "decoupled", "square_int32", ("square_model.py",), base=pb / "examples")
         shutil.copy(pb / "examples" / "decoupled" / "square_config.pbtxt", models / "square_int32" / "config.pbtxt")
     s = qa.start(d, _args(models), "decoupled.server.log")
+    _log_as(d / "decoupled_server.log", s)
     _pytest(qa, d, "decoupled_test.py", s, skip={"DecoupledTest.test_decoupled_bls": GPU})
     if s is not None:
         _stop(qa, s, "decoupled")
@@ -492,6 +500,7 @@ def _lifecycle(qa, d: Path) -> None:
         _append(cfg, f"dynamic_batching {{ preferred_batch_size: [8], max_queue_delay_microseconds: {delay} }}")
     _sed(models / "wrong_model" / "config.pbtxt", "TYPE_FP32", "TYPE_UINT32")
     s = qa.start(d, _args(models), "lifecycle.server.log")
+    _log_as(d / "lifecycle_server.log", s)
     for i in range(5):
         _pytest(qa, d, "lifecycle_test.py", s, variant=f"iter{i}")
     _stop(qa, s, "lifecycle")
