@@ -61,14 +61,15 @@ def _array(spec: dict[str, Any], datatype: str, shape: list[int], model_dir: str
             raise WarmupError(f"warmup sample '{sample}': input '{name}' needs {need} bytes, but "
                               f"'{spec['input_data_file']}' has only {len(data)}")
         return np.frombuffer(data[:need], dtype=dtype).reshape(shape).copy()
-    if spec.get("random_data") and datatype != "BYTES":
+    # zero_data/random_data are a oneof: being set picks the data, whatever the bool says (as in Triton)
+    if "random_data" in spec and datatype != "BYTES":
         if datatype == "BOOL":
             return rng.integers(0, 2, shape).astype(np.bool_)
         if dtype.kind == "f":
             return rng.random(shape).astype(dtype)
         info = np.iinfo(dtype)
         return rng.integers(max(info.min, -128), min(info.max, 127), shape, endpoint=True).astype(dtype)
-    if spec.get("zero_data") or spec.get("random_data"):
+    if "zero_data" in spec or "random_data" in spec:
         if datatype == "BYTES":
             out = np.empty(count, dtype=np.object_)
             out[:] = [b""] * count

@@ -460,10 +460,13 @@ class InferenceRequest:
     def set_release_flags(self, flags: int) -> None:
         self._release_flags = int(flags)
 
+    _sender_taken = False       # whether the model took the response sender (it may answer later)
+
     def get_response_sender(self) -> ResponseSender:
         """The sender of this request's responses (requests a model received only)."""
         if self._response_sender is None:
             raise TritonModelException("only a request the model received has a response sender")
+        self._sender_taken = True
         return self._response_sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:

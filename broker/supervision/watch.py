@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from tritond.repository.backends import PYTHON
 from tritond.shm.naming import owner_prefix, sweep
 
 from tritond.broker.tables.instances import InstanceTable
@@ -84,7 +85,10 @@ class Supervision:
         if inst.state is InstanceState.FAILED:
             pass
         elif mv.state == LOADING:
-            self.lifecycle.fail_load(mv, f"load failed for model '{mv.name}': instance '{inst.name}' {how}")
+            detail = f"instance '{inst.name}' {how}"
+            if mv.view.backend == PYTHON:       # Triton's words for a python stub that died
+                detail = f"Stub process '{inst.name}' is not healthy. Its worker process {how}"
+            self.lifecycle.fail_load(mv, f"load failed for model '{mv.name}': {detail}")
         else:
             self._after_crash(mv, inst, how, now)
             self.lifecycle.update_state(mv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from suites_ensembles import l0_simple_ensemble
 from suites_http import l0_http, l0_input_validation, l0_shared_memory
 from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
+from suites_python_backend import l0_backend_python
 from suites_sequence import l0_http_generate, l0_sequence_batcher, l0_sequence_batcher_implicit
 from suites_tensors import (l0_client_nobatch, l0_infer_reshape, l0_infer_variable, l0_infer_zero, l0_nan_inf,
                             l0_nullchar_string, l0_optional_input, l0_output_name, l0_parameters, l0_scalar_io,
@@ -33,4 +34,5 @@ SUITES = {
     "L0_parameters": l0_parameters,
     "L0_server_status": l0_server_status,
     "L0_simple_ensemble": l0_simple_ensemble,
+    "L0_backend_python": l0_backend_python,
 }

@@ -45,6 +45,8 @@ def server(tmp_path_factory, markers):
     (repo / "warm" / "warmup" / "sample.bin").write_bytes(struct.pack("<2f", 1.5, 2.5))
     add_fault_model(repo, "refuses", params={"mode": "fail_warmup"}, extra=sample("first_contact"))
     add_fault_model(repo, "vague", extra=sample("open_ended", "-1"))
+    add_fault_model(repo, "falsy", pid_outputs=True, params={"marker_dir": markers},
+                    extra=sample("unset", "2").replace("zero_data: true", "zero_data: false"))
     with serving(TritondServer(repo, ["--model-control-mode=explicit", "--load-model=warm"])) as s:
         yield s
 
@@ -92,6 +94,15 @@ def test_a_failing_sample_fails_the_load_with_its_name(client):
     assert ("warmup sample 'open_ended': warmup setting expects all variable-size dimensions are specified "
             "for input 'INPUT0'") in e.value.message()
     assert not client.is_model_ready("refuses") and not client.is_model_ready("vague")
+
+
+def test_zero_data_false_still_sends_zeros_as_in_triton(server, client, markers):
+    """zero_data/random_data/input_data_file are a oneof: `zero_data: false` picks zeros (a sample of
+    L0_backend_python's bls_model_loading)."""
+    client.load_model("falsy")
+    (pid,) = server.worker_pids("falsy")
+    assert [w["values"] for w in warmups(markers, pid)] == [[0.0, 0.0]]
+    client.unload_model("falsy")
 
 
 def test_a_restarted_worker_warms_up_before_it_serves(server, client, markers):

@@ -7,7 +7,9 @@ InferenceResponses back into numpy outputs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -17,6 +19,7 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -53,22 +56,25 @@ class PythonBackend(Backend):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Python model file not found in '{path}'")
         sys.modules["triton_python_backend_utils"] = pb_utils
+        sys.argv = [""]         # as in Triton's stub, an embedded interpreter (unittest.main() reads it)
         pb_utils.set_model_dir(self.instance.version_dir)
         for folder in (self.instance.model_dir, self.instance.version_dir):
             if folder not in sys.path:
                 sys.path.insert(0, folder)
         safe_name = re.sub(r"\W", "_", self.instance.model_name)
-        module_name = f"tritond_model_{safe_name}_{self.instance.model_version}_{next(_module_ids)}"
+        package = f"tritond_model_{safe_name}_{self.instance.model_version}_{next(_module_ids)}"
+        module_name = f"{package}.{os.path.splitext(os.path.basename(path))[0]}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[package] = _version_package(package, self.instance.version_dir)
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
         except Exception as e:
-            del sys.modules[module_name]
+            _forget(package)
             raise ModelError(describe(e)) from e
         except BaseException:
-            del sys.modules[module_name]
+            _forget(package)
             raise
         if not inspect.isclass(getattr(module, "TritonPythonModel", None)):
             raise AttributeError(f"Python model '{path}' does not define class TritonPythonModel")
@@ -93,15 +99,16 @@ class PythonBackend(Backend):
         self._model = self._run_model_code(self._import_model().TritonPythonModel)
         if hasattr(self._model, "initialize"):
             info = self.instance
-            self._run_model_code(self._model.initialize, {
-                "model_config": json.dumps(self.config),
-                "model_instance_kind": info.kind,
-                "model_instance_name": info.instance_name,
-                "model_instance_device_id": str(info.device_id),
-                "model_repository": info.model_dir,
-                "model_version": str(info.model_version),
-                "model_name": info.model_name,
-            })
+            with _bls_refused():
+                self._run_model_code(self._model.initialize, {
+                    "model_config": json.dumps(self.config),
+                    "model_instance_kind": info.kind,
+                    "model_instance_name": info.instance_name,
+                    "model_instance_device_id": str(info.device_id),
+                    "model_repository": info.model_dir,
+                    "model_version": str(info.model_version),
+                    "model_name": info.model_name,
+                })
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
         if not hasattr(self._model, "execute"):
@@ -110,24 +117,22 @@ class PythonBackend(Backend):
         if self._decoupled:
             self._execute_decoupled([self._to_pb_request(r) for r in requests])
             return []
-        sent: list[pb_utils.InferenceResponse | None] = [None] * len(requests)
-        pb_requests = [self._to_pb_request(r, functools.partial(_keep, sent, i)) for i, r in enumerate(requests)]
+        sent = _Sent(len(requests))
+        pb_requests = [self._to_pb_request(r, functools.partial(sent.keep, i)) for i, r in enumerate(requests)]
         try:
-            responses = self._call(self._model.execute, pb_requests)
-            problem = None
+            returned = self._call(self._model.execute, pb_requests)
+            problem = _check_responses(returned, len(pb_requests))
         except MemoryError:
             raise
         except Exception as e:
-            responses, problem = None, describe(e)
-        if responses is None and problem is None and all(r is not None for r in sent):
-            responses = sent    # answered through the response sender during execute()
+            returned, problem = None, describe(e)
+        if problem is None:
+            problem = sent.settle(pb_requests, returned or [None] * len(pb_requests))
         for r in pb_requests:
             r._response_sender.close()
-        problem = problem or _check_responses(responses, len(pb_requests))
-        if problem is not None:
-            message = self._failed(problem)
-            return [WorkerResponse(error=internal(message)) for _ in requests]
-        return [_to_worker_response(resp, req) for resp, req in zip(responses, pb_requests)]
+        message = self._failed(problem) if problem is not None else ""
+        return [_to_worker_response(resp, req) if resp is not None else WorkerResponse(error=internal(message))
+                for resp, req in zip(sent.responses, pb_requests)]
 
     def _failed(self, problem: str) -> str:
         """Triton's text for requests the model failed, logged as an error as Triton logs it."""
@@ -138,7 +143,8 @@ class PythonBackend(Backend):
     def close(self) -> None:
         try:
             if self._model is not None and hasattr(self._model, "finalize"):
-                self._call(self._model.finalize)
+                with _bls_refused():
+                    self._call(self._model.finalize)
         finally:
             self._model = None
             self._stop_loop()
@@ -223,8 +229,72 @@ class PythonBackend(Backend):
         self._loop = self._loop_thread = None
 
 
+def _refuse_bls(*_args: Any) -> Any:
+    raise pb_utils.TritonModelException("BLS is only supported during the 'execute' function.")
+
+
+@contextlib.contextmanager
+def _bls_refused() -> Iterator[None]:
+    """Triton's stub refuses BLS calls while the model initializes or finalizes."""
+    installed = pb_utils._bls_handler, pb_utils._bls_stream_handler
+    pb_utils.set_bls_handler(_refuse_bls, _refuse_bls)
+    try:
+        yield
+    finally:
+        pb_utils.set_bls_handler(*installed)
+
+
+def _version_package(name: str, version_dir: str) -> ModuleType:
+    """The version directory as a package holding model.py, as Triton's stub imports it
+    (`<version>.model`), so a model's relative imports (`from . import helper`) resolve."""
+    package = ModuleType(name)
+    package.__path__ = [version_dir]
+    package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    package.__spec__.submodule_search_locations = [version_dir]
+    return package
+
+
+def _forget(package: str) -> None:
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+        del sys.modules[name]
+
+
+class _Sent:
+    """A non-decoupled batch's answers, as Triton's stub takes them: a response sent through the
+    request's sender (during execute() or, from another thread, after it) is the request's answer;
+    one execute() returns counts only for a request not answered so."""
+
+    def __init__(self, count: int) -> None:
+        self.responses: list[pb_utils.InferenceResponse | None] = [None] * count
+        self._cond = threading.Condition()
+
+    def keep(self, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if response is not None:
+            with self._cond:
+                self.responses[index] = response
+                self._cond.notify_all()
+
+    def settle(self, requests: list[pb_utils.InferenceRequest], returned: list) -> str | None:
+        """Take the returned responses, then wait for those the model still owes through a sender
+        it took (until the request is cancelled); a request nobody can answer is an error."""
+        with self._cond:
+            for i, response in enumerate(returned):
+                if self.responses[i] is None:
+                    self.responses[i] = response
+            for i, request in enumerate(requests):
+                while self.responses[i] is None and request._sender_taken and not request.is_cancelled():
+                    self._cond.wait(0.1)
+        if any(r is None for r in self.responses):
+            return ("Expected an 'InferenceResponse' object in the execute function return list, "
+                    f"found type '{type(None)}'.")
+        return None
+
+
 def _check_responses(responses: Any, count: int) -> str | None:
-    """Why execute()'s return value is unusable (Triton's wording), or None."""
+    """Why execute()'s return value is unusable (Triton's wording), or None; None (every request
+    answered through its response sender) is usable."""
+    if responses is None:
+        return None
     if not isinstance(responses, list):
         return f"Expected a list in the execute return, found type '{type(responses)}'."
     if len(responses) != count:
@@ -232,7 +302,7 @@ def _check_responses(responses: Any, count: int) -> str | None:
                 f"objects. InferenceRequest(s) size is:{count}, and InferenceResponse(s) size "
                 f"is:{len(responses)}")
     for response in responses:
-        if not isinstance(response, pb_utils.InferenceResponse):
+        if response is not None and not isinstance(response, pb_utils.InferenceResponse):
             return ("Expected an 'InferenceResponse' object in the execute function return list, "
                     f"found type '{type(response)}'.")
     return None
@@ -240,13 +310,6 @@ def _check_responses(responses: Any, count: int) -> str | None:
 
 def _never() -> bool:
     return False
-
-
-def _keep(sent: list, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
-    """A non-decoupled model's response sent through the sender during execute() becomes the
-    request's result."""
-    if response is not None:
-        sent[index] = response
 
 
 def _deliver(responder: Any, request: pb_utils.InferenceRequest) -> Any:
