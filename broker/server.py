@@ -27,7 +27,7 @@ from tritond.shm.naming import PREFIX, sweep
 from tritond.wire import schema as S
 from tritond.wire.options import ServerOptions
 from tritond.wire.replies import ControlResult
-from tritond.wire.errors import Code, TritonError, unavailable
+from tritond.wire.errors import REQUEST_CANCELLED, Code, TritonError, unavailable
 
 from tritond.broker.scheduling.bls import BlsCalls
 from tritond.broker.scheduling.cache import OWNER as CACHE_OWNER, ResponseCache
@@ -48,7 +48,6 @@ from tritond.broker.supervision.pool import Instance, InstanceState, WorkerProce
 from tritond.broker.scheduling.rate_limiter import RateLimiter, parse_resources
 from tritond.broker.tables.registry import ModelRegistry
 from tritond.broker.scheduling.path import RequestPath, untrusted
-from tritond.broker.scheduling.policy import CANCELLED
 from tritond.broker.lifecycle.runner import OpRunner
 from tritond.broker.supervision.restart_wait import RestartWait
 from tritond.broker.settings import Settings
@@ -310,7 +309,7 @@ class Broker:
         if isinstance(handle, Req):
             self.requests.cancel(handle)
         else:
-            handle.cancel(TritonError(Code.CANCELLED, CANCELLED))
+            handle.cancel(TritonError(Code.CANCELLED, REQUEST_CANCELLED))
 
     # ------------------------------------------------------------------ workers
 

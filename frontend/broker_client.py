@@ -213,8 +213,7 @@ class BrokerClient:
                     sock.send(frame, NOBLOCK_MORE if i < last else NOBLOCK)
         except zmq.ZMQError:
             self._undeliverable(rids)
-        if self._readable():
-            self._drain()
+        self._drain()
 
     def _undeliverable(self, rids: list[int]) -> None:
         """The broker is not connected: fail what waits on the frames that did not leave."""

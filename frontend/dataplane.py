@@ -463,7 +463,7 @@ class Dataplane:
         for o in outputs:
             if o.classification:
                 self._classify(result_outputs, o, entry)
-        return InferResult(entry.name, reply.version, opts.id, result_outputs, reply, dict(reply.parameters))
+        return InferResult(entry.name, reply.version, opts.id, result_outputs, reply, reply.parameters)
 
     def _free(self, blocks: list) -> None:
         for block in blocks:

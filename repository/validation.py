@@ -236,11 +236,10 @@ def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versi
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME.get(cfg.backend, "")
     for v in versions:
         path = os.path.join(model_path, str(v), filename)
-        if not os.path.exists(path) and cfg.backend == PYTHON:
-            raise ConfigError(cfg.name, path, "default_model_filename",
-                              f"Failed to preinitialize Python stub: Python model file not found in '{path}'")
         if not os.path.exists(path):
-            raise ConfigError(cfg.name, path, "default_model_filename", f"version {v} has no model file '{filename}'")
+            reason = (f"Failed to preinitialize Python stub: Python model file not found in '{path}'"
+                      if cfg.backend == PYTHON else f"version {v} has no model file '{filename}'")
+            raise ConfigError(cfg.name, path, "default_model_filename", reason)
         if cfg.backend == TENSORFLOW and not os.path.isfile(os.path.join(path, "saved_model.pb")):
             raise ConfigError(cfg.name, path, "default_model_filename",
                               f"version {v}: '{filename}' must be a SavedModel directory holding saved_model.pb")

@@ -218,3 +218,7 @@ STRUCTS = {
     "schema.Zeros": "9cd0d19aa965",
     "schema._S": "c4554829a979",
 }
+
+
+if __name__ == "__main__":
+    print(record())

@@ -176,18 +176,18 @@ class Worker:
                 s.instance_name)
         return backend, completed
 
-    def execute(self, backend, msg: P.Exec) -> P.BatchDone:
+    def execute(self, backend, msg: P.Exec, inline_budget: int = P.INLINE_BUDGET) -> P.BatchDone:
         """Run one batch; what the model logs meanwhile carries the batch's request ids."""
         reqs = msg.requests
         ids = reqs[0].id if len(reqs) == 1 else ",".join([r.id for r in reqs if r.id])
         token = logs.REQUEST_ID.set(ids) if ids else None
         try:
-            return self._execute(backend, msg)
+            return self._execute(backend, msg, inline_budget)
         finally:
             if token is not None:
                 logs.REQUEST_ID.reset(token)
 
-    def _execute(self, backend, msg: P.Exec) -> P.BatchDone:
+    def _execute(self, backend, msg: P.Exec, inline_budget: int) -> P.BatchDone:
         t0 = time.monotonic_ns()
         requests: list[WorkerRequest] = []
         slots: list = []
@@ -251,7 +251,7 @@ class Worker:
                 result = (resp.outputs, r.outputs, resp.error)
             if not r.pad:
                 per_request.append(result)
-        results = write_outputs(per_request, self.maps, self.leases, self.exports, self.imports)
+        results = write_outputs(per_request, self.maps, self.leases, self.exports, self.imports, inline_budget)
         self.close_imports()
         t3 = time.monotonic_ns()
         if log.isEnabledFor(logging.DEBUG):
@@ -303,8 +303,9 @@ class Worker:
         while not self.stop_requested:
             msg = decode(recv())
             if isinstance(msg, P.Exec):
-                send(encode(execute_serially(lambda one: self.execute(backend, one), self.flow, msg) if msg.serial
-                            else self.execute(backend, msg)))
+                done = (execute_serially(lambda one, budget: self.execute(backend, one, budget), self.flow, msg)
+                        if msg.serial else self.execute(backend, msg))
+                send(encode(done))
             elif isinstance(msg, P.Stop):
                 return
             elif not self.handle_side(msg):

@@ -15,9 +15,11 @@ from tritond.wire.errors import REQUEST_CANCELLED, Code, TritonError
 from .responses import Flow
 
 
-def execute_serially(execute: Callable[[P.Exec], P.BatchDone], flow: Flow, msg: P.Exec) -> P.BatchDone:
-    """Run each request of `msg` through `execute` alone; the reply carries every result with
-    its own times (`runs`) and their sums."""
+def execute_serially(execute: Callable[[P.Exec, int], P.BatchDone], flow: Flow, msg: P.Exec) -> P.BatchDone:
+    """Run each request of `msg` through `execute` alone, each with its share of the inline
+    budget (the one reply must stay as far below the sockets' frame limit as any batch's);
+    the reply carries every result with its own times (`runs`) and their sums."""
+    budget = P.INLINE_BUDGET // max(1, len(msg.requests))
     for r in msg.requests:              # a cancellation is heard from now on
         flow.open(r.key)
     results: list[P.ExecResult] = []
@@ -28,7 +30,7 @@ def execute_serially(execute: Callable[[P.Exec], P.BatchDone], flow: Flow, msg: 
             results.append(P.ExecResult(error=TritonError(Code.CANCELLED, REQUEST_CANCELLED)))
             runs.append(P.RunTimes())
             continue
-        done = execute(P.Exec(msg.bid, [r]))
+        done = execute(P.Exec(msg.bid, [r]), budget)
         results.extend(done.results)
         runs.append(P.RunTimes(done.input_ns, done.infer_ns, done.output_ns, done.start_ns))
     return P.BatchDone(msg.bid, results, sum(t.input_ns for t in runs), sum(t.infer_ns for t in runs),

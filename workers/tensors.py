@@ -159,6 +159,7 @@ def write_outputs(
     leases: Leases,
     exports: Exports | None = None,
     imports: Imports | None = None,
+    inline_budget: int = INLINE_BUDGET,
 ) -> list[ExecResult]:
     """Turn backend outputs into descriptors. Large host ones share one arena block; device
     ones whose spec says `device_ok` are exported under one lease of `exports` (held by every
@@ -179,7 +180,7 @@ def write_outputs(
             region = spec.region
             if region is None and type(value) is np.ndarray and value.dtype in _FIXED_WIRE:
                 size = value.nbytes
-                if size <= INLINE_MAX and inline_total + size <= INLINE_BUDGET:    # one copy, in C order
+                if size <= INLINE_MAX and inline_total + size <= inline_budget:    # one copy, in C order
                     descs.append(TensorDesc(name, _FIXED_WIRE[value.dtype], list(value.shape), Inline(value.tobytes())))
                     inline_total += size
                     continue
@@ -217,7 +218,7 @@ def write_outputs(
                     error = internal(f"failed to write output '{name}' to shared memory: {e}")
                     break
                 desc = TensorDesc(name, datatype, list(shape), Region(region.name, region.offset, size, region.key))
-            elif size <= INLINE_MAX and inline_total + size <= INLINE_BUDGET:
+            elif size <= INLINE_MAX and inline_total + size <= inline_budget:
                 desc = TensorDesc(name, datatype, list(shape), Inline(bytes(payload)))
                 inline_total += size
             else:

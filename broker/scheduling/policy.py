@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tritond.wire.errors import REQUEST_CANCELLED, TritonError
+from tritond.wire.errors import TritonError
 from tritond.wire.schema import ExecRequest, Infer
 
 from tritond.broker.clock import Clock
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from tritond.broker.tables.inflight import Req
     from tritond.broker.tables.model_version import ModelVersion
 
-CANCELLED = REQUEST_CANCELLED
 
 
 class Batches(Protocol):

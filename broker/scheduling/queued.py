@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tritond.wire.errors import Code, TritonError, request_prefix, unavailable
+from tritond.wire.errors import REQUEST_CANCELLED, Code, TritonError, request_prefix, unavailable
 from tritond.wire.schema import Infer
 
 from tritond.broker.scheduling.batcher import BatchPolicy, Pending, Scheduler
-from tritond.broker.scheduling.policy import CANCELLED, Batches
+from tritond.broker.scheduling.policy import Batches
 from tritond.broker.test_hooks import delay_scheduler
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class QueuedScheduling:
 
     def cancel(self, req: "Req") -> None:
         if self.queue.remove(lambda p: p is req.pending):
-            self.path.fail(req, TritonError(Code.CANCELLED, CANCELLED))
+            self.path.fail(req, TritonError(Code.CANCELLED, REQUEST_CANCELLED))
 
     def instance_lost(self, mv: "ModelVersion", inst: "Instance", how: str) -> None:
         pass

@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from tritond.wire.errors import Code, TritonError, unavailable
+from tritond.wire.errors import REQUEST_CANCELLED, Code, TritonError, unavailable
 from tritond.wire.schema import InferReply
 
 from tritond.broker.observe.stats import ModelStats
 from tritond.broker.scheduling.batcher import queue_timeout_us
-from tritond.broker.scheduling.policy import CANCELLED, Batches
+from tritond.broker.scheduling.policy import Batches
 from tritond.broker.tables.inflight import ReplyTo, Req
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def settle_lost(path: Batches, mv: "ModelVersion", reqs: list[Req], cause: str,
     again: list[Req] = []
     for r in reqs:
         if r.cancelled:
-            path.fail(r, TritonError(Code.CANCELLED, CANCELLED), "CANCELED")
+            path.fail(r, TritonError(Code.CANCELLED, REQUEST_CANCELLED), "CANCELED")
         elif r.retry_of:
             path.fail(r, unavailable(f"{message} while running it again after {r.retry_of}"))
         elif (limit := timeout_us(mv, r)) and now - r.arrival_ns >= limit * 1000:

@@ -13,11 +13,11 @@ import logging
 import struct
 from collections.abc import Callable
 
-from tritond.wire.errors import Code, TritonError, invalid, request_prefix
+from tritond.wire.errors import REQUEST_CANCELLED, Code, TritonError, invalid, request_prefix
 from tritond.wire.schema import EndSequences, ExecRequest, Infer, Inline, ModelView, SequenceControl, TensorDesc, Zeros
 
 from tritond.broker.scheduling.batcher import Pending
-from tritond.broker.scheduling.policy import CANCELLED, Batches
+from tritond.broker.scheduling.policy import Batches
 from tritond.broker.scheduling.sequence_slots import BACKLOG_EXPIRED, FLAG_END, FLAG_START, SequenceBatcher, lost_message
 from tritond.broker.supervision.pool import Instance
 from tritond.broker.tables.inflight import Req
@@ -202,7 +202,7 @@ class SequenceScheduling:
         queued requests are answered CANCELLED and its slot is freed."""
         seq = req.seq
         for p in self.batcher.end(seq, self.path.clock.now_ns()):
-            self.path.fail(p.key, TritonError(Code.CANCELLED, CANCELLED))
+            self.path.fail(p.key, TritonError(Code.CANCELLED, REQUEST_CANCELLED))
         self._end_state(req.mv, [seq])
         self.dispatch(req.mv)
 

@@ -148,7 +148,8 @@ def test_the_worker_executes_each_request_of_a_run_alone_and_skips_a_cancelled_o
     flow = Flow()
     seen: list[list[int]] = []
 
-    def execute(ex: S.Exec) -> S.BatchDone:
+    def execute(ex: S.Exec, budget: int) -> S.BatchDone:
+        assert budget == S.INLINE_BUDGET // 3         # the run's reply stays within one batch's budget
         seen.append([r.key for r in ex.requests])
         if ex.requests[0].key == 1:
             flow.cancel([2])        # heard while request 1 executes
