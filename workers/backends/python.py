@@ -266,30 +266,23 @@ class _Sent:
 
     def __init__(self, count: int) -> None:
         self.responses: list[pb_utils.InferenceResponse | None] = [None] * count
-        self._closed = [False] * count      # the sender sent its final flag: nothing more comes
         self._cond = threading.Condition()
 
     def keep(self, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
-        if response is None and not final:
-            return
-        with self._cond:
-            if response is not None:
+        if response is not None:
+            with self._cond:
                 self.responses[index] = response
-            if final:
-                self._closed[index] = True
-            self._cond.notify_all()
+                self._cond.notify_all()
 
     def settle(self, requests: list[pb_utils.InferenceRequest], returned: list) -> str | None:
         """Take the returned responses, then wait for those the model still owes through a sender
-        it took (until it sends its final flag or the request is cancelled); a request nobody
-        answered is an error."""
+        it took (until the request is cancelled); a request nobody can answer is an error."""
         with self._cond:
             for i, response in enumerate(returned):
                 if self.responses[i] is None:
                     self.responses[i] = response
             for i, request in enumerate(requests):
-                while (self.responses[i] is None and request._sender_taken and not self._closed[i]
-                       and not request.is_cancelled()):
+                while self.responses[i] is None and request._sender_taken and not request.is_cancelled():
                     self._cond.wait(0.1)
         if any(r is None for r in self.responses):
             return ("Expected an 'InferenceResponse' object in the execute function return list, "
