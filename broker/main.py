@@ -18,7 +18,7 @@ from tritond.broker.supervision.templates import Templates
 
 def main(argv: list[str]) -> int:
     opts = wire_options.decode(argv[1])
-    die_with_parent(opts.supervisor_pid, signal.SIGTERM)
+    die_with_parent(opts.supervisor_pid, signal.SIGTERM)     # another broker's: the first broker's pid
     setup_logging(opts.log_verbose, "broker", opts.log)
     sig_r, sig_w = os.pipe()
     os.set_blocking(sig_w, False)
@@ -29,14 +29,14 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)      # log reopening comes by message
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})   # started blocked (supervisor/children.py)
     become_subreaper()
-    sockets = BrokerSockets(opts.run_dir)
+    sockets = BrokerSockets(opts.run_dir, opts.shard)
     pool = WorkerProcesses(Templates(enabled=opts.worker_templates))
     try:
         code = Broker(opts, sockets, pool).run(sig_r)
     finally:
         pool.close()
         sockets.close()
-    if os.getppid() != opts.supervisor_pid:
+    if os.getppid() != opts.supervisor_pid and not opts.shard:
         # The supervisor was killed and cannot clean up: the last process of the server does.
         sweep(f"{PREFIX}{opts.server_id}.")
         shutil.rmtree(opts.run_dir, ignore_errors=True)

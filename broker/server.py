@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import zmq
 
 from tritond import logs
-from tritond.shm.naming import PREFIX, sweep
+from tritond.shm.naming import PREFIX, owner_prefix, sweep
 from tritond.wire import schema as S
 from tritond.wire.options import ServerOptions
 from tritond.wire.replies import ControlResult
@@ -51,6 +51,9 @@ from tritond.broker.scheduling.path import RequestPath, untrusted
 from tritond.broker.lifecycle.runner import OpRunner
 from tritond.broker.supervision.restart_wait import RestartWait
 from tritond.broker.settings import Settings
+from tritond.broker.shards.fanout import Fanout
+from tritond.broker.shards.links import PeerLinks
+from tritond.broker.shards.secondaries import Secondaries
 from tritond.broker.sockets import BrokerSockets
 from tritond.broker.scheduling.streams import Streams
 from tritond.broker.supervision.watch import Supervision
@@ -112,8 +115,9 @@ class Broker:
         self.restart_wait = RestartWait(self.clock)
         self.requests = RequestPath(self.inflight, self.regions, self.to_worker, self.clock, self.streams,
                                     self.restart_wait.overdue, limiter)
-        self.cache = ResponseCache(opts.cache_size, self.server_id, self.registry, self.clock)
-        self.tracer = Tracer(self.settings, self.clock, self.observe_changed)
+        # several brokers share the cache size given for the server
+        self.cache = ResponseCache(opts.cache_size // opts.broker_shards, self.server_id, self.registry, self.clock)
+        self.tracer = Tracer(self.settings, self.clock, self.observe_changed, opts.shard)
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
                                    self.clock, opts.model_config_name, self.requests.cancel)
         self.bls = BlsCalls(self.registry, self.instances, self.to_worker, self.route_release)
@@ -130,6 +134,11 @@ class Broker:
         self.control = ControlHandler(opts, self.registry, self.model_ops, self.ensembles, self.regions,
                                       self.drain, self.settings, self.begin_drain, self.stop,
                                       snapshot=lambda: snapshot(self))
+        # With several brokers (run()): links to the others; the first starts them and answers
+        # control for all.
+        self.links: PeerLinks | None = None
+        self.secondaries: Secondaries | None = None
+        self.controller: ControlHandler | Fanout = self.control
 
     # ------------------------------------------------------------------ sending
 
@@ -191,11 +200,26 @@ class Broker:
             return
         if self.instances.is_worker(msg.owner):
             self.sockets.to_worker(msg.owner, S.encode(msg))
+        elif self.links is not None:
+            self.links.release(msg)     # outputs of another broker's worker (a BLS reply)
 
     def publish_table(self) -> None:
         self.ensembles.settle()
         self.cache.mark()
-        self.to_frontends(self.registry.publish(self.drain.stopping, self.boot))
+        table = self.registry.publish(self.drain.stopping, self.boot)
+        if self.secondaries is None:
+            self.to_frontends(table)
+            return
+        frame, merged = S.encode(table), S.encode(self.secondaries.merged(table))
+        for ident in self.frontends:
+            self.sockets.to_frontend(ident, merged if self.peers.get(ident, ("",))[0] == "supervisor" else frame)
+
+    def table_for(self, ident: bytes) -> S.Table:
+        """The model table a peer gets: the supervisor of several brokers sees all of them."""
+        table = self.registry.table(self.drain.stopping, self.boot)
+        if self.secondaries is not None and self.peers.get(ident, ("",))[0] == "supervisor":
+            return self.secondaries.merged(table)
+        return table
 
     def observed(self) -> S.Observe:
         return S.Observe(self.settings.log_config, self.tracer.gates())
@@ -226,7 +250,7 @@ class Broker:
         reply = self.frontends.get(ident)
         if reply is None:                   # a frontend that outlived our predecessor
             reply = self.frontends[ident] = functools.partial(self.reply_frontend, ident)
-            self.sockets.to_frontend(ident, S.encode(self.registry.table(self.drain.stopping, self.boot)))
+            self.sockets.to_frontend(ident, S.encode(self.table_for(ident)))
             self.sockets.to_frontend(ident, S.encode(self.observed()))
         if isinstance(msg, S.Infer):
             self.on_infer(reply, msg, None, ident)
@@ -236,7 +260,7 @@ class Broker:
         elif isinstance(msg, S.TraceDone):
             self.tracer.done(msg)
         elif isinstance(msg, S.Control):
-            self.control.handle(msg.op, functools.partial(self.answer_control, ident, msg.cid))
+            self.controller.handle(msg.op, functools.partial(self.answer_control, ident, msg.cid))
         elif isinstance(msg, S.Cancel):
             self.on_cancel(ident, msg.rid)
         elif isinstance(msg, S.Credit):
@@ -254,9 +278,9 @@ class Broker:
             return
         self.frontends[ident] = functools.partial(self.reply_frontend, ident)
         self.peers[ident] = (msg.kind, msg.pid)
-        if msg.kind != "supervisor":
+        if msg.kind != "supervisor":      # frontends and the other brokers (their BLS calls)
             self.frontend_leases.hello(ident, msg.pid)
-        self.sockets.to_frontend(ident, S.encode(self.registry.table(self.drain.stopping, self.boot)))
+        self.sockets.to_frontend(ident, S.encode(self.table_for(ident)))
         self.sockets.to_frontend(ident, S.encode(self.observed()))
 
     def on_frontend_exit(self, pidfd: int) -> None:
@@ -278,6 +302,12 @@ class Broker:
             if caller is None and self.drain.stopping:
                 raise unavailable(SHUTTING_DOWN)
             untrusted(msg, self.own_prefix)
+            if caller is not None and self.links is not None and not self.registry.get(msg.model):
+                elsewhere = self.links.owner(msg.model)
+                if elsewhere is not None:       # another broker schedules it
+                    msg.cache_key, msg.trace = b"", None
+                    self.links.forward(elsewhere, caller, msg)
+                    return
             mv = self.registry.resolve(msg.model, msg.version, restarting_ok=True)
         except TritonError as e:
             reply(S.InferReply(msg.rid, error=e))
@@ -305,6 +335,8 @@ class Broker:
     def on_cancel(self, requester: bytes, rid: int) -> None:
         handle = self.live.get(requester, rid)
         if handle is None:
+            if self.links is not None:
+                self.links.cancel(requester, rid)       # a BLS call another broker serves
             return                  # answered already
         if isinstance(handle, Req):
             self.requests.cancel(handle)
@@ -381,6 +413,10 @@ class Broker:
         if now >= self.next_ping:
             self.next_ping = now + PING_INTERVAL_S
             self.to_frontends(S.Ping(self.boot))
+        if self.links is not None:
+            next_s = min(next_s, self.links.tick(now))
+            if self.secondaries is not None:
+                next_s = min(next_s, self.secondaries.tick(now))
         self.model_ops.tick(now)
         self.tracer.tick(now_ns)
         if self.drain.stopping:     # what a drain looks at costs nothing while none runs
@@ -421,6 +457,10 @@ class Broker:
             self.model_ops.hangup()
         if signal.SIGTERM in numbers:
             self.begin_drain(then_stop=True)
+        if self.secondaries is not None:
+            for sig in (signal.SIGHUP, signal.SIGTERM):
+                if sig in numbers:
+                    self.secondaries.signal(sig)
 
     def run(self, signal_fd: int) -> int:
         """Serve until stopped; `signal_fd` carries the numbers of the signals received.
@@ -436,12 +476,15 @@ class Broker:
         poller.register(sockets.fe, zmq.POLLIN)
         poller.register(sockets.wk, zmq.POLLIN)
         poller.register(slow.fileno(), zmq.POLLIN)
+        links = self.start_links(sockets)
+        for sock in links:
+            poller.register(sock, zmq.POLLIN)
         self.model_ops.startup()
         registered: set[int] = set()
         try:
             while self.running:
                 timeout = self.timers()
-                if self.instances.fds_changed or self.frontend_leases.fds_changed:
+                if self.instances.fds_changed or self.frontend_leases.fds_changed or self.secondaries_changed():
                     self.instances.fds_changed = self.frontend_leases.fds_changed = False
                     registered = self.watch_exits(slow, registered)
                 if self.registry.dirty:
@@ -459,22 +502,54 @@ class Broker:
                     sockets.drain(sockets.fe, self.on_frontend_frame)
                 if events.get(slow.fileno()):
                     self.on_slow_fds([fd for fd, _ in slow.poll(0)], signal_fd, slow, registered)
+                for sock in links:
+                    if sock in events:
+                        self.links.receive(sock)
                 if self.registry.dirty:
                     self.publish_table()
         finally:
             slow.close()
         self.end_turn()
         self.jobs.close()
+        if self.secondaries is not None:
+            self.secondaries.stop()
+        if self.links is not None:
+            self.links.close()
         self.shutdown_workers()
         self.tracer.close()
         self.cache.close()
         self.frontend_leases.close()
         return self.exit_code
 
+    def start_links(self, sockets: BrokerSockets) -> list[zmq.Socket]:
+        """With --broker-shards: links to the other brokers, which the first one starts;
+        returns the links' sockets."""
+        if self.opts.broker_shards == 1:
+            return []
+        self.links = PeerLinks(self.opts, sockets.ctx, self.clock.now, self.to_worker, self.instances.is_worker,
+                               self.mark_dirty if self.opts.shard == 0 else lambda: None)
+        if self.opts.shard == 0:
+            self.secondaries = Secondaries(self.opts, self.links, self.clock.now, self.fail, self.pool.others)
+            self.controller = Fanout(self.links, self.secondaries, self.jobs, self.control.handle,
+                                     lambda: self.registry.names, self.opts)
+            self.secondaries.start()
+        return self.links.sockets()
+
+    def secondaries_changed(self) -> bool:
+        if self.secondaries is None or not self.secondaries.fds_changed:
+            return False
+        self.secondaries.fds_changed = False
+        return True
+
+    def mark_dirty(self) -> None:
+        self.registry.dirty = True
+
     def watch_exits(self, slow: select.epoll, registered: set[int]) -> set[int]:
         """Watch the pidfds of the processes alive now. A closed pidfd left epoll by itself and
         its number may be a new process's now, so the whole set is registered again."""
         fds = self.instances.pidfds() | self.frontend_leases.pidfds()
+        if self.secondaries is not None:
+            fds |= self.secondaries.pidfds()
         for fd in registered:
             with contextlib.suppress(OSError):
                 slow.unregister(fd)
@@ -500,6 +575,8 @@ class Broker:
                 self.on_worker_exit(inst)
             elif fd in self.frontend_leases.pidfds():
                 self.on_frontend_exit(fd)
+            elif self.secondaries is not None:
+                self.secondaries.on_exit(fd)
 
     def shutdown_workers(self) -> None:
         """Stop every worker: a busy one is killed at once (its requests were answered when
@@ -517,5 +594,9 @@ class Broker:
             if not self.pool.wait(inst, deadline - self.clock.now()):
                 self.pool.kill(inst)
                 self.pool.wait(inst, STOP_WAIT_S)
-        sweep(f"{PREFIX}{self.server_id}.w")
+        if self.opts.shard:     # another broker's workers may still run: only this one's
+            for inst in live:
+                sweep(owner_prefix(self.server_id, inst.owner))
+        else:
+            sweep(f"{PREFIX}{self.server_id}.w")
 

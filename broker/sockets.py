@@ -37,8 +37,8 @@ def _router(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
 
 
 class BrokerSockets:
-    def __init__(self, run_dir: str) -> None:
-        addresses = Addresses(run_dir)
+    def __init__(self, run_dir: str, shard: int = 0) -> None:
+        addresses = Addresses(run_dir, shard)
         self.ctx = zmq.Context()
         self.fe = _router(self.ctx, addresses.frontends)
         self.wk = _router(self.ctx, addresses.workers)

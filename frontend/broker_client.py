@@ -156,7 +156,7 @@ class BrokerClient:
         self.decoder = S.decoder(S.BrokerToFrontend)
         self.tasks: list[asyncio.Task] = []
         self.tracing: dict[str, str] = {}      # model ("" = the rest) -> trace mode to stamp for
-        self.on_observe: Callable[[S.Observe], None] | None = None
+        self.on_table: Callable[[], None] | None = None     # a new table arrived (frontend/brokers.py)
         self.outbox: list[bytes] = []       # frames queued this loop turn (see _send)
         self.outbox_rids: list[int] = []
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -277,6 +277,8 @@ class BrokerClient:
                 self._note_boot(msg.boot)
                 self.table = ModelTable(msg)
                 self.table_event.set()
+                if self.on_table is not None:
+                    self.on_table()
             elif isinstance(msg, S.Ping):
                 self._note_boot(msg.boot)
             elif isinstance(msg, S.Gone) and self.on_gone is not None:
@@ -284,8 +286,6 @@ class BrokerClient:
             elif isinstance(msg, S.Observe):
                 self.tracing = msg.tracing
                 logs.apply(msg.log)
-                if self.on_observe is not None:
-                    self.on_observe(msg)
             elif isinstance(msg, S.Refused):
                 log.critical("the broker refused this process: %s; exiting to be restarted", msg.reason)
                 os._exit(EXIT_REFUSED)
@@ -407,7 +407,7 @@ class BrokerClient:
             raise
         return stream
 
-    def next_id(self) -> int:
+    def next_id(self, model: str = "") -> int:
         return next(self.ids)
 
     async def control(self, op: S.ControlOp, timeout: float = 600.0) -> Any:

@@ -24,6 +24,7 @@ from tritond.wire import schema as S
 from tritond.wire.errors import TritonError, internal, invalid, request_prefix as prefix, unsupported
 
 from .broker_client import BrokerClient
+from .brokers import Brokers
 from .classification import classify, output_labels
 from .tracing import FrontendTracer
 
@@ -181,7 +182,7 @@ def count_bytes_elements(buf: bytes | memoryview, name: str, model: str, request
 
 
 class Dataplane:
-    def __init__(self, client: BrokerClient, arena: Arena, maps: SegmentMaps,
+    def __init__(self, client: BrokerClient | Brokers, arena: Arena, maps: SegmentMaps,
                  remote_repositories: list[str] | None = None, tracer: FrontendTracer | None = None,
                  overrides: tuple[str, int] | None = None) -> None:
         self.client = client
@@ -369,7 +370,7 @@ class Dataplane:
         if entry.view is not None and entry.view.response_cache and not any(t.region for t in inputs) \
                 and not any(o.region for o in outputs):
             key = cache_key(inputs)
-        msg = S.Infer(self.client.next_id(), entry.name, entry.version, descs, specs, opts.id,
+        msg = S.Infer(self.client.next_id(entry.name), entry.name, entry.version, descs, specs, opts.id,
                       opts.params, opts.priority, opts.timeout_us, opts.correlation_id, opts.flags, window,
                       key, opts.trace)
         return msg, blocks

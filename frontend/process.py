@@ -19,6 +19,7 @@ from tritond.wire.addresses import Addresses
 from tritond.wire.options import ServerOptions
 
 from .broker_client import BrokerClient
+from .brokers import Brokers
 from .dataplane import Dataplane
 from .tracing import FrontendTracer
 from .readiness import SupervisorLink
@@ -56,7 +57,8 @@ async def frontend_dataplane(opts: ServerOptions, kind: str, on_hangup: Callable
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGHUP, on_hangup or _nothing_to_reload)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
-    client = BrokerClient(Addresses(opts.run_dir).frontends, kind)
+    client: BrokerClient | Brokers = (BrokerClient(Addresses(opts.run_dir).frontends, kind) if opts.broker_shards == 1
+                                      else Brokers(opts.run_dir, kind, opts.broker_shards))
     client.serving = False
     link = SupervisorLink(opts.ready_fd, lambda: setattr(client, "serving", True))
     await client.start()

@@ -13,8 +13,14 @@ It prints requests/s and CPU microseconds per request of the broker (main thread
 I/O threads apart), the workers and the flooders, and requests/s per broker core
 (requests/s divided by the broker's busy fraction of one core).
 
+With `--shards N` the server runs N brokers (--broker-shards) and one such model per broker,
+each named so that it lands on a different one; flooder i floods broker i mod N. The broker
+figures are then those of all brokers together per request, and each broker carries 1/N of
+the requests: a server's broker ceiling is N times the per-core figure.
+
   python perf/bench_broker.py                                  # 4 flooders, 2 instances
   python perf/bench_broker.py --flooders 4 --window 64 --instances 4 --batch 32 --seconds 5
+  python perf/bench_broker.py --window 64 --instances 2 --shards 2
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_core import Server, ServerStartError  # noqa: E402
 from bench_cpu import sample  # noqa: E402
 
+from tritond.repository.partition import shard_of  # noqa: E402
 from tritond.wire import schema as S  # noqa: E402
 from tritond.wire.addresses import Addresses  # noqa: E402
 
@@ -42,24 +49,37 @@ MODEL = "identity_flood"
 INPUT = np.arange(16, dtype=np.float32).tobytes()
 
 
-def write_model(repository: Path, instances: int, batch: int) -> None:
+def model_names(shards: int) -> list[str]:
+    """One model name per broker, the k-th scheduled by broker k."""
+    if shards == 1:
+        return [MODEL]
+    names: dict[int, str] = {}
+    n = 0
+    while len(names) < shards:
+        name = f"{MODEL}_{n}"
+        names.setdefault(shard_of(name, shards), name)
+        n += 1
+    return [names[k] for k in range(shards)]
+
+
+def write_model(repository: Path, name: str, instances: int, batch: int) -> None:
     """An identity model of 16 FP32; batching adds the batch dimension and dynamic batching."""
-    (repository / MODEL / "1").mkdir(parents=True)
+    (repository / name / "1").mkdir(parents=True)
     dims = "[ 16 ]" if batch else "[ -1 ]"
     batching = "dynamic_batching { }\n" if batch else ""
-    (repository / MODEL / "config.pbtxt").write_text(
-        f'name: "{MODEL}"\nbackend: "identity"\nmax_batch_size: {batch}\n'
+    (repository / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "identity"\nmax_batch_size: {batch}\n'
         f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: {dims} }} ]\n'
         f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: {dims} }} ]\n'
         f'instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n{batching}')
 
 
-def request(rid: int, batch: int) -> bytes:
+def request(model: str, rid: int, batch: int) -> bytes:
     shape = [1, 16] if batch else [16]
-    return S.encode(S.Infer(rid, MODEL, inputs=[S.TensorDesc("INPUT0", "FP32", shape, S.Inline(INPUT))]))
+    return S.encode(S.Infer(rid, model, inputs=[S.TensorDesc("INPUT0", "FP32", shape, S.Inline(INPUT))]))
 
 
-def flood(endpoint: str, window: int, batch: int, start: float, stop: float, out: mp.Queue) -> None:
+def flood(endpoint: str, model: str, window: int, batch: int, start: float, stop: float, out: mp.Queue) -> None:
     """One flooder: say hello, wait for the table, keep `window` requests in flight until
     `stop`; count the replies that arrive between `start` and `stop` (wall clock)."""
     ctx = zmq.Context()
@@ -75,7 +95,7 @@ def flood(endpoint: str, window: int, batch: int, start: float, stop: float, out
     rid = 0
     for _ in range(window):
         rid += 1
-        sock.send(request(rid, batch))
+        sock.send(request(model, rid, batch))
     counted = errors = 0
     while True:
         msg = decode(sock.recv())
@@ -88,7 +108,7 @@ def flood(endpoint: str, window: int, batch: int, start: float, stop: float, out
             if now >= start:
                 counted += 1
             rid += 1
-            sock.send(request(rid, batch))
+            sock.send(request(model, rid, batch))
     out.put((counted, errors))
     sock.close()
     ctx.term()
@@ -114,17 +134,20 @@ def broker_pid(server_pid: int) -> tuple[int, str]:
 def run(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
         repository = Path(tmp) / "models"
-        write_model(repository, args.instances, args.batch)
-        server = Server(repository, Path(tmp) / "server.log")
+        models = model_names(args.shards)
+        for name in models:
+            write_model(repository, name, args.instances, args.batch)
+        server = Server(repository, Path(tmp) / "server.log", extra=["--broker-shards", str(args.shards)])
         try:
             server.wait_ready(120)
             pid, run_dir = broker_pid(server.proc.pid)
-            endpoint = Addresses(run_dir).frontends
             out: mp.Queue = mp.Queue()
             t0 = time.time() + 1.0 + 0.2 * args.flooders
             start, stop = t0 + args.warmup, t0 + args.warmup + args.seconds
-            procs = [mp.Process(target=flood, args=(endpoint, args.window, args.batch, start, stop, out))
-                     for _ in range(args.flooders)]
+            procs = [mp.Process(target=flood, args=(Addresses(run_dir, i % args.shards).frontends,
+                                                    models[i % args.shards], args.window, args.batch, start, stop,
+                                                    out))
+                     for i in range(args.flooders)]
             for p in procs:
                 p.start()
             time.sleep(max(0.0, start - time.time()))
@@ -150,9 +173,11 @@ def run(args: argparse.Namespace) -> str:
     rate = count / args.seconds
     busy = (broker_main + broker_io) * rate / 1e6
     per_core = rate / busy if busy else 0.0
-    head = "| flooders | window | instances | batch | requests/s | errors | broker main µs | broker ZeroMQ I/O µs | workers µs | flooders µs | requests/s per broker core |"
-    return "\n".join([head, "|" + "---:|" * 11,
-                      f"| {args.flooders} | {args.window} | {args.instances} | {args.batch} | {rate:,.0f} | {errors} | "
+    head = ("| brokers | flooders | window | instances | batch | requests/s | errors | broker main µs | "
+            "broker ZeroMQ I/O µs | workers µs | flooders µs | requests/s per broker core |")
+    return "\n".join([head, "|" + "---:|" * 12,
+                      f"| {args.shards} | {args.flooders} | {args.window} | {args.instances} | {args.batch} | "
+                      f"{rate:,.0f} | {errors} | "
                       f"{broker_main:.1f} | {broker_io:.1f} | {workers:.1f} | {flooders / n * 1e6:.1f} | {per_core:,.0f} |"])
 
 
@@ -178,6 +203,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=0, help="max_batch_size with dynamic batching (0: none)")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--shards", type=int, default=1, help="brokers (--broker-shards), one model on each")
     print(run(p.parse_args()))
     return 0
 

@@ -72,6 +72,9 @@ def start_parser() -> argparse.ArgumentParser:
                    help="tritond's: HTTP frontend processes sharing the port")
     p.add_argument("--grpc-workers", type=int, default=_D.grpc_workers, metavar="N",
                    help="tritond's: gRPC frontend processes sharing the port")
+    p.add_argument("--broker-shards", type=int, default=_D.broker_shards, metavar="N",
+                   help="tritond's: broker processes, each scheduling its own group of models (an ensemble "
+                        "with the models it composes); frontends route each request to its model's broker")
     p.add_argument("--http-max-input-size", type=int, default=_D.http_max_input_size, metavar="BYTES",
                    help="largest HTTP request body")
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="CATEGORIES:KEY=VALUE",
@@ -286,6 +289,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         "http_server": args.http_server,
         "http_workers": max(1, args.http_workers),
         "grpc_workers": max(1, args.grpc_workers),
+        "broker_shards": _broker_shards(args),
         "http_max_input_size": args.http_max_input_size,
         "http_restricted": _restrictions(args.http_restricted_api, "api"),
         "grpc_restricted": _restrictions(args.grpc_restricted_protocol, "protocol"),
@@ -318,6 +322,21 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         "startup_notes": notes,
         "worker_templates": args.worker_templates,
     })
+
+
+MAX_BROKER_SHARDS = 64
+
+
+def _broker_shards(args: argparse.Namespace) -> int:
+    """More than one broker splits the models among them; what needs one view of every model
+    is refused rather than split silently."""
+    n = args.broker_shards
+    if not 1 <= n <= MAX_BROKER_SHARDS:
+        raise UsageError(f"--broker-shards must be between 1 and {MAX_BROKER_SHARDS}, got {n}")
+    if n > 1 and args.rate_limit != "off":
+        raise UsageError("--rate-limit=execution_count needs --broker-shards=1: its resources are shared by "
+                         "every model, and each broker would count them alone")
+    return n
 
 
 def _connection_limits(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 # tritonserver's --help groups in its order (src/command_line_parser.cc, SetupOptionGroups),
 # with the flags tritond puts in each.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Server", ("--id", "--exit-timeout-secs", "--broker-hang-timeout-secs", "--worker-templates")),
+    ("Server", ("--id", "--exit-timeout-secs", "--broker-hang-timeout-secs", "--broker-shards", "--worker-templates")),
     ("Logging", ("--log-verbose", "--log-info", "--log-warning", "--log-error", "--log-format", "--log-file")),
     ("Model Repository", (
         "--model-repository", "--exit-on-error", "--disable-auto-complete-config", "--strict-readiness",

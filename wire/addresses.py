@@ -8,11 +8,16 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Addresses:
     run_dir: str
+    shard: int = 0          # which broker (--broker-shards): 0 keeps the plain names
+
+    def _path(self, name: str) -> str:
+        suffix = f".{self.shard}" if self.shard else ""
+        return "ipc://" + os.path.join(self.run_dir, f"{name}{suffix}.sock")
 
     @property
     def frontends(self) -> str:
-        return "ipc://" + os.path.join(self.run_dir, "frontends.sock")
+        return self._path("frontends")
 
     @property
     def workers(self) -> str:
-        return "ipc://" + os.path.join(self.run_dir, "workers.sock")
+        return self._path("workers")

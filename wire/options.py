@@ -87,6 +87,8 @@ class ServerOptions(_O):
     http_server: Literal["uvicorn", "hypercorn"] = "uvicorn"
     http_workers: int = 1
     grpc_workers: int = 1
+    broker_shards: int = 1           # broker processes, each scheduling its own group of models
+    shard: int = 0                   # this broker's index among them (0: the primary, which starts the others)
     http_max_input_size: int = 1 << 26
     # access: {category: (header, value)} and {category: [RFC 4514 name, ...]}
     http_restricted: dict[str, tuple[str, str]] = {}
@@ -132,7 +134,7 @@ class ServerOptions(_O):
     init_failed: str = ""            # why the repository is unusable (--exit-on-error=false): neither live nor ready
     server_id: str = ""
     run_dir: str = ""
-    supervisor_pid: int = 0
+    supervisor_pid: int = 0          # the parent: another broker has the first broker's pid here
     mps_env: dict[str, str] = {}     # what a GPU worker's environment needs under --mps
     ready_fd: int | None = None      # frontends: their end of the readiness socket pair
 

@@ -31,7 +31,7 @@ import msgspec
 from .errors import Code, TritonError
 from .replies import ControlResult
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 # Inline tensors up to this size ride inside the message; larger ones go through shm. Where
 # the two cost the same CPU per request (HTTP binary, c=16): below it a block's allocation,
 # lease and release cost more than copying the bytes through every hop; above it, less.
@@ -182,6 +182,10 @@ class InferReply(_S, tag="reply"):
     empty: bool = False     # no response, only the end of the request's replies
     trace: TraceInfo | None = None
     parameters: dict[str, int | str | bool] = {}     # the response's own parameters
+
+
+# With several brokers, a trace id's bits from here up name the broker that traces it.
+TRACE_SHARD_SHIFT = 40
 
 
 class TraceDone(_S, tag="trace_done", gc=False):

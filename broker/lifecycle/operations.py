@@ -20,6 +20,7 @@ from tritond.repository.catalog import NO_VERSION, load_spec
 from tritond.repository.ensemble import ensemble_dependencies
 from tritond.repository.fingerprint import Fingerprint, source_fingerprint
 from tritond.repository.layout import ModelSource, scan, validate_model_name
+from tritond.repository.partition import partition
 from tritond.repository.overrides import is_override_dir, remove_override_dir
 from tritond.repository.poll import REMOVE, Change, PollState
 from tritond.repository.remote import RemoteError, is_remote, mirror_model
@@ -38,7 +39,7 @@ from tritond.broker.scheduling.rate_limiter import RateLimiter
 from tritond.broker.tables.registry import ModelRegistry
 from tritond.broker.lifecycle.reload import LoadedFrom, failed_entry, plan, serving, settled, switch
 from tritond.broker.lifecycle.retire import Retirement
-from tritond.broker.lifecycle.threads import ThreadBudget
+from tritond.broker.lifecycle.threads import ThreadBudget, usable_cores
 from tritond.broker.supervision.pool import Instance
 
 log = logging.getLogger("tritond.broker")
@@ -76,12 +77,15 @@ class ModelControl:
         self.polling = False
         self.hangup_pending = False
         self.fingerprints: dict[str, Fingerprint] = {}   # as the last load of each model saw it
+        self.elsewhere: dict[str, int] = {}     # models another broker schedules (--broker-shards)
         self.publish = publish          # sends the table when it changed
         self.fatal = fatal              # the broker cannot go on
         # each CPU instance's share of the host's cores, after one for the broker and one for
         # each frontend process
         frontends = (opts.http_workers if opts.allow_http else 0) + (opts.grpc_workers if opts.allow_grpc else 0)
-        self.threads = ThreadBudget(reserved=1 + frontends)
+        shards = opts.broker_shards
+        self.threads = ThreadBudget(cores=max(1, usable_cores() // shards) if shards > 1 else None,
+                                    reserved=1 + frontends // shards)
 
     # ---------------------------------------------------------------- entry points
 
@@ -153,8 +157,16 @@ class ModelControl:
     # ---------------------------------------------------------------- reading the repository
 
     def _scan(self) -> dict[str, ModelSource]:
-        """Runs on the job pool."""
-        return scan(self.opts.model_repositories)
+        """Runs on the job pool. With several brokers, the models this one schedules (the
+        others' are noted in `elsewhere` to name their broker in errors)."""
+        sources = scan(self.opts.model_repositories)
+        shards = self.opts.broker_shards
+        if shards == 1:
+            return sources
+        config = self.opts.model_config_name
+        owners = partition({n: ensemble_dependencies(s.path, config) or [] for n, s in sources.items()}, shards)
+        self.elsewhere = {n: k for n, k in owners.items() if k != self.opts.shard}
+        return {n: s for n, s in sources.items() if owners[n] == self.opts.shard}
 
     def _order(self, sources: dict[str, ModelSource], wanted: list[str]) -> tuple[list[str], dict[str, list[str]]]:
         """Runs on the job pool (it reads ensemble configs): the models to load, each after
@@ -188,7 +200,9 @@ class ModelControl:
         wanted = set(sources)
         if self.mode == "explicit":
             asked = list(self.opts.load_models)
-            wanted = set(sources) if "*" in asked else set(asked)
+            wanted = set(sources) if "*" in asked else set(asked) - set(self.elsewhere)
+            if self.opts.shard:     # the first broker reports the names no repository holds
+                wanted &= set(sources)
             for name in sorted(wanted - set(sources)):
                 log.error("failed to load '%s', failed to poll from model repository", name)
         order, deps = yield Job(lambda: self._order(sources, sorted(wanted)))
@@ -224,6 +238,9 @@ class ModelControl:
                 # made of the overrides alone, whether or not the repositories hold that name.
                 sources = dict(sources)
                 sources[name] = ModelSource(name, override_dir, os.path.dirname(override_dir))
+            elif name in self.elsewhere:
+                raise TritonError(Code.INTERNAL, f"failed to load '{name}': broker {self.elsewhere[name]} "
+                                                 f"schedules it (--broker-shards), not broker {self.opts.shard}")
             elif name not in sources:
                 raise unpolled
             order, deps = yield Job(lambda: self._order(sources, [name]))

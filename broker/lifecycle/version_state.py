@@ -39,7 +39,7 @@ class Lifecycle:
         self.pool = pool
         self.requests = requests
         self.clock = clock
-        self.workers_endpoint = Addresses(opts.run_dir).workers
+        self.workers_endpoint = Addresses(opts.run_dir, opts.shard).workers
         self.on_settle = on_settle      # a version left LOADING
         self.latency = latency          # builds a version's latency observer (--metrics-config)
 

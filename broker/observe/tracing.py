@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from tritond.wire.schema import BatchDone, Infer, InferReply, Stamp, TraceDone, TraceInfo
+from tritond.wire.schema import TRACE_SHARD_SHIFT, BatchDone, Infer, InferReply, Stamp, TraceDone, TraceInfo
 
 from tritond.broker.clock import Clock
 from tritond.broker.tables.inflight import ReplyTo
@@ -99,11 +99,14 @@ class Trace:
 
 
 class Tracer:
-    def __init__(self, settings: Any, clock: Clock, on_change: Callable[[], None]) -> None:
+    def __init__(self, settings: Any, clock: Clock, on_change: Callable[[], None], shard: int = 0) -> None:
         self.settings = settings            # broker/settings.py: the API's dicts
         self.clock = clock
         self.on_change = on_change
-        self.ids = itertools.count(1)
+        # With several brokers each numbers its traces apart (a frontend routes TraceDone by the
+        # id's high bits) and writes its own files, `<file>.broker<N>` beside the first's.
+        self.ids = itertools.count((shard << TRACE_SHARD_SHIFT) + 1)
+        self.file_suffix = f".broker{shard}" if shard else ""
         self.scopes: dict[str, Setting] = {}
         self.pending: dict[int, Trace] = {}
         self.main_files: dict[str, list[dict]] = {}
@@ -211,8 +214,8 @@ class Tracer:
             s.stream, s.in_stream = [], 0
             self._write(s.file, records)
 
-    @staticmethod
-    def _write(path: str, records: list[dict]) -> None:
+    def _write(self, path: str, records: list[dict]) -> None:
+        path += self.file_suffix
         try:
             tmp = f"{path}.tmp{os.getpid()}"
             with open(tmp, "wb") as f:

@@ -159,6 +159,7 @@ class WorkerProcesses:
     def __init__(self, templates: Templates | None = None) -> None:
         self._generations = itertools.count(1)
         self._procs: dict[int, subprocess.Popen | None] = {}   # pid -> spawned process (None: forked)
+        self.others: set[int] = set()      # children started elsewhere in the broker (other brokers)
         self.templates = templates or Templates(enabled=False)
 
     def next_generation(self) -> int:
@@ -229,7 +230,7 @@ class WorkerProcesses:
     def reap_strays(self) -> list[int]:
         """Reap exited children the broker never started: descendants of workers that were
         orphaned and re-parented to the broker (it is a subreaper). Returns their pids."""
-        known = set(self._procs) | self.templates.pids()
+        known = set(self._procs) | self.templates.pids() | self.others
         reaped = []
         for pid in _children(os.getpid()) - known:
             try:

@@ -133,7 +133,8 @@ class Supervision:
         if now >= self.next_stray_check:
             self.next_stray_check = now + STRAY_CHECK_S
             for pid in self.pool.reap_strays():
-                log.info("reaped process %d, an orphan of a worker", pid)
+                log.info("reaped process %d, an orphan of a worker or of another broker", pid)
+                sweep(owner_prefix(self.server_id, f"w{pid}"))      # a worker of a broker that died
         for mv in list(self.registry.all_versions()):
             for inst in mv.instances:
                 if inst.state is InstanceState.RESTARTING:

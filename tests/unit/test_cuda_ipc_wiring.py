@@ -430,7 +430,7 @@ def test_frontends_never_ask_for_device_memory():
     sent: list[P.Infer] = []
 
     class Client:
-        def next_id(self) -> int:
+        def next_id(self, model: str = "") -> int:
             return 1
 
         async def infer(self, msg, on_orphan=None):

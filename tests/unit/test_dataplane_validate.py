@@ -144,7 +144,7 @@ class HangingClient:
         self.orphan = None
         self.asked = asyncio.Event()
 
-    def next_id(self) -> int:
+    def next_id(self, model: str = "") -> int:
         return 1
 
     async def infer(self, msg, on_orphan=None):

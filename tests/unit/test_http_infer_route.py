@@ -39,7 +39,7 @@ class Client:
     def trace_mode(self, model: str) -> str:
         return ""
 
-    def next_id(self) -> int:
+    def next_id(self, model: str = "") -> int:
         return next(self.ids)
 
     async def infer(self, msg: S.Infer, on_orphan=None) -> S.InferReply:

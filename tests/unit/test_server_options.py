@@ -41,6 +41,7 @@ CASES = [
     (["--http-server=hypercorn"], lambda o: o.http_server, "hypercorn"),
     (["--http-workers=2"], lambda o: o.http_workers, 2),
     (["--grpc-workers=2"], lambda o: o.grpc_workers, 2),
+    (["--broker-shards=3"], lambda o: o.broker_shards, 3),
     (["--http-max-input-size=5"], lambda o: o.http_max_input_size, 5),
     (["--http-restricted-api=model-repository:K=v"], lambda o: o.http_restricted, {"model-repository": ("k", "v")}),
     (["--grpc-restricted-protocol=health:k=v"], lambda o: o.grpc_restricted, {"health": ("k", "v")}),
