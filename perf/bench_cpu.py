@@ -43,6 +43,8 @@ CASES = {
     "identity-http-binary": Case("identity-http-binary", "identity_fp32", "http", True, (16,)),
     "identity-grpc": Case("identity-grpc", "identity_fp32", "grpc", True, (16,)),
     "mlp-grpc": Case("mlp-grpc", "mlp_onnx", "grpc", True, (1, 256)),
+    # the anchors' dynamically batched identity (run_anchors.sh batch16-grpc; not in the example repository)
+    "batched-grpc": Case("batched-grpc", "identity_fp32_dyn", "grpc", True, (1, 16)),
 }
 
 # real Triton's processes (perf/anchors.py), by program name

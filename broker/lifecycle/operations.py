@@ -20,8 +20,8 @@ from tritond.repository.catalog import NO_VERSION, load_spec
 from tritond.repository.ensemble import ensemble_dependencies
 from tritond.repository.fingerprint import Fingerprint, source_fingerprint
 from tritond.repository.layout import ModelSource, scan, validate_model_name
-from tritond.repository.partition import partition
 from tritond.repository.overrides import is_override_dir, remove_override_dir
+from tritond.repository.partition import partition
 from tritond.repository.poll import REMOVE, Change, PollState
 from tritond.repository.remote import RemoteError, is_remote, mirror_model
 from tritond.repository.render import config_from_json, config_to_json

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from tritond.repository.ensemble import ensemble_dependencies
 from tritond.repository.layout import scan
 from tritond.repository.partition import partition, shard_of
+from tritond.repository.remote import RemoteError
 from tritond.wire import replies as R
 from tritond.wire import schema as S
 from tritond.wire.errors import TritonError
+from tritond.wire.options import ServerOptions
 
 from tritond.broker.lifecycle.jobs import Jobs
 from tritond.broker.shards.links import Answer, PeerLinks
@@ -73,7 +76,7 @@ def _stats(results: list[Any]) -> R.StatsReply:
 
 class Fanout:
     def __init__(self, links: PeerLinks, secondaries: Secondaries, jobs: Jobs, local: Local,
-                 own_names: Callable[[], list[str]], opts: Any) -> None:
+                 own_names: Callable[[], list[str]], opts: ServerOptions) -> None:
         self.links = links
         self.others = sorted(links.links)
         self.secondaries = secondaries
@@ -169,10 +172,10 @@ class Fanout:
                                self.opts.broker_shards)
             return owners.get(op.name, shard_of(op.name, self.opts.broker_shards))
 
-        def routed(fut: Any) -> None:
+        def routed(fut: Future) -> None:
             try:
                 k = fut.result()
-            except Exception:           # the repository cannot be read: the load says so
+            except (OSError, RemoteError):      # the repository cannot be read: the load says so
                 k = 0
             if k == 0:
                 self.local(op, answer)
