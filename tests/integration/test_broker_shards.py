@@ -222,3 +222,46 @@ def test_flags_that_need_one_broker_are_refused(tmp_path):
         s = TritondServer(repo, args).start(wait="exit", timeout=60)
         assert s.returncode != 0 and text in s.log, s.log
         s.assert_clean()
+
+
+ENSEMBLE = '''name: "{name}"
+platform: "ensemble"
+max_batch_size: 4
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "{first}" model_version: -1 input_map {{ key: "INPUT0" value: "INPUT0" }}
+    output_map {{ key: "OUTPUT0" value: "mid" }} }},
+  {{ model_name: "{second}" model_version: -1 input_map {{ key: "INPUT0" value: "mid" }}
+    output_map {{ key: "OUTPUT0" value: "OUTPUT0" }} }}
+] }}
+'''
+
+
+def test_poll_mode_moves_a_model_to_the_broker_of_its_new_ensemble(tmp_path):
+    """An ensemble added over models of both brokers joins them in one group: the model of the
+    other group's broker unloads there and loads in the group's broker, and the ensemble serves."""
+    repo = tmp_path / "models"
+    first, second = _names_on_both(1)
+    for name in (first, second):
+        add_fault_model(repo, name)
+    args = SHARDS + ["--model-control-mode=poll", "--repository-poll-secs=1"]
+    with serving(TritondServer(repo, args)) as s:
+        client = httpclient.InferenceServerClient(s.http_url)
+        brokers_before = brokers(s)
+        ensemble = "zz_pipeline"        # sorts last: the group goes where the first of the two names does
+        home = shard_of(min(first, second), 2)
+        mover = first if shard_of(first, 2) != home else second
+        staging = tmp_path / ensemble
+        (staging / "1").mkdir(parents=True)
+        (staging / "config.pbtxt").write_text(ENSEMBLE.format(name=ensemble, first=first, second=second))
+        staging.rename(repo / ensemble)
+
+        def moved() -> bool:
+            workers = s.worker_pids(mover)
+            return len(workers) == 1 and parent(workers[0]) == brokers_before[home]
+        wait_for(moved, 60, f"'{mover}' to move to broker {home}")
+        wait_for(lambda: _serves(client, ensemble), 60, "the ensemble to serve")
+        np.testing.assert_array_equal(call(client, ensemble), np.ones((1, 3)))
+        np.testing.assert_array_equal(call(client, mover), np.ones((1, 3)))
+        assert brokers(s) == brokers_before
