@@ -1,8 +1,10 @@
 """What a model directory holds, as stat signatures, so that a poll or an explicit load can tell
 whether a model changed, and which of its versions, without reading any file.
 
-A model's fingerprint has one digest for everything outside its version directories (config,
-`configs/`, labels, `warmup/`) and one per version directory. A digest covers every entry's
+A model's fingerprint has one digest for its config files (`config.pbtxt`, `configs/`), one for
+everything else outside its version directories (labels, `warmup/`, ...) and one per version
+directory: a load that changes only the config's instance groups can then tell that no file
+the model reads changed. A digest covers every entry's
 relative path, type, size, modification time and inode, so a file rewritten in place, renamed
 over or touched changes it. An entry that vanishes mid-walk makes the digest unique, so a
 directory being copied never looks stable.
@@ -20,11 +22,15 @@ from .layout import ModelSource
 _unstable = itertools.count()
 
 
+CONFIG_ENTRIES = ("config.pbtxt", "configs")
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     shared: str
     versions: dict[int, str] = field(default_factory=dict)
     path: str = ""                       # the directory it describes (a moved model is a changed one)
+    config: str = ""                     # the config files'
 
     def changed_versions(self, other: "Fingerprint | None") -> set[int]:
         """Versions whose directory differs from `other`'s (all of them when `other` is None)."""
@@ -73,6 +79,7 @@ def fingerprint(model_path: str) -> Fingerprint | None:
     except OSError:
         return None
     shared = hashlib.blake2b(digest_size=16)
+    config = hashlib.blake2b(digest_size=16)
     versions: dict[int, str] = {}
     for e in entries:
         try:
@@ -87,10 +94,11 @@ def fingerprint(model_path: str) -> Fingerprint | None:
             _walk(h, e.path, e.name)
             versions[int(e.name)] = h.hexdigest()
             continue
-        _entry(shared, e.name, st)
+        h = config if e.name in CONFIG_ENTRIES else shared
+        _entry(h, e.name, st)
         if is_dir:
-            _walk(shared, e.path, e.name)
-    return Fingerprint(shared.hexdigest(), versions, model_path)
+            _walk(h, e.path, e.name)
+    return Fingerprint(shared.hexdigest(), versions, model_path, config.hexdigest())
 
 
 def source_fingerprint(source: ModelSource) -> Fingerprint | None:

@@ -38,9 +38,10 @@ from tritond.broker.lifecycle.runner import All, Answer, FreeSlot, Job, Lock, Op
 from tritond.broker.scheduling.rate_limiter import RateLimiter
 from tritond.broker.tables.registry import ModelRegistry
 from tritond.broker.lifecycle.reload import LoadedFrom, failed_entry, plan, serving, settled, switch
+from tritond.broker.lifecycle.resize import match, only_instances_changed
 from tritond.broker.lifecycle.retire import Retirement
 from tritond.broker.lifecycle.threads import ThreadBudget, usable_cores
-from tritond.broker.supervision.pool import Instance
+from tritond.broker.supervision.pool import Instance, InstanceState
 
 log = logging.getLogger("tritond.broker")
 
@@ -78,6 +79,8 @@ class ModelControl:
         self.hangup_pending = False
         self.fingerprints: dict[str, Fingerprint] = {}   # as the last load of each model saw it
         self.elsewhere: dict[str, int] = {}     # models another broker schedules (--broker-shards)
+        self.send_stop = send_stop
+        self.leaving: list[tuple[ModelVersion, Instance]] = []     # instances a resize removed, until stopped
         self.publish = publish          # sends the table when it changed
         self.fatal = fatal              # the broker cannot go on
         # each CPU instance's share of the host's cores, after one for the broker and one for
@@ -150,6 +153,8 @@ class ModelControl:
     def tick(self, now: float) -> None:
         self.runner.tick()
         self.retirement.tick(now)
+        if self.leaving:
+            self._stop_leaving()
         if now >= self.next_poll and not self.polling and self.registry.startup_done:
             self.polling = True
             self.runner.start(self._poll_round())
@@ -310,6 +315,9 @@ class ModelControl:
             return self._failed(spec, old)
         config = config_to_json(spec.config)
         now = LoadedFrom(source.path, config, fp, override is not None)
+        if only_instances_changed(before, now, old, spec.versions):
+            errors = yield from self._resize(spec, config, old, now)
+            return errors
         change = plan(old, before, now, spec.versions, force)
         if change.nothing and all(mv.state == READY for mv in old.values()):
             self.loaded_from[name] = now
@@ -347,6 +355,61 @@ class ModelControl:
             self.loaded_from[name] = now
         return [f"load failed for model '{name}': version {v} is at UNAVAILABLE state: {why};\n"
                 for v, why in outcome.failures]
+
+    def _resize(self, spec: ModelSpec, config: dict, old: dict[int, ModelVersion], now: LoadedFrom) -> Generator:
+        """Update the instances of a model whose load changed only its instance groups
+        (resize.py); answered once the new instances serve and the removed ones stopped."""
+        name = spec.name
+        added: list[Instance] = []
+        removed: list[tuple[ModelVersion, Instance]] = []
+        for mv in old.values():
+            new, gone = match(mv, config)
+            threads = next(iter(mv.threads.values()), None)
+            mv.set_config({**(mv.config or {}), "instance_group": config.get("instance_group", [])})
+            for inst in new:
+                if threads is not None:
+                    mv.threads[inst.index] = threads
+            refused = self.limiter.register(mv) if self.limiter is not None else ""
+            if refused:
+                log.error("model '%s': %s", name, refused)
+            added += new
+            removed += [(mv, inst) for inst in gone]
+            for inst in new:
+                self.lifecycle.start_instance(mv, inst)
+        log.info("model '%s': %d instance(s) added, %d removed; the others keep serving", name, len(added),
+                 len(removed))
+        self.leaving.extend(removed)
+        self._stop_leaving()
+        self.registry.dirty = True
+        yield Until(lambda: all(i.state not in (InstanceState.STARTING, InstanceState.RESTARTING) for i in added)
+                    and all(i.state in (InstanceState.STOPPED, InstanceState.FAILED) or mv.scheduler.holds(i)
+                            for mv, i in removed))
+        yield FreeSlot()
+        self.loaded_from[name] = now
+        self.registry.specs[name] = spec
+        self.threads.done(name)
+        return [f"load failed for model '{name}': instance '{i.name}' failed: {i.last_error};\n"
+                for i in added if i.state is InstanceState.FAILED]
+
+    def _stop_leaving(self) -> None:
+        """Instances a resize removed: each stops once idle; a stopped one leaves its version."""
+        for mv, inst in list(self.leaving):
+            if inst.state is InstanceState.READY and mv.scheduler is not None and mv.scheduler.holds(inst):
+                continue
+            if inst.state in (InstanceState.READY, InstanceState.STARTING) and self.lifecycle.pool.alive(inst):
+                inst.move_to(InstanceState.STOPPING)
+                self.send_stop(inst)
+            elif inst.state is InstanceState.RESTARTING:
+                inst.move_to(InstanceState.STOPPED)
+            if inst.state in (InstanceState.STOPPED, InstanceState.FAILED):
+                self.leaving.remove((mv, inst))
+                if inst in mv.instances:
+                    mv.instances.remove(inst)
+                mv.threads.pop(inst.index, None)
+                if mv.scheduler is not None:
+                    mv.scheduler.forget(inst)
+                if self.limiter is not None:
+                    self.limiter.forget(inst)
 
     def _failed(self, spec: ModelSpec, old: dict[int, ModelVersion]) -> list[str]:
         """A model whose spec cannot be loaded: an old version that serves keeps serving."""

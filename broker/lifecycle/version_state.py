@@ -54,16 +54,7 @@ class Lifecycle:
     def new_version(self, name: str, version: int, path: str, config: dict[str, Any]) -> ModelVersion:
         """A version and its instances (Triton's instance groups), nothing started yet."""
         mv = ModelVersion(name, version, path, os.path.dirname(path), config, latency=self.latency)
-        index = 0
-        for g, group in enumerate(config.get("instance_group") or []):
-            kind = str(group.get("kind", "KIND_CPU")).replace("KIND_", "")
-            # As Triton: a GPU group has `count` instances on each of its GPUs.
-            devices = [int(d) for d in group.get("gpus") or [0]] if kind == "GPU" else [0]
-            label = group.get("name") or f"{name}_{g}"
-            for i, device in enumerate(d for d in devices for _ in range(int(group.get("count", 1)))):
-                mv.instances.append(Instance(name, version, index, f"{label}_{i}", kind=kind, device_id=device,
-                                             group=g))
-                index += 1
+        mv.instances = instances_of(name, version, config)
         return mv
 
     def worker_spec(self, mv: ModelVersion, inst: Instance) -> WorkerSpec:
@@ -180,3 +171,18 @@ class Lifecycle:
                 self.pool.kill(inst)
         self.registry.set_state(mv, UNAVAILABLE, reason)
         self.on_settle()
+
+
+def instances_of(name: str, version: int, config: dict[str, Any], first_index: int = 0) -> list[Instance]:
+    """The instances a config's instance groups ask for, numbered from `first_index`."""
+    out = []
+    index = first_index
+    for g, group in enumerate(config.get("instance_group") or []):
+        kind = str(group.get("kind", "KIND_CPU")).replace("KIND_", "")
+        # As Triton: a GPU group has `count` instances on each of its GPUs.
+        devices = [int(d) for d in group.get("gpus") or [0]] if kind == "GPU" else [0]
+        label = group.get("name") or f"{name}_{g}"
+        for i, device in enumerate(d for d in devices for _ in range(int(group.get("count", 1)))):
+            out.append(Instance(name, version, index, f"{label}_{i}", kind=kind, device_id=device, group=g))
+            index += 1
+    return out

@@ -80,6 +80,16 @@ class Scheduling(Protocol):
     def instance_lost(self, mv: "ModelVersion", inst: "Instance", how: str) -> None:
         """`inst`'s worker died; its batch was already answered."""
 
+    def resized(self, added: list["Instance"], removed: list["Instance"]) -> None:
+        """A load changed the version's instances in place (lifecycle/resize.py): `removed`
+        take no new work but what only they can finish."""
+
+    def holds(self, inst: "Instance") -> bool:
+        """`inst` owes work only it can do (a sequence bound to it): a removed one stays."""
+
+    def forget(self, inst: "Instance") -> None:
+        """A removed instance stopped: it is gone for good."""
+
     def remove(self, pred: Callable[[Pending], bool]) -> list[Pending]:
         """Take out every queued request matching `pred`."""
 

@@ -120,6 +120,15 @@ class QueuedScheduling:
     def instance_lost(self, mv: "ModelVersion", inst: "Instance", how: str) -> None:
         pass
 
+    def resized(self, added: list["Instance"], removed: list["Instance"]) -> None:
+        pass
+
+    def holds(self, inst: "Instance") -> bool:
+        return False
+
+    def forget(self, inst: "Instance") -> None:
+        pass
+
     def remove(self, pred: Callable[[Pending], bool]) -> list[Pending]:
         return self.queue.remove(pred)
 

@@ -63,7 +63,7 @@ class RateLimiter:
 
     def register(self, mv: "ModelVersion") -> str:
         """Note what `mv`'s instances need; the reason it cannot be scheduled ('' when it can)."""
-        added = {inst: instance_needs(mv.config or {}, inst) for inst in mv.instances}
+        added = {inst: instance_needs(mv.config or {}, inst) for inst in mv.instances if not inst.leaving}
         keys = {k for needs, _ in added.values() for k in needs} | {k for n in self.needs.values() for k in n}
         names = {(name, dev == GLOBAL) for name, dev in keys}
         for name, _ in names:
@@ -82,6 +82,13 @@ class RateLimiter:
             self.executions.setdefault(inst, 0)
         self._recompute()
         return ""
+
+    def forget(self, inst: Instance) -> None:
+        """An instance removed from its version has stopped (its last grant was released)."""
+        self.needs.pop(inst, None)
+        self.priority.pop(inst, None)
+        self.executions.pop(inst, None)
+        self._recompute()
 
     def unregister(self, mv: "ModelVersion") -> None:
         for inst in mv.instances:

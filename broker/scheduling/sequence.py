@@ -19,7 +19,7 @@ from tritond.wire.schema import EndSequences, ExecRequest, Infer, Inline, ModelV
 from tritond.broker.scheduling.batcher import Pending
 from tritond.broker.scheduling.policy import Batches
 from tritond.broker.scheduling.sequence_slots import BACKLOG_EXPIRED, FLAG_END, FLAG_START, SequenceBatcher, lost_message
-from tritond.broker.supervision.pool import Instance
+from tritond.broker.supervision.pool import Instance, InstanceState
 from tritond.broker.tables.inflight import Req
 from tritond.broker.tables.model_version import ModelVersion
 from tritond.broker.test_hooks import backlog_delay_scheduler, delay_scheduler
@@ -136,7 +136,7 @@ class SequenceScheduling:
                 batcher.instance_up(inst.name, now)
         self.expire(mv, now)
         wake = 0
-        for inst in mv.free_instances():
+        for inst in [i for i in mv.instances if i.state is InstanceState.READY]:     # removed ones finish theirs
             entries, at = batcher.next_batch(inst.name, now)
             if entries:
                 self._send(mv, inst, entries, now)
@@ -215,6 +215,19 @@ class SequenceScheduling:
         if count:
             log.error("model '%s' instance '%s' %s: the %d sequence(s) whose state it held are lost",
                       mv.name, inst.name, how, count)
+
+    def resized(self, added: list[Instance], removed: list[Instance]) -> None:
+        now = self.path.clock.now_ns()
+        for inst in added:
+            self.batcher.add_instance(inst.name, now)
+        for inst in removed:
+            self.batcher.close_instance(inst.name)
+
+    def holds(self, inst: Instance) -> bool:
+        return self.batcher.holds(inst.name)
+
+    def forget(self, inst: Instance) -> None:
+        self.batcher.forget_instance(inst.name)
 
     def remove(self, pred: Callable[[Pending], bool]) -> list[Pending]:
         return self.batcher.remove(pred)

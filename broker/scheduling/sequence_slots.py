@@ -73,7 +73,10 @@ class SequenceBatcher:
         self.oldest = view.oldest
         self.max_batch = max(1, max_batch_size)
         per_instance = view.max_candidates if self.oldest and view.max_candidates > 0 else self.max_batch
+        self.per_instance = per_instance
         self.slots = {name: [Slot(name, i, n) for i in range(per_instance)] for n, name in enumerate(instances)}
+        self.orders = itertools.count(len(self.slots))
+        self.closing: set[str] = set()       # instances a resize removed: no new sequence binds there
         self.free: list[tuple[int, int, Slot]] = [(s.index, s.order, s) for slots in self.slots.values()
                                                   for s in slots]
         heapq.heapify(self.free)
@@ -143,6 +146,8 @@ class SequenceBatcher:
         slot = None
         while self.free:
             entry = heapq.heappop(self.free)
+            if entry[2].instance in self.closing:
+                continue
             if entry[2].instance in self.down:
                 skipped.append(entry)
                 continue
@@ -162,6 +167,8 @@ class SequenceBatcher:
         if slot.seq is not None and slot.seq.slot is slot:
             slot.seq.slot = None
         slot.seq = None
+        if slot.instance in self.closing:
+            return
         if slot.instance not in self.down and self.backlog:
             seq = self.backlog.popleft()
             slot.seq, seq.slot, seq.deadline_ns = seq, slot, 0
@@ -340,6 +347,35 @@ class SequenceBatcher:
             self.count -= len(issued)
             out.extend(issued)
         return count, out
+
+    def add_instance(self, instance: str, now_ns: int) -> None:
+        """A resize added an instance: its slots take sequences from now on."""
+        order = next(self.orders)
+        self.slots[instance] = [Slot(instance, i, order) for i in range(self.per_instance)]
+        for slot in self.slots[instance]:
+            heapq.heappush(self.free, (slot.index, slot.order, slot))
+        if self.oldest:
+            self.batchers[instance] = Scheduler(self.policy)
+        while self.backlog and self._bind(self.backlog[0]):
+            seq = self.backlog.popleft()
+            if self.oldest:
+                self._issue(seq.slot, now_ns)
+
+    def close_instance(self, instance: str) -> None:
+        """A resize removed an instance: the sequences bound to it run to their end there."""
+        self.closing.add(instance)
+
+    def holds(self, instance: str) -> bool:
+        """A sequence is still bound to one of the instance's slots."""
+        return any(slot.seq is not None for slot in self.slots.get(instance, ()))
+
+    def forget_instance(self, instance: str) -> None:
+        self.slots.pop(instance, None)
+        self.batchers.pop(instance, None)
+        self.closing.discard(instance)
+        self.down.discard(instance)
+        self.free = [entry for entry in self.free if entry[2].instance != instance]
+        heapq.heapify(self.free)
 
     def instance_up(self, instance: str, now_ns: int) -> None:
         """The instance serves again: backlogged sequences may take its slots."""

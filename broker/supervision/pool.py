@@ -94,6 +94,7 @@ class Instance:
     kind: str = "CPU"
     device_id: int = 0
     group: int = 0                 # index of its instance group in the config
+    leaving: bool = False          # a load removed it from its version: it takes no more work
     generation: int = 0
     pid: int = 0
     pidfd: int = -1

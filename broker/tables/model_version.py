@@ -68,4 +68,4 @@ class ModelVersion:
         return [i for i in self.instances if i.serving]
 
     def free_instances(self) -> list[Instance]:
-        return [i for i in self.instances if i.state is InstanceState.READY]
+        return [i for i in self.instances if i.state is InstanceState.READY and not i.leaving]

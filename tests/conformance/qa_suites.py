@@ -9,6 +9,7 @@ from suites_sequence import l0_http_generate, l0_sequence_batcher, l0_sequence_b
 from suites_tensors import (l0_client_nobatch, l0_infer_reshape, l0_infer_variable, l0_infer_zero, l0_nan_inf,
                             l0_nullchar_string, l0_optional_input, l0_output_name, l0_parameters, l0_scalar_io,
                             l0_server_status, l0_string_io)
+from suites_updates import l0_model_update
 
 SUITES = {
     "L0_http": l0_http,
@@ -35,4 +36,5 @@ SUITES = {
     "L0_server_status": l0_server_status,
     "L0_simple_ensemble": l0_simple_ensemble,
     "L0_backend_python": l0_backend_python,
+    "L0_model_update": l0_model_update,
 }

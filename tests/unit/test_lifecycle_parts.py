@@ -76,7 +76,10 @@ def test_fingerprints_tell_which_part_of_a_model_changed(tmp_path):
     second = fingerprint(str(tmp_path / "m"))
     assert second.shared == first.shared and second.changed_versions(first) == {2}
     (tmp_path / "m" / "config.pbtxt").write_text("b")
-    assert fingerprint(str(tmp_path / "m")).shared != second.shared
+    third = fingerprint(str(tmp_path / "m"))
+    assert third.config != second.config and third.shared == second.shared and third != second
+    (tmp_path / "m" / "labels.txt").write_text("cat")
+    assert fingerprint(str(tmp_path / "m")).shared != third.shared
     assert fingerprint(str(tmp_path / "gone")) is None
 
 
