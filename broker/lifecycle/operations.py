@@ -32,7 +32,7 @@ from tritond.wire.schema import LoadModel, UnloadModel
 
 from tritond.broker.clock import Clock
 from tritond.broker.ensembles.submission import Ensembles
-from tritond.broker.lifecycle.version_state import Lifecycle
+from tritond.broker.lifecycle.version_state import Lifecycle, instances_of
 from tritond.broker.tables.model_version import READY, ModelVersion
 from tritond.broker.lifecycle.runner import All, Answer, FreeSlot, Job, Lock, OpRunner, Slot, Until
 from tritond.broker.scheduling.rate_limiter import RateLimiter
@@ -360,6 +360,11 @@ class ModelControl:
         """Update the instances of a model whose load changed only its instance groups
         (resize.py); answered once the new instances serve and the removed ones stopped."""
         name = spec.name
+        if self.limiter is not None:
+            refused = self.limiter.refusal(config, instances_of(name, 0, config))
+            if refused:
+                log.error("failed to load '%s': %s", name, refused)
+                return [f"load failed for model '{name}': {refused}\n"]
         added: list[Instance] = []
         removed: list[tuple[ModelVersion, Instance]] = []
         for mv in old.values():
@@ -369,9 +374,8 @@ class ModelControl:
             for inst in new:
                 if threads is not None:
                     mv.threads[inst.index] = threads
-            refused = self.limiter.register(mv) if self.limiter is not None else ""
-            if refused:
-                log.error("model '%s': %s", name, refused)
+            if self.limiter is not None:
+                self.limiter.register(mv)
             added += new
             removed += [(mv, inst) for inst in gone]
             for inst in new:

@@ -11,6 +11,7 @@ priority 1. With `--rate-limit=off` (the default) resources and priorities are i
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ from tritond.broker.supervision.pool import Instance
 
 if TYPE_CHECKING:
     from tritond.broker.tables.model_version import ModelVersion
+
+log = logging.getLogger("tritond.broker")
 
 GLOBAL = -2
 ANY_DEVICE = -1
@@ -64,6 +67,21 @@ class RateLimiter:
     def register(self, mv: "ModelVersion") -> str:
         """Note what `mv`'s instances need; the reason it cannot be scheduled ('' when it can)."""
         added = {inst: instance_needs(mv.config or {}, inst) for inst in mv.instances if not inst.leaving}
+        refused = self._refusal(added)
+        if refused:
+            return refused
+        for inst, (needs, priority) in added.items():
+            self.needs[inst] = needs
+            self.priority[inst] = priority
+            self.executions.setdefault(inst, 0)
+        self._recompute()
+        return ""
+
+    def refusal(self, config: dict[str, Any], instances: list[Instance]) -> str:
+        """Why these instances of this config could not be scheduled ('' when they could)."""
+        return self._refusal({inst: instance_needs(config, inst) for inst in instances})
+
+    def _refusal(self, added: dict[Instance, tuple[dict[Key, int], int]]) -> str:
         keys = {k for needs, _ in added.values() for k in needs} | {k for n in self.needs.values() for k in n}
         names = {(name, dev == GLOBAL) for name, dev in keys}
         for name, _ in names:
@@ -76,11 +94,6 @@ class RateLimiter:
                 if have is not None and have < n:
                     return (f'Resource count for "{key[0]}" is limited to {have} which will prevent scheduling '
                             f"of one or more model instances, the minimum required count is {n}")
-        for inst, (needs, priority) in added.items():
-            self.needs[inst] = needs
-            self.priority[inst] = priority
-            self.executions.setdefault(inst, 0)
-        self._recompute()
         return ""
 
     def forget(self, inst: Instance) -> None:
@@ -113,7 +126,11 @@ class RateLimiter:
         for needs in self.needs.values():
             for key, n in needs.items():
                 cap[key] = max(cap.get(key, 0), n)
-        self.capacity = {k: (self._explicit(k) if self.explicit else n) for k, n in cap.items()}
+        capacity = {k: (self._explicit(k) if self.explicit else n) for k, n in cap.items()}
+        if capacity != self.capacity and log.isEnabledFor(logging.DEBUG):   # Triton's verbose lines
+            for (name, device), n in sorted(capacity.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+                log.debug("Resource: %s\t Count: %d%s", name, n, "" if device == GLOBAL else f"\t Device: {device}")
+        self.capacity = capacity
 
     # ---------------------------------------------------------------- granting
 
