@@ -23,6 +23,10 @@ def l0_model_update(qa) -> None:
         shutil.move(models / "model_init_del" / "model.py", models / "model_init_del" / "1" / "model.py")
         env = {"RATE_LIMIT_MODE": mode, "MODEL_LOG_DIR": str(d), "PYTHONDONTWRITEBYTECODE": "True"}
         log = f"rate_limit_{mode}.server.log"
+        # the test reads the server log where test.sh writes it
+        named = d / f"instance_update_test.{log}"
+        named.unlink(missing_ok=True)
+        named.symlink_to(qa.results / f"{qa.suite}.{log}")
         server = qa.start(d, f"--model-repository=models --model-control-mode=explicit {rate_limit} --log-verbose=2",
                           log, env=env)
         qa.unittest(d, "instance_update_test.py", variant=mode, env=env, server=server)
