@@ -99,6 +99,7 @@ class Broker:
         self.fe_decoder = S.decoder(S.FrontendMsg)
         self.wk_decoder = S.decoder(S.WorkerMsg)
         self.peers: dict[bytes, tuple[str, int]] = {}     # frontend identity -> (kind, pid)
+        self.broker_peers: set[bytes] = set()     # the identities the other brokers (--broker-shards) said hello with
         self.settings = Settings(opts.log, opts.trace, self.observe_changed)
 
         self.registry = ModelRegistry()
@@ -253,7 +254,8 @@ class Broker:
             self.sockets.to_frontend(ident, S.encode(self.table_for(ident)))
             self.sockets.to_frontend(ident, S.encode(self.observed()))
         if isinstance(msg, S.Infer):
-            self.on_infer(reply, msg, None, ident)
+            # another broker's is a model's BLS call, served while the server drains
+            self.on_infer(reply, msg, None, ident, bool(self.broker_peers) and ident in self.broker_peers)
         elif isinstance(msg, S.Release):
             self.frontend_leases.released(ident, msg)
             self.route_release(msg)
@@ -278,6 +280,8 @@ class Broker:
             return
         self.frontends[ident] = functools.partial(self.reply_frontend, ident)
         self.peers[ident] = (msg.kind, msg.pid)
+        if msg.kind == "broker":
+            self.broker_peers.add(ident)
         if msg.kind != "supervisor":      # frontends and the other brokers (their BLS calls)
             self.frontend_leases.hello(ident, msg.pid)
         self.sockets.to_frontend(ident, S.encode(self.table_for(ident)))
@@ -294,12 +298,14 @@ class Broker:
                        error: TritonError | None = None) -> None:
         self.sockets.to_frontend(ident, S.encode(S.ControlReply(cid, result, error)))
 
-    def on_infer(self, reply: ReplyTo, msg: S.Infer, caller: bytes | None = None, requester: bytes = b"") -> None:
+    def on_infer(self, reply: ReplyTo, msg: S.Infer, caller: bytes | None = None, requester: bytes = b"",
+                 forwarded: bool = False) -> None:
         """A request from a frontend (`requester`), or (`caller`: a worker's identity) a model's
         BLS call, which is served even while the server drains: its caller is a request in
-        flight. Either may cancel it while it is owed a reply."""
+        flight. Either may cancel it while it is owed a reply. `forwarded`: a BLS call another
+        broker passed on (requester: that broker)."""
         try:
-            if caller is None and self.drain.stopping:
+            if caller is None and not forwarded and self.drain.stopping:
                 raise unavailable(SHUTTING_DOWN)
             untrusted(msg, self.own_prefix)
             if caller is not None and self.links is not None and not self.registry.get(msg.model):

@@ -2,9 +2,11 @@
 
 Each broker schedules its own group of models and publishes its own table; a request goes
 straight to its model's broker, so no broker relays another's traffic. Control operations go
-to the first broker, which answers for all (broker/shards/fanout.py). Request ids carry the
-broker in their low digits, so a reply's outputs are released where they came from, and
-trace ids carry it in their high bits (wire.schema.TRACE_SHARD_SHIFT).
+to the first broker, which answers for all (broker/shards/fanout.py); a load or unload is
+followed by a round trip to each other broker, so the table it produced is here when the
+caller hears it succeeded. Request ids carry the broker in their low digits, so a reply's
+outputs are released where they came from, and trace ids carry it in their high bits
+(wire.schema.TRACE_SHARD_SHIFT).
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ class Brokers:
     def _merge(self, k: int) -> None:
         self._tables[k] = self.clients[k].table.table
         tables = [t for t in self._tables if t is not None]
-        route = {name: k for k, t in enumerate(self._tables) if t is not None for name in t.names}
+        route = {name: k for k, t in enumerate(self._tables) if t is not None
+                 for name in [*t.names, *(e.name for e in t.models)]}     # a model loaded from file overrides alone
         complete = len(tables) == self.shards
         self.route = route
         self.table = ModelTable(S.Table(
@@ -79,7 +82,13 @@ class Brokers:
         self._client(reply.rid).release_outputs(reply)
 
     async def control(self, op: S.ControlOp, timeout: float = 600.0) -> Any:
-        return await self.first.control(op, timeout)
+        result = await self.first.control(op, timeout)
+        if isinstance(op, (S.LoadModel, S.UnloadModel)):
+            # The broker that loaded the model published its table on its own connection before
+            # it answered; a round trip on each connection makes sure this process has it.
+            await asyncio.gather(*(c.control(S.LogSettings({}), timeout) for c in self.clients[1:] if c.alive),
+                                 return_exceptions=True)
+        return result
 
     def send_quietly(self, msg: S.TraceDone) -> None:
         k = msg.id >> S.TRACE_SHARD_SHIFT

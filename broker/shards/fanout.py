@@ -2,8 +2,9 @@
 
 Frontends send every control operation to the first broker. One about a model goes to the
 broker that schedules it; one about the whole server goes to every broker and the answers
-merge (the repository index, statistics and metrics of all models; a drain that ends when
-every broker's has); what every broker must know alike (client shared-memory regions, log
+merge (the repository index, statistics and metrics of all models, the shared-memory regions
+any broker still holds; a drain that ends when every broker's has); what every broker must
+know alike (client shared-memory regions, log
 and trace settings) is applied here first, so that a refusal comes from one place, then
 passed on and remembered for a broker that restarts.
 """
@@ -74,6 +75,19 @@ def _stats(results: list[Any]) -> R.StatsReply:
     return R.StatsReply([s for r in _others(results) for s in r.model_stats])
 
 
+def _regions(results: list[Any]) -> R.ShmStatusReply | R.CudaStatusReply:
+    """A region is listed while any broker still holds it (one unregistered while requests use
+    it stays until they finish, in the broker that runs them)."""
+    answered = [r for r in results if not isinstance(r, TritonError)]
+    if not answered:
+        raise results[0]
+    seen: dict[str, Any] = {}
+    for r in answered:
+        for region in r.regions:
+            seen.setdefault(region.name, region)
+    return type(answered[0])(list(seen.values()))
+
+
 class Fanout:
     def __init__(self, links: PeerLinks, secondaries: Secondaries, jobs: Jobs, local: Local,
                  own_names: Callable[[], list[str]], opts: ServerOptions) -> None:
@@ -94,6 +108,8 @@ class Fanout:
             S.ShmUnregister: lambda op, a: self.everywhere_kept(op, a, ("shm", op.name)),
             S.CudaRegister: lambda op, a: self.everywhere_kept(op, a, ("cuda", op.name)),
             S.CudaUnregister: lambda op, a: self.everywhere_kept(op, a, ("cuda", op.name)),
+            S.ShmStatus: lambda op, a: self.everywhere(op, a, _regions),
+            S.CudaStatus: lambda op, a: self.everywhere(op, a, _regions),
             S.LogSettings: lambda op, a: self.everywhere_kept(op, a, ("log", repr(sorted(op.settings)))),
             S.TraceSettings: self.trace,
             S.ReopenLog: lambda op, a: self.everywhere(op, a, _first),
@@ -102,11 +118,7 @@ class Fanout:
         }
 
     def handle(self, op: S.ControlOp, answer: Answer) -> None:
-        route = self._ops.get(type(op))
-        if route is None:       # status queries: every broker holds the same
-            self.local(op, answer)
-        else:
-            route(op, answer)
+        self._ops[type(op)](op, answer)
 
     # ---------------------------------------------------------------- routes
 
