@@ -1,0 +1,175 @@
+"""A large binary infer request's body written into this frontend's shm arena as it arrives.
+
+Through ASGI, uvicorn grows a bytearray with each chunk, hands it out as bytes, the route joins
+the pieces again and the dataplane copies each tensor into the arena: four copies of every byte,
+each a fresh multi-MiB allocation whose pages the kernel zero-fills. When a request's head
+declares a body the route will take as it is (POST to an infer path, Content-Length between
+SINK_MIN and --http-max-input-size, no Content-Encoding, a usable
+Inference-Header-Content-Length), the protocol allocates one arena block of that size and
+copies each chunk the socket delivers into it, past the HTTP parser once the head is parsed:
+the route then parses the JSON in place and hands the tensors after it to the broker where they
+lie. The block is placed so that the binary part starts aligned for any element type.
+
+The route owns the block once the body is complete (BodySink.take); until then the sink frees
+it when the route or the connection ends without taking it.
+"""
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+import httptools
+from starlette.requests import ClientDisconnect
+
+from tritond.shm.arena import ALIGN, Arena, Block
+from tritond.wire.errors import TritonError
+
+SINK_MIN = 64 * 1024    # smaller bodies come whole in one or two reads: the ASGI path is cheaper
+SCOPE_KEY = "tritond.body_sink"
+
+
+class BodySink:
+    """An arena block the body's `size` bytes are written into, in arrival order."""
+    __slots__ = ("arena", "block", "view", "size", "filled", "base", "taken")
+
+    def __init__(self, arena: Arena, size: int, header_len: int) -> None:
+        pad = -header_len % ALIGN
+        self.arena = arena
+        self.block: Block | None = arena.alloc(size + pad)
+        self.view = self.block.view[pad:pad + size]
+        self.size = size
+        self.filled = 0
+        self.base = self.block.offset + pad     # the body's first byte, as an offset in the segment
+        self.taken = False
+
+    @property
+    def segment(self) -> str:
+        return self.block.seg
+
+    def write(self, data: bytes) -> int:
+        """Copy what of `data` the body still lacks; returns how many bytes that was (counted,
+        not copied, once the sink was released)."""
+        n = min(len(data), self.size - self.filled)
+        if self.block is not None:
+            self.view[self.filled:self.filled + n] = memoryview(data)[:n] if n < len(data) else data
+        self.filled += n
+        return n
+
+    @property
+    def complete(self) -> bool:
+        return self.filled == self.size
+
+    def take(self) -> Block:
+        """The block, now the caller's to free."""
+        assert self.block is not None and self.complete
+        self.taken = True
+        return self.block
+
+    def release(self) -> None:
+        """Free the block unless it was taken; later writes are dropped."""
+        block, self.block = self.block, None
+        if block is not None and not self.taken:
+            self.arena.free(block.seg, block.offset)
+
+
+def _declared(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The Inference-Header-Content-Length of an unencoded body, None when the route would
+    not take the body as it is (an encoding to undo, no binary part, a value it refuses)."""
+    header_len = None
+    for name, value in headers:
+        if name == b"inference-header-content-length":
+            if header_len is None:          # the first of repeated fields wins, as in the route
+                header_len = value
+        elif name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            return None
+    if header_len is None or not header_len.isdigit():
+        return None
+    return int(header_len)
+
+
+def sink_protocol(base: type, arena: Arena, is_infer: Callable[[str], object], limit: int) -> type:
+    """`base` (the limited uvicorn protocol of limits.py, whose on_header notes the framing and
+    the Content-Length) writing large binary infer bodies into `arena`."""
+
+    class Sinking(base):   # type: ignore[misc, valid-type]
+        _sink: BodySink | None = None
+        _direct = False         # the parser saw the head: the rest of the body bypasses it
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            if self._framing == 2 and len(self._length) >= 5:
+                self._open()
+
+        def _open(self) -> None:
+            cycle = self.cycle
+            length = self._length
+            if (cycle is None or cycle.scope is not self.scope or self.pipeline or not length.isdigit()
+                    or self.scope["method"] != "POST"):
+                return
+            size = int(length)
+            if not SINK_MIN <= size <= limit or not is_infer(self.scope["path"]):
+                return
+            header_len = _declared(self.headers)
+            if header_len is None or header_len > size:
+                return
+            try:
+                sink = BodySink(arena, size, header_len)
+            except TritonError:
+                return          # no shared memory to spare: the route reads the body itself
+            self._sink = sink
+            self._direct = False
+            self.scope[SCOPE_KEY] = sink
+
+        def on_body(self, body: bytes) -> None:
+            sink = self._sink
+            if sink is None:
+                super().on_body(body)
+            else:
+                sink.write(body)
+
+        def on_message_complete(self) -> None:
+            self._sink = None
+            super().on_message_complete()
+
+        def data_received(self, data: bytes) -> None:
+            sink = self._sink
+            if sink is None or not self._direct:
+                super().data_received(data)
+                if self._sink is not None:
+                    self._direct = True
+                return
+            taken = sink.write(data)
+            if sink.complete:
+                self._end_body()
+                if taken < len(data):
+                    self.data_received(data[taken:])
+
+        def _end_body(self) -> None:
+            """The body is in: a new parser for the next request on this connection (the
+            old one still counts the body's bytes it was never fed)."""
+            self.parser = httptools.HttpRequestParser(self)
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True, lenient_chunked_length=True)
+            self.on_message_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._sink = None
+            super().connection_lost(exc)
+
+    return Sinking
+
+
+def body_sink(scope: dict) -> BodySink | None:
+    return scope.get(SCOPE_KEY)
+
+
+async def until_complete(sink: BodySink, receive: Callable[[], Awaitable[dict]]) -> None:
+    """Wait for the rest of the body through ASGI `receive` (which sends the 100 Continue a
+    client asked for, and ends on the message the complete body brings); a disconnect before
+    the body is complete raises ClientDisconnect."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        if not message.get("more_body", False):
+            break
+    if not sink.complete:
+        raise ClientDisconnect()
