@@ -6,8 +6,9 @@ each a fresh multi-MiB allocation whose pages the kernel zero-fills. When a requ
 declares a body the route will take as it is (POST to an infer path, Content-Length between
 SINK_MIN and --http-max-input-size, no Content-Encoding, a usable
 Inference-Header-Content-Length), the protocol allocates one arena block of that size and
-copies each chunk the socket delivers into it, past the HTTP parser once the head is parsed:
-the route then parses the JSON in place and hands the tensors after it to the broker where they
+copies what came with the head into it; the rest the socket reads straight into the block (the
+transport is handed a buffered protocol for as long, so no byte of it is copied in this
+process), past the HTTP parser. The route then parses the JSON in place and hands the tensors after it to the broker where they
 lie. The block is placed so that the binary part starts aligned for any element type.
 
 The route owns the block once the body is complete (BodySink.take); until then the sink frees
@@ -15,7 +16,8 @@ it when the route or the connection ends without taking it.
 """
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+import asyncio
+from typing import Any, Awaitable, Callable
 
 import httptools
 from starlette.requests import ClientDisconnect
@@ -25,11 +27,12 @@ from tritond.wire.errors import TritonError
 
 SINK_MIN = 64 * 1024    # smaller bodies come whole in one or two reads: the ASGI path is cheaper
 SCOPE_KEY = "tritond.body_sink"
+SCRATCH_BYTES = 256 * 1024     # what a read may drop at once of a body nobody waits for any more
 
 
 class BodySink:
     """An arena block the body's `size` bytes are written into, in arrival order."""
-    __slots__ = ("arena", "block", "view", "size", "filled", "base", "taken")
+    __slots__ = ("arena", "block", "view", "size", "filled", "base", "taken", "scratch")
 
     def __init__(self, arena: Arena, size: int, header_len: int) -> None:
         pad = -header_len % ALIGN
@@ -40,6 +43,7 @@ class BodySink:
         self.filled = 0
         self.base = self.block.offset + pad     # the body's first byte, as an offset in the segment
         self.taken = False
+        self.scratch: bytearray | None = None
 
     @property
     def segment(self) -> str:
@@ -53,6 +57,18 @@ class BodySink:
             self.view[self.filled:self.filled + n] = memoryview(data)[:n] if n < len(data) else data
         self.filled += n
         return n
+
+    def rest(self) -> memoryview:
+        """Where the socket reads the next bytes of the body to: the block, or once it was
+        released, a scratch buffer they are dropped in."""
+        if self.block is not None:
+            return self.view[self.filled:]
+        if self.scratch is None:
+            self.scratch = bytearray(SCRATCH_BYTES)
+        return memoryview(self.scratch)[:self.size - self.filled]
+
+    def advance(self, nbytes: int) -> None:
+        self.filled += nbytes
 
     @property
     def complete(self) -> bool:
@@ -92,7 +108,6 @@ def sink_protocol(base: type, arena: Arena, is_infer: Callable[[str], object], l
 
     class Sinking(base):   # type: ignore[misc, valid-type]
         _sink: BodySink | None = None
-        _direct = False         # the parser saw the head: the rest of the body bypasses it
 
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
@@ -116,7 +131,6 @@ def sink_protocol(base: type, arena: Arena, is_infer: Callable[[str], object], l
             except TritonError:
                 return          # no shared memory to spare: the route reads the body itself
             self._sink = sink
-            self._direct = False
             self.scope[SCOPE_KEY] = sink
 
         def on_body(self, body: bytes) -> None:
@@ -131,21 +145,15 @@ def sink_protocol(base: type, arena: Arena, is_infer: Callable[[str], object], l
             super().on_message_complete()
 
         def data_received(self, data: bytes) -> None:
+            super().data_received(data)
             sink = self._sink
-            if sink is None or not self._direct:
-                super().data_received(data)
-                if self._sink is not None:
-                    self._direct = True
-                return
-            taken = sink.write(data)
-            if sink.complete:
-                self._end_body()
-                if taken < len(data):
-                    self.data_received(data[taken:])
+            if sink is not None and not self.transport.is_closing():
+                self.transport.set_protocol(_BodyReader(self, sink))
 
-        def _end_body(self) -> None:
-            """The body is in: a new parser for the next request on this connection (the
-            old one still counts the body's bytes it was never fed)."""
+        def end_body(self) -> None:
+            """The body is in: the transport reads for this protocol again, with a new parser
+            (the old one still counts the body's bytes it was never fed)."""
+            self.transport.set_protocol(self)
             self.parser = httptools.HttpRequestParser(self)
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True, lenient_chunked_length=True)
             self.on_message_complete()
@@ -157,8 +165,33 @@ def sink_protocol(base: type, arena: Arena, is_infer: Callable[[str], object], l
     return Sinking
 
 
-def body_sink(scope: dict) -> BodySink | None:
-    return scope.get(SCOPE_KEY)
+class _BodyReader(asyncio.BufferedProtocol):
+    """The transport's protocol while the rest of a sunk body arrives: the socket reads it into
+    the sink; every other event goes to the HTTP protocol, which takes over again after."""
+
+    def __init__(self, owner: Any, sink: BodySink) -> None:
+        self.owner = owner
+        self.sink = sink
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.sink.rest()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.sink.advance(nbytes)
+        if self.sink.complete:
+            self.owner.end_body()
+
+    def eof_received(self) -> bool | None:
+        return self.owner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.owner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.owner.resume_writing()
 
 
 async def until_complete(sink: BodySink, receive: Callable[[], Awaitable[dict]]) -> None:
