@@ -2,7 +2,7 @@
 
 Validates a request against the model config the broker published (with Triton's error
 texts), places tensor bytes (inline when small, else one copy into this frontend's shm
-arena), asks the broker, and hands back output views that point into the worker's shm.
+arena, none when the transport already wrote them there), asks the broker, and hands back output views that point into the worker's shm.
 """
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import orjson
 
 from tritond.repository.datatypes import (ELEMENT_SIZE, WIRE_TO_NUMPY, WIRE_TYPES, array_to_bytes, element_count,
                                           serialize_bytes)
-from tritond.wire.errors import Code, TritonError, invalid, request_prefix as prefix, unsupported
 from tritond.wire import schema as S
+from tritond.wire.errors import Code, TritonError, invalid, request_prefix as prefix, unsupported
 from tritond.wire.schema import INLINE_MAX, ModelView
 
 from ..dataplane import (FLAG_END, FLAG_START, MAX_STRING_CORRID, RESERVED_PREFIX, InferResult, InputTensor,

@@ -5,7 +5,9 @@ parsed in one call that returns the finished request, the model a path names is 
 per model table (the broker publishes a new table on every change), and the response head is
 built from pre-encoded lines. On uvicorn (the `send` handed in is its RequestResponseCycle's)
 the whole response goes out in one transport write, as uvicorn's send() would have written it
-in two; elsewhere (hypercorn, or a connection whose writes are paused) through ASGI `send`.
+in two, large binary outputs straight from the worker's shared memory; elsewhere (hypercorn,
+or a connection whose writes are paused) through ASGI `send`. A large binary request body is
+already in the frontend's arena when the route runs (sink.py).
 Error responses take the framework's path: they are not the hot path.
 """
 from __future__ import annotations
