@@ -1,14 +1,15 @@
 """A large binary infer request's body written into this frontend's shm arena as it arrives.
 
-Through ASGI, uvicorn grows a bytearray with each chunk, hands it out as bytes, the route joins
-the pieces again and the dataplane copies each tensor into the arena: four copies of every byte,
-each a fresh multi-MiB allocation whose pages the kernel zero-fills. When a request's head
-declares a body the route will take as it is (POST to an infer path, Content-Length between
-SINK_MIN and --http-max-input-size, no Content-Encoding, a usable
-Inference-Header-Content-Length), the protocol allocates one arena block of that size and
-copies what came with the head into it; the rest the socket reads straight into the block (the
-transport is handed a buffered protocol for as long, so no byte of it is copied in this
-process), past the HTTP parser. The route then parses the JSON in place and hands the tensors after it to the broker where they
+Through ASGI, every read is a new bytes object, the parser slices it, uvicorn grows a
+bytearray with the slices and hands it out as bytes, the route joins the pieces and the
+dataplane copies each tensor into the arena: five copies of every byte, most into fresh
+multi-MiB allocations whose pages the kernel zero-fills. When a request's head declares a body
+the route will take as it is (POST to an infer path, Content-Length between SINK_MIN and
+--http-max-input-size, no Content-Encoding, a usable Inference-Header-Content-Length), the
+protocol allocates one arena block of that size and copies what came with the head into it;
+the socket reads the rest straight into the block (the transport is handed a buffered
+protocol for as long, past the HTTP parser), so no byte of it is copied in this process. The
+route then parses the JSON in place and hands the tensors after it to the broker where they
 lie. The block is placed so that the binary part starts aligned for any element type.
 
 The route owns the block once the body is complete (BodySink.take); until then the sink frees
@@ -49,14 +50,13 @@ class BodySink:
     def segment(self) -> str:
         return self.block.seg
 
-    def write(self, data: bytes) -> int:
-        """Copy what of `data` the body still lacks; returns how many bytes that was (counted,
-        not copied, once the sink was released)."""
-        n = min(len(data), self.size - self.filled)
+    def write(self, data: bytes) -> None:
+        """Copy `data`, body bytes the parser framed (never more than the body lacks); once the
+        sink was released they are only counted."""
+        end = self.filled + len(data)
         if self.block is not None:
-            self.view[self.filled:self.filled + n] = memoryview(data)[:n] if n < len(data) else data
-        self.filled += n
-        return n
+            self.view[self.filled:end] = data
+        self.filled = end
 
     def rest(self) -> memoryview:
         """Where the socket reads the next bytes of the body to: the block, or once it was
