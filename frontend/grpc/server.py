@@ -17,6 +17,7 @@ import uvloop
 from tritond.wire.options import ServerOptions
 
 from ..client_subject import subject_rules
+from ..heap import keep_large_allocations
 from ..metadata import server_extensions
 from ..process import frontend_dataplane, start_process
 from ..tls import Reloader, TlsError, TlsFiles, TlsMaterial, load
@@ -105,6 +106,7 @@ async def run(opts: ServerOptions) -> None:
 
 def main(argv: list[str]) -> int:
     opts = start_process(argv, "grpc")
+    keep_large_allocations()
     try:
         uvloop.run(run(opts))
     except TlsError as e:
