@@ -111,25 +111,37 @@ def raw_request(x: np.ndarray, header_extra: dict | None = None, size: int | Non
     return head, body
 
 
+class Responses:
+    """The responses that arrive on one connection, in order."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.data = b""
+        sock.settimeout(30)
+
+    def _more(self) -> bool:
+        chunk = self.sock.recv(1 << 20)
+        self.data += chunk
+        return bool(chunk)
+
+    def next(self) -> tuple[int | None, dict, bytes]:
+        """(status, headers, body), None as the status when the server closed first."""
+        while b"\r\n\r\n" not in self.data:
+            if not self._more():
+                return None, {}, b""
+        head, self.data = self.data.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        length = int(headers.get("content-length", 0))
+        while len(self.data) < length and self._more():
+            pass
+        body, self.data = self.data[:length], self.data[length:]
+        return int(lines[0].split(" ")[1]), headers, body
+
+
 def response(sock: socket.socket) -> tuple[int | None, dict, bytes]:
-    """(status, headers, body) of one response, None as the status when the server closed first."""
-    sock.settimeout(30)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(1 << 16)
-        if not chunk:
-            return None, {}, b""
-        data += chunk
-    head, rest = data.split(b"\r\n\r\n", 1)
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    length = int(headers.get("content-length", 0))
-    while len(rest) < length:
-        chunk = sock.recv(1 << 20)
-        if not chunk:
-            break
-        rest += chunk
-    return int(lines[0].split(" ")[1]), headers, rest[:length]
+    """The one response a connection gets."""
+    return Responses(sock).next()
 
 
 def output_of(headers: dict, body: bytes) -> np.ndarray:
@@ -182,10 +194,11 @@ def test_a_body_in_small_pieces_and_a_next_request_behind_it(server):
             time.sleep(0.001)
         sock.sendall(pieces[-1] + head2 + body2[:100])
         sock.sendall(body2[100:])
-        status, headers, out = response(sock)
+        responses = Responses(sock)
+        status, headers, out = responses.next()
         assert status == 200
         np.testing.assert_array_equal(output_of(headers, out), x)
-        status, headers, out = response(sock)
+        status, headers, out = responses.next()
         assert status == 200
         np.testing.assert_array_equal(output_of(headers, out), y)
 
@@ -235,8 +248,9 @@ def test_bytes_beyond_the_length_are_a_bad_next_request(server):
     with connect(server) as sock:
         sock.sendall(head + body + b"garbage that is no request\r\n\r\n")
         answers = []
+        responses = Responses(sock)
         while True:
-            status, headers, out = response(sock)
+            status, headers, out = responses.next()
             if status is None:
                 break
             answers.append(status)
