@@ -2,8 +2,9 @@
 """A bare grpc.aio server (on uvloop, as tritond's gRPC frontend) whose ModelInfer answers each
 request with its own bytes: registered without (de)serializers, the handler is handed the
 message as one bytes object and returns it, so what it costs per byte is grpcio's own floor,
-the least any gRPC frontend on grpcio can spend. perf/bench_copies.py --cases grpc-floor
-measures it beside tritond.
+the least any gRPC frontend on grpcio can spend. malloc is set up as in tritond's gRPC frontend
+(frontend/heap.py), so the floor counts copies, not page faults. perf/bench_copies.py --cases
+grpc-floor measures it beside tritond.
 
   python perf/grpc_echo.py PORT
 """
@@ -14,6 +15,8 @@ import sys
 
 import grpc
 import uvloop
+
+from tritond.frontend.heap import keep_large_allocations
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 OPTIONS = [("grpc.max_send_message_length", (1 << 31) - 1), ("grpc.max_receive_message_length", (1 << 31) - 1)]
@@ -34,4 +37,5 @@ async def serve(port: int) -> None:
 
 
 if __name__ == "__main__":
+    keep_large_allocations()
     uvloop.run(serve(int(sys.argv[1])))
