@@ -181,37 +181,32 @@ class InferRoute:
         await self.serve(scope, receive, send, target)
 
     async def serve(self, scope: Scope, receive: Receive, send: Send, target: tuple[str, int]) -> None:
-        sink = scope.get(SINK_KEY)
-        if sink is None:
-            await self._serve(scope, receive, send, target, None)
-            return
+        sink = scope.get(SINK_KEY)      # the body the protocol writes into the arena, if it does
         try:
-            await self._serve(scope, receive, send, target, sink)
-        finally:
-            sink.release()
-
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, target: tuple[str, int],
-                     sink: BodySink | None) -> None:
-        headers = dict(reversed(scope["headers"]))      # the first of repeated fields wins, as in Starlette
-        if self.guarded:
-            refusal = self._refusal(scope, headers)
-            if refusal is not None:
-                await refusal(scope, receive, send)
+            headers = dict(reversed(scope["headers"]))      # the first of repeated fields wins, as in Starlette
+            if self.guarded:
+                refusal = self._refusal(scope, headers)
+                if refusal is not None:
+                    await refusal(scope, receive, send)
+                    return
+            try:
+                traced = await self._infer(scope, receive, send, headers, target, sink)
+            except TritonError as e:
+                await error_response(e)(scope, receive, send)
                 return
-        try:
-            traced = await self._infer(scope, receive, send, headers, target, sink)
-        except TritonError as e:
-            await error_response(e)(scope, receive, send)
-            return
-        except ClientDisconnect:
-            await Response(status_code=400)(scope, receive, send)
-            return
-        except Exception:
-            log.exception("unexpected error handling %s %s", scope["method"], scope["path"])
-            await json_response({"error": "internal error while handling the request"}, 500)(scope, receive, send)
-            return
-        if traced is not None:
-            self.dp.tracer.finish(*traced)
+            except ClientDisconnect:
+                await Response(status_code=400)(scope, receive, send)
+                return
+            except Exception:
+                log.exception("unexpected error handling %s %s", scope["method"], scope["path"])
+                await json_response({"error": "internal error while handling the request"}, 500)(
+                    scope, receive, send)
+                return
+            if traced is not None:
+                self.dp.tracer.finish(*traced)
+        finally:
+            if sink is not None:
+                sink.release()
 
     def _refusal(self, scope: Scope, headers: dict[bytes, bytes]) -> Response | None:
         restriction = self.restriction
@@ -275,7 +270,10 @@ class InferRoute:
             encoding_out = choose_encoding(accept.decode("latin-1")) if accept else "identity"
             direct = (type(cycle) is _UvicornCycle and not cycle.response_started and not cycle.flow.write_paused
                       and not cycle.access_log)
-            if blobs and (not direct or encoding_out != "identity" or sum([len(b) for b in blobs]) <= JOIN_MAX):
+            if blobs and (not direct or encoding_out != "identity" or scope["scheme"] != "http"
+                          or sum([len(b) for b in blobs]) <= JOIN_MAX):
+                # TLS encrypts (copies) what it is given anyway, and its transport's flow control
+                # cannot say when it holds nothing more (it pauses at zero bytes buffered)
                 body_out, blobs = b"".join([body_out, *blobs]), []
             if not blobs:
                 self.dp.release(result)
@@ -301,9 +299,9 @@ class InferRoute:
         """The whole response on uvicorn's cycle, as its send() writes a start message (its
         default headers first, `connection: close` when the connection ends) and one final
         body message, in one write. `blobs`, large outputs that follow `body` (their views of
-        the worker's shared memory), go to the transport as they are: it is told to call for
-        a pause until it has passed every byte to the socket, so the caller can wait for that
-        before the outputs are released."""
+        the worker's shared memory), go to a clear-text transport as they are: it is told to
+        call for a pause until it has passed every byte to the socket, so the caller can wait
+        for that before the outputs are released."""
         if cycle.disconnected:
             return                  # what uvicorn's send() does for a client that is gone
         defaults = cycle.default_headers

@@ -106,11 +106,15 @@ def sink_protocol(base: type, arena: Arena, is_infer: Callable[[str], object], l
     """`base` (the limited uvicorn protocol of limits.py, whose on_header notes the framing and
     the Content-Length) writing large binary infer bodies into `arena`."""
 
+    headers_complete, on_body, message_complete = base.on_headers_complete, base.on_body, base.on_message_complete
+
     class Sinking(base):   # type: ignore[misc, valid-type]
+        """Calls its base's parser callbacks directly (not through super()): they run for
+        every request, most of which never open a sink."""
         _sink: BodySink | None = None
 
         def on_headers_complete(self) -> None:
-            super().on_headers_complete()
+            headers_complete(self)
             if self._framing == 2 and len(self._length) >= 5:
                 self._open()
 
@@ -132,28 +136,26 @@ def sink_protocol(base: type, arena: Arena, is_infer: Callable[[str], object], l
                 return          # no shared memory to spare: the route reads the body itself
             self._sink = sink
             self.scope[SCOPE_KEY] = sink
+            # the body bytes of the chunk being parsed still come through on_body; the
+            # socket reads the rest into the sink
+            self.transport.set_protocol(_BodyReader(self, sink))
 
         def on_body(self, body: bytes) -> None:
             sink = self._sink
             if sink is None:
-                super().on_body(body)
+                on_body(self, body)
             else:
                 sink.write(body)
 
         def on_message_complete(self) -> None:
-            self._sink = None
-            super().on_message_complete()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            sink = self._sink
-            if sink is not None and not self.transport.is_closing():
-                self.transport.set_protocol(_BodyReader(self, sink))
+            if self._sink is not None:
+                self._sink = None
+                self.transport.set_protocol(self)
+            message_complete(self)
 
         def end_body(self) -> None:
             """The body is in: the transport reads for this protocol again, with a new parser
             (the old one still counts the body's bytes it was never fed)."""
-            self.transport.set_protocol(self)
             self.parser = httptools.HttpRequestParser(self)
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True, lenient_chunked_length=True)
             self.on_message_complete()
