@@ -13,7 +13,10 @@ route then parses the JSON in place and hands the tensors after it to the broker
 lie. The block is placed so that the binary part starts aligned for any element type.
 
 The route owns the block once the body is complete (BodySink.take); until then the sink frees
-it when the route or the connection ends without taking it.
+it when the route or the connection ends without taking it. A head only declares a length, so
+the blocks of bodies still arriving are capped per process (SinkBudget): clients that declare
+large bodies and send nothing cannot take /dev/shm from every other request; beyond the cap,
+bodies take the ASGI path, which holds only what arrived.
 """
 from __future__ import annotations
 
@@ -29,15 +32,35 @@ from tritond.wire.errors import TritonError
 SINK_MIN = 64 * 1024    # smaller bodies come whole in one or two reads: the ASGI path is cheaper
 SCOPE_KEY = "tritond.body_sink"
 SCRATCH_BYTES = 256 * 1024     # what a read may drop at once of a body nobody waits for any more
+BUDGET_BYTES = 256 << 20       # arena bytes one process's sinks may hold for bodies still arriving
+
+
+class SinkBudget:
+    """The arena bytes held by sinks whose body is still arriving, at most `limit`."""
+
+    def __init__(self, limit: int = BUDGET_BYTES) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, nbytes: int) -> bool:
+        if self.held + nbytes > self.limit:
+            return False
+        self.held += nbytes
+        return True
+
+    def give(self, nbytes: int) -> None:
+        self.held -= nbytes
 
 
 class BodySink:
-    """An arena block the body's `size` bytes are written into, in arrival order."""
-    __slots__ = ("arena", "block", "view", "size", "filled", "base", "taken", "scratch")
+    """An arena block the body's `size` bytes are written into, in arrival order; its bytes
+    count against `budget` (already taken) until the body is in or the block is freed."""
+    __slots__ = ("arena", "budget", "block", "view", "size", "filled", "base", "taken", "scratch")
 
-    def __init__(self, arena: Arena, size: int, header_len: int) -> None:
+    def __init__(self, arena: Arena, budget: SinkBudget, size: int, header_len: int) -> None:
         pad = -header_len % ALIGN
         self.arena = arena
+        self.budget: SinkBudget | None = budget
         self.block: Block | None = arena.alloc(size + pad)
         self.view = self.block.view[pad:pad + size]
         self.size = size
@@ -57,6 +80,8 @@ class BodySink:
         if self.block is not None:
             self.view[self.filled:end] = data
         self.filled = end
+        if end == self.size:
+            self._settle()
 
     def rest(self) -> memoryview:
         """Where the socket reads the next bytes of the body to: the block, or once it was
@@ -69,6 +94,14 @@ class BodySink:
 
     def advance(self, nbytes: int) -> None:
         self.filled += nbytes
+        if self.filled == self.size:
+            self._settle()
+
+    def _settle(self) -> None:
+        """The body is in, or its block freed: its bytes no longer count as waiting."""
+        budget, self.budget = self.budget, None
+        if budget is not None:
+            budget.give(self.size)
 
     @property
     def complete(self) -> bool:
@@ -85,6 +118,7 @@ class BodySink:
         block, self.block = self.block, None
         if block is not None and not self.taken:
             self.arena.free(block.seg, block.offset)
+        self._settle()
 
 
 def _declared(headers: list[tuple[bytes, bytes]]) -> int | None:
@@ -107,6 +141,7 @@ def sink_protocol(base: type, arena: Arena, is_infer: Callable[[str], object], l
     the Content-Length) writing large binary infer bodies into `arena`."""
 
     headers_complete, on_body, message_complete = base.on_headers_complete, base.on_body, base.on_message_complete
+    budget = SinkBudget()
 
     class Sinking(base):   # type: ignore[misc, valid-type]
         """Calls its base's parser callbacks directly (not through super()): they run for
@@ -130,9 +165,12 @@ def sink_protocol(base: type, arena: Arena, is_infer: Callable[[str], object], l
             header_len = _declared(self.headers)
             if header_len is None or header_len > size:
                 return
+            if not budget.take(size):
+                return          # enough bodies are on their way: the route reads this one itself
             try:
-                sink = BodySink(arena, size, header_len)
+                sink = BodySink(arena, budget, size, header_len)
             except TritonError:
+                budget.give(size)
                 return          # no shared memory to spare: the route reads the body itself
             self._sink = sink
             self.scope[SCOPE_KEY] = sink
