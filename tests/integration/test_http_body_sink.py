@@ -6,6 +6,8 @@ client that leaves mid-body are answered as before, and leave no block behind in
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import socket
 import time
 
@@ -299,3 +301,27 @@ def test_an_inference_header_longer_than_the_body(server):
         sock.sendall(head + body)
         status, _, out = response(sock)
     assert status == 400 and b"inference header size should be in range" in out, out
+
+
+def frontend_shm_bytes(s: TritondServer) -> int:
+    """/dev/shm bytes of the HTTP frontend's segments."""
+    names = [n for n in s.segments() if any(f".f{pid}." in n for pid in s.role_pids("tritond.frontend.http"))]
+    return sum(os.stat(f"/dev/shm/{n}").st_size for n in names)
+
+
+def test_heads_that_declare_large_bodies_reserve_no_more_than_the_budget(server):
+    """Clients that declare 60 MiB bodies and send none: the sinks of the first few hold the
+    budget (256 MiB); the others' bodies would take the ASGI path, which holds only what came."""
+    before = place(server)
+    head, _ = raw_request(values(seed=11))
+    head = re.sub(rb"Content-Length: \d+", b"Content-Length: %d" % (60 << 20), head)
+    socks = [connect(server) for _ in range(8)]
+    try:
+        for sock in socks:
+            sock.sendall(head)
+        assert infer(server, values(seed=12)).as_numpy("OUTPUT0").size == N    # others are served
+        assert frontend_shm_bytes(server) <= (256 + 64 + 32) << 20
+    finally:
+        for sock in socks:
+            sock.close()
+    assert wait_for(lambda: place(server) == before, what="the arena to be as it was")
