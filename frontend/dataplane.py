@@ -2,7 +2,7 @@
 
 Validates a request against the model config the broker published (with Triton's error
 texts), places tensor bytes (inline when small, else one copy into this frontend's shm
-arena), asks the broker, and hands back output views that point into the worker's shm.
+arena, none when the transport already wrote them there), asks the broker, and hands back output views that point into the worker's shm.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tritond.repository.datatypes import ELEMENT_SIZE, WIRE_TYPES, bytes_to_arra
 from tritond.repository.layout import validate_model_name
 from tritond.repository.overrides import write_overrides
 from tritond.repository.remote import RemoteError, mirror_model
-from tritond.shm.arena import Arena
+from tritond.shm.arena import Arena, Block
 from tritond.shm.mapping import SegmentMaps
 from tritond.wire import schema as S
 from tritond.wire.errors import TritonError, internal, invalid, request_prefix as prefix, unsupported
@@ -46,6 +46,7 @@ class InputTensor:
     region: str = ""                          # client shm region
     offset: int = 0
     nbytes: int = 0
+    at: S.Block | None = None                 # where `data` already lies in this frontend's arena
 
 
 @dataclass
@@ -354,6 +355,8 @@ class Dataplane:
                     if n <= S.INLINE_MAX and inline_total + n <= S.INLINE_BUDGET:
                         loc = S.Inline(bytes(t.data))
                         inline_total += n
+                    elif t.at is not None:
+                        loc = t.at
                     else:
                         block = self.arena.alloc(n)
                         blocks.append(block)
@@ -376,9 +379,18 @@ class Dataplane:
         return msg, blocks
 
     async def infer(self, entry: S.ModelEntry, inputs: list[InputTensor], outputs: list[OutputRequest],
-                    opts: RequestOptions) -> InferResult:
-        self.validate(entry, inputs, outputs, opts.id)
-        msg, blocks = self._request(entry, inputs, outputs, opts)
+                    opts: RequestOptions, held: Block | None = None) -> InferResult:
+        """`held`: a block of this frontend's arena that inputs' bytes already lie in (their
+        `at`), now this request's to free with the blocks it allocates."""
+        try:
+            self.validate(entry, inputs, outputs, opts.id)
+            msg, blocks = self._request(entry, inputs, outputs, opts)
+        except BaseException:
+            if held is not None:
+                self._free([held])
+            raise
+        if held is not None:
+            blocks.append(held)
         try:
             # a caller that went away leaves its input blocks (inline inputs have none) to be
             # freed once the broker answered

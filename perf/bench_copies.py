@@ -11,16 +11,20 @@ tree from /proc over the window (as bench_cpu.py) and prints µs per MiB carried
 memcpy of the same size costs on this host, measured in this run: "copies" per process. Each
 process's figure is split into user and kernel time: the kernel's is mostly the sockets' own
 copies and TCP processing, which any server pays; the user time is where our copies show. The
-client's own cost is not the server's and is left out.
+client's own cost is not the server's and is left out. The grpc-floor case sends the gRPC case's
+request to a bare grpc.aio server that answers each request with its own bytes (grpc_echo.py):
+what grpcio itself costs per byte, below which no gRPC frontend on it can go.
 
   python perf/bench_copies.py                          # 64 KiB, 1 MiB, 4 MiB; c=1
   python perf/bench_copies.py --sizes 4M --concurrency 1,16 --cases http-binary,grpc-shm
+  python perf/bench_copies.py --sizes 4M --cases grpc,grpc-floor
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import secrets
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +34,7 @@ import numpy as np
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
-from bench_core import READY_TIMEOUT_S, Server, build_repository
+from bench_core import READY_TIMEOUT_S, Server, build_repository, free_port
 from bench_cpu import TICKS, role
 
 from tritond.frontend.metrics import tree
@@ -38,7 +42,8 @@ from tritond.frontend.metrics import tree
 from tritond.perf import loadgen
 
 MODEL = "identity_fp32"
-CASES = ("http-binary", "grpc", "http-shm", "grpc-shm")
+CASES = ("http-binary", "grpc", "http-shm", "grpc-shm", "grpc-floor")
+ECHO = Path(__file__).with_name("grpc_echo.py")
 MIB = 1 << 20
 
 
@@ -97,6 +102,35 @@ class Regions:
         self.client.close()
 
 
+class Echo:
+    """grpc_echo.py as a child process, serving once it accepts connections."""
+
+    def __init__(self) -> None:
+        self.url = f"127.0.0.1:{free_port()}"
+        self.proc = subprocess.Popen([sys.executable, str(ECHO), self.url.rsplit(":", 1)[1]])
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                asyncio.run(self.probe())
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.close()
+                    raise
+                time.sleep(0.1)
+
+    async def probe(self) -> None:
+        driver = loadgen.Driver(self.url, "grpc", [b""])
+        try:
+            await driver.send_one()
+        finally:
+            await driver.close()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
 def request(case: str, server: Server, nbytes: int, regions: Regions | None) -> tuple[str, str, bytes]:
     """(url, protocol, the request's bytes) of one case."""
     inp = loadgen.make_input("INPUT0", (nbytes // 4,), "FP32")
@@ -141,11 +175,14 @@ def run(args: argparse.Namespace) -> str:
                 rows_of_size = []
                 for case in args.cases:
                     regions = Regions(server.http, np.ones(nbytes // 4, np.float32)) if case.endswith("shm") else None
+                    echo = Echo() if case == "grpc-floor" else None
                     try:
                         url, protocol, body = request(case, server, nbytes, regions)
+                        root = server.proc.pid
+                        if echo is not None:
+                            url, root = echo.url, echo.proc.pid
                         for c in args.concurrency:
-                            count, cpu = asyncio.run(window(url, protocol, body, server.proc.pid, c, args.window,
-                                                            args.warmup))
+                            count, cpu = asyncio.run(window(url, protocol, body, root, c, args.window, args.warmup))
                             mib = max(count, 1) * nbytes / MIB
                             per = {r: (u * 1e6 / mib, k * 1e6 / mib) for r, (u, k) in cpu.items()}
                             total = sum(u + k for u, k in per.values())
@@ -157,6 +194,8 @@ def run(args: argparse.Namespace) -> str:
                     finally:
                         if regions is not None:
                             regions.close()
+                        if echo is not None:
+                            echo.close()
                 rows += rows_of_size
                 rows.append(f"| one memcpy | {nbytes // 1024} KiB | | | {floor:.0f} | 1.0 | |")
         finally:

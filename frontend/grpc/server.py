@@ -7,6 +7,7 @@ gRPC asks for the newest configuration before each new connection's handshake.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 import threading
@@ -17,6 +18,7 @@ import uvloop
 from tritond.wire.options import ServerOptions
 
 from ..client_subject import subject_rules
+from ..heap import keep_large_allocations
 from ..metadata import server_extensions
 from ..process import frontend_dataplane, start_process
 from ..tls import Reloader, TlsError, TlsFiles, TlsMaterial, load
@@ -97,6 +99,7 @@ async def run(opts: ServerOptions) -> None:
         else:
             server.add_insecure_port(address)
         await server.start()
+        gc.freeze()         # what startup made lives as long as the process: collections skip it
         listening()
         await stop.wait()
         await servicer.drain(opts.exit_timeout_secs)
@@ -105,6 +108,7 @@ async def run(opts: ServerOptions) -> None:
 
 def main(argv: list[str]) -> int:
     opts = start_process(argv, "grpc")
+    keep_large_allocations()
     try:
         uvloop.run(run(opts))
     except TlsError as e:

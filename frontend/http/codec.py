@@ -11,6 +11,7 @@ import orjson
 
 from tritond.repository.datatypes import (ELEMENT_SIZE, WIRE_TO_NUMPY, WIRE_TYPES, array_to_bytes, element_count,
                                           serialize_bytes)
+from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError, invalid, request_prefix as prefix, unsupported
 from tritond.wire.schema import INLINE_MAX, ModelView
 
@@ -206,12 +207,14 @@ def _json_data(name: str, datatype: str, shape: list[int], raw: msgspec.Raw, max
     return array_to_bytes(arr, datatype)
 
 
-def parse_infer(body: bytes, header_len: int | None, model: str, view: ModelView | None, max_bytes: int
+def parse_infer(body: bytes | memoryview, header_len: int | None, model: str, view: ModelView | None,
+                max_bytes: int, origin: tuple[str, int] | None = None
                 ) -> tuple[RequestOptions, list[InputTensor], list[OutputRequest], bool]:
     """The finished request: (options, inputs, requested outputs, default binary-output flag),
-    each member checked once, in Triton's order and with its messages."""
+    each member checked once, in Triton's order and with its messages. `origin` (segment,
+    offset) says where in this frontend's arena the body lies, so binary inputs keep their place."""
     if header_len == 0:
-        return _parse_raw(body, model, view or ModelView())
+        return _parse_raw(body, model, view or ModelView(), origin)
     json_part = body if header_len is None else memoryview(body)[:header_len]
     binary = memoryview(body)[header_len:] if header_len is not None else memoryview(b"")
     req = _parse_request(json_part)
@@ -249,6 +252,8 @@ def parse_infer(body: bytes, header_len: int | None, model: str, view: ModelView
                 raise invalid(f"unexpected size for input '{name}', expecting {pos + size - len(binary)} "
                               f"additional bytes for model '{model}'")
             t.data = binary[pos:pos + size]
+            if origin is not None:
+                t.at = S.Block(origin[0], origin[1] + header_len + pos, size)
             pos += size
         else:
             t.region, t.offset, t.nbytes = _shm_parameters(params)
@@ -376,7 +381,7 @@ def _shm_parameters(params: dict) -> tuple[str, int, int]:
     return region, offset, size
 
 
-def _parse_raw(body: bytes, model: str, view: ModelView
+def _parse_raw(body: bytes | memoryview, model: str, view: ModelView, origin: tuple[str, int] | None
                ) -> tuple[RequestOptions, list[InputTensor], list[OutputRequest], bool]:
     """Inference-Header-Content-Length: 0: the whole body is the data of the model's only input."""
     pre = prefix("")
@@ -406,7 +411,10 @@ def _parse_raw(body: bytes, model: str, view: ModelView
     elif dynamic_axis != -1:
         size = ELEMENT_SIZE.get(datatype, 0)
         shape[dynamic_axis] = len(body) // known // size if known and size else 0
-    return RequestOptions(), [InputTensor(ci.name, datatype, shape, data)], [], True
+    t = InputTensor(ci.name, datatype, shape, data)
+    if origin is not None and data is body:
+        t.at = S.Block(origin[0], origin[1], len(body))
+    return RequestOptions(), [t], [], True
 
 
 def _json_numbers(t: OutputTensor) -> np.ndarray:
@@ -439,8 +447,8 @@ def _raw_json_strings(items: list[bytes]) -> bytes:
     return b"[" + b",".join(b'"' + x + b'"' for x in escaped) + b"]"
 
 
-def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, int | None]:
-    """(body, json length or None when the response is JSON only)."""
+def response_parts(result: InferResult, default_binary: bool) -> tuple[bytes, list[bytes | memoryview]]:
+    """(the JSON part, the binary outputs that follow it, as the outputs hold them)."""
     outputs = []
     blobs: list[bytes | memoryview] = []
     raw: dict[bytes, bytes] = {}        # BYTES data that is not UTF-8, spliced in after orjson
@@ -476,6 +484,4 @@ def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, i
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     for marker, data in raw.items():
         head = head.replace(marker, data, 1)
-    if not blobs:
-        return head, None
-    return b"".join([head, *blobs]), len(head)
+    return head, blobs

@@ -5,7 +5,9 @@ parsed in one call that returns the finished request, the model a path names is 
 per model table (the broker publishes a new table on every change), and the response head is
 built from pre-encoded lines. On uvicorn (the `send` handed in is its RequestResponseCycle's)
 the whole response goes out in one transport write, as uvicorn's send() would have written it
-in two; elsewhere (hypercorn, or a connection whose writes are paused) through ASGI `send`.
+in two, large binary outputs straight from the worker's shared memory; elsewhere (hypercorn,
+or a connection whose writes are paused) through ASGI `send`. A large binary request body is
+already in the frontend's arena when the route runs (sink.py).
 Error responses take the framework's path: they are not the hot path.
 """
 from __future__ import annotations
@@ -28,8 +30,9 @@ from ..dataplane import Dataplane
 from ..errors import http_status
 from ..tracing import Pending
 from .body import UnsupportedEncoding, held_body, read_body
-from .codec import parse_infer, render_response
+from .codec import parse_infer, response_parts
 from .disconnect import until_disconnect
+from .sink import SCOPE_KEY as SINK_KEY, BodySink, until_complete
 
 try:
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _UvicornCycle
@@ -178,26 +181,32 @@ class InferRoute:
         await self.serve(scope, receive, send, target)
 
     async def serve(self, scope: Scope, receive: Receive, send: Send, target: tuple[str, int]) -> None:
-        headers = dict(reversed(scope["headers"]))      # the first of repeated fields wins, as in Starlette
-        if self.guarded:
-            refusal = self._refusal(scope, headers)
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
+        sink = scope.get(SINK_KEY)      # the body the protocol writes into the arena, if it does
         try:
-            traced = await self._infer(scope, receive, send, headers, target)
-        except TritonError as e:
-            await error_response(e)(scope, receive, send)
-            return
-        except ClientDisconnect:
-            await Response(status_code=400)(scope, receive, send)
-            return
-        except Exception:
-            log.exception("unexpected error handling %s %s", scope["method"], scope["path"])
-            await json_response({"error": "internal error while handling the request"}, 500)(scope, receive, send)
-            return
-        if traced is not None:
-            self.dp.tracer.finish(*traced)
+            headers = dict(reversed(scope["headers"]))      # the first of repeated fields wins, as in Starlette
+            if self.guarded:
+                refusal = self._refusal(scope, headers)
+                if refusal is not None:
+                    await refusal(scope, receive, send)
+                    return
+            try:
+                traced = await self._infer(scope, receive, send, headers, target, sink)
+            except TritonError as e:
+                await error_response(e)(scope, receive, send)
+                return
+            except ClientDisconnect:
+                await Response(status_code=400)(scope, receive, send)
+                return
+            except Exception:
+                log.exception("unexpected error handling %s %s", scope["method"], scope["path"])
+                await json_response({"error": "internal error while handling the request"}, 500)(
+                    scope, receive, send)
+                return
+            if traced is not None:
+                self.dp.tracer.finish(*traced)
+        finally:
+            if sink is not None:
+                sink.release()
 
     def _refusal(self, scope: Scope, headers: dict[bytes, bytes]) -> Response | None:
         restriction = self.restriction
@@ -212,9 +221,10 @@ class InferRoute:
         return None
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes],
-                     target: tuple[str, int]) -> tuple | None:
+                     target: tuple[str, int], sink: BodySink | None) -> tuple | None:
         """Serve one request; returns what the tracer finishes with once it was sent (None when
-        the request is not traced)."""
+        the request is not traced). A body the protocol writes into the arena (`sink`) is
+        parsed there, and its tensors go to the broker where they lie."""
         name, version = target
         client = self.client
         mode = client.trace_mode(name) if client.tracing else ""
@@ -226,8 +236,13 @@ class InferRoute:
         encoding = headers.get(b"content-encoding")
         encoding = encoding.decode("latin-1").strip().lower() if encoding else ""
         cycle = getattr(send, "__self__", None)
-        held = _held_body(cycle) if type(cycle) is _UvicornCycle else None
-        if held is not None:
+        held = _held_body(cycle) if type(cycle) is _UvicornCycle and sink is None else None
+        origin = None
+        if sink is not None:
+            await until_complete(sink, receive)
+            body = sink.view
+            origin = (sink.segment, sink.base)
+        elif held is not None:
             body = held_body(held, encoding, headers.get(b"content-length"), self.limit, True, header)
         else:
             body = await read_body(receive, encoding, headers.get(b"content-length"), self.limit, True, header)
@@ -239,38 +254,54 @@ class InferRoute:
         view = entry.view
         if view is not None and view.decoupled:
             raise TritonError(Code.UNSUPPORTED, "HTTP end point doesn't support models with decoupled transaction policy")
-        opts, inputs, outputs, default_binary = parse_infer(body, header_len, name, view, self.limit)
+        opts, inputs, outputs, default_binary = parse_infer(body, header_len, name, view, self.limit, origin)
         request_id = opts.id
         if request_id:
             logs.REQUEST_ID.set(request_id)      # this request's task: its log lines carry the id
         if pending is not None:
             opts.trace = pending.start()
-        result = await until_disconnect(receive, self.dp.infer(entry, inputs, outputs, opts))
+        result = await until_disconnect(receive, self.dp.infer(entry, inputs, outputs, opts,
+                                                               sink.take() if sink is not None else None))
         info = result.reply.trace if result.reply is not None else None
         try:
-            body_out, json_len = render_response(result, default_binary)
+            body_out, blobs = response_parts(result, default_binary)
+            json_len = len(body_out) if blobs else None
+            accept = headers.get(b"accept-encoding")
+            encoding_out = choose_encoding(accept.decode("latin-1")) if accept else "identity"
+            direct = (type(cycle) is _UvicornCycle and not cycle.response_started and not cycle.flow.write_paused
+                      and not cycle.access_log)
+            if blobs and (not direct or encoding_out != "identity" or scope["scheme"] != "http"
+                          or sum([len(b) for b in blobs]) <= JOIN_MAX):
+                # TLS encrypts (copies) what it is given anyway, and its transport's flow control
+                # cannot say when it holds nothing more (it pauses at zero bytes buffered)
+                body_out, blobs = b"".join([body_out, *blobs]), []
+            if not blobs:
+                self.dp.release(result)
+            if encoding_out == "gzip":
+                body_out = gzip_compress(body_out)
+            elif encoding_out == "deflate":
+                body_out = zlib.compress(body_out)
+            sent = time.monotonic_ns() if info is not None else 0
+            if direct:
+                self._write(cycle, body_out, blobs, json_len, encoding_out)
+                if blobs and cycle.flow.write_paused:
+                    await cycle.flow.drain()     # the outputs are on their way only once the socket took them
+            else:
+                await self._send(send, body_out, json_len, encoding_out)
         finally:
             self.dp.release(result)
-        accept = headers.get(b"accept-encoding")
-        encoding_out = choose_encoding(accept.decode("latin-1")) if accept else "identity"
-        if encoding_out == "gzip":
-            body_out = gzip_compress(body_out)
-        elif encoding_out == "deflate":
-            body_out = zlib.compress(body_out)
-        sent = time.monotonic_ns() if info is not None else 0
-        if (type(cycle) is _UvicornCycle and not cycle.response_started and not cycle.flow.write_paused
-                and not cycle.access_log):
-            self._write(cycle, body_out, json_len, encoding_out)
-        else:
-            await self._send(send, body_out, json_len, encoding_out)
         if info is None:
             return None
         return info, pending, entry.name, result.model_version, request_id, sent, time.monotonic_ns()
 
-    def _write(self, cycle: Any, body: bytes, json_len: int | None, encoding: str) -> None:
+    def _write(self, cycle: Any, body: bytes, blobs: list[memoryview], json_len: int | None,
+               encoding: str) -> None:
         """The whole response on uvicorn's cycle, as its send() writes a start message (its
         default headers first, `connection: close` when the connection ends) and one final
-        body message, in one write."""
+        body message, in one write. `blobs`, large outputs that follow `body` (their views of
+        the worker's shared memory), go to a clear-text transport as they are: it is told to
+        call for a pause until it has passed every byte to the socket, so the caller can wait
+        for that before the outputs are released."""
         if cycle.disconnected:
             return                  # what uvicorn's send() does for a client that is gone
         defaults = cycle.default_headers
@@ -279,20 +310,24 @@ class InferRoute:
             self._defaults = defaults
         keep_alive = cycle.keep_alive
         end = _END if keep_alive else _CLOSE_END
+        size = len(body) + sum([len(b) for b in blobs]) if blobs else len(body)
         if json_len is None and encoding == "identity":
-            head = b"%bcontent-length: %d\r\n%b%b" % (self._head, len(body), _JSON, end)
+            head = b"%bcontent-length: %d\r\n%b%b" % (self._head, size, _JSON, end)
         else:
             lines = [self._head]
             if json_len is not None:
                 lines.append(b"inference-header-content-length: %d\r\n" % json_len)
             if encoding != "identity":
                 lines.append(b"content-encoding: %b\r\n" % encoding.encode())
-            lines += [b"content-length: %d\r\n" % len(body), _JSON if json_len is None else _BINARY, end]
+            lines += [b"content-length: %d\r\n" % size, _JSON if json_len is None else _BINARY, end]
             head = b"".join(lines)
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
         transport = cycle.transport
-        if len(body) <= JOIN_MAX:
+        if blobs:
+            transport.set_write_buffer_limits(0)
+            transport.writelines([head + body, *blobs])
+        elif len(body) <= JOIN_MAX:
             transport.write(head + body)
         else:
             transport.writelines((head, body))

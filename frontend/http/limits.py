@@ -117,6 +117,7 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
         _unparsed = 0
         _chunks = 0
         _framing = 0            # bit 1: Transfer-Encoding chunked, bit 2: Content-Length
+        _length = b""           # the Content-Length field's value (the body sink reads it)
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             if len(self.connections) >= limits.max_connections:
@@ -227,6 +228,7 @@ def uvicorn_protocol(base: type, limits: HttpLimits, cap: ConnectionCap) -> type
             name = name.lower()
             if name == b"content-length":
                 self._framing |= 2
+                self._length = value
             elif name == b"transfer-encoding":
                 if b"chunked" in value.lower():
                     self._framing |= 1

@@ -28,6 +28,7 @@ from ..tls import Reloader, SwappableContext, TlsError, TlsFiles, load
 from .app import HttpApi, HttpOptions
 from .limits import ConnectionCap, HttpLimits, RequestLimits, cap_hypercorn, uvicorn_protocol
 from .peers import PeerCertificates
+from .sink import sink_protocol
 
 log = logging.getLogger("tritond.http")
 HYPERCORN_ALPN = ["h2", "http/1.1"]
@@ -84,11 +85,16 @@ class Tls:
 
 
 async def serve_uvicorn(app, sock: socket.socket, stop: asyncio.Event, limits: HttpLimits,
-                        tls: SwappableContext | None = None, peers: PeerCertificates | None = None) -> None:
+                        tls: SwappableContext | None = None, peers: PeerCertificates | None = None,
+                        api: HttpApi | None = None) -> None:
+    """`api`: the HTTP API `app` serves, whose large binary infer bodies go straight to the
+    frontend's arena (sink.py)."""
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     base = peers.protocol(HttpToolsProtocol) if peers else HttpToolsProtocol
     protocol = uvicorn_protocol(base, limits, ConnectionCap(limits, f"uvicorn on port {sock.getsockname()[1]}"))
+    if api is not None:
+        protocol = sink_protocol(protocol, api.dp.arena, api.infer_route.target, api.infer_route.limit)
     config = uvicorn.Config(app, http=protocol, loop="none", lifespan="off", access_log=False, log_level="warning",
                             timeout_graceful_shutdown=None, proxy_headers=False,
                             timeout_keep_alive=limits.keepalive_timeout_secs,
@@ -148,7 +154,7 @@ async def run(opts: ServerOptions) -> None:
         if opts.http_server == "hypercorn":
             servers = [serve_hypercorn(api.app(), sock, stop, limits, tls.api)]
         else:
-            servers = [serve_uvicorn(api.app(), sock, stop, limits, tls.api, peers)]
+            servers = [serve_uvicorn(api.app(), sock, stop, limits, tls.api, peers, api)]
         if opts.metrics_port:
             endpoint = MetricsEndpoint(dataplane.client, opts)
             endpoint.start()

@@ -169,6 +169,19 @@ def test_clients_with_a_certificate_infer(mtls, pki):
     assert all(np.array_equal(out, X) for out in asyncio.run(with_aio_clients()))
 
 
+def test_large_tensors_over_tls(mtls, pki):
+    """A 4 MiB binary body reaches the arena through the TLS transport (over HTTP, read there
+    by a buffered protocol) and the output goes back from the worker's shared memory."""
+    x = np.random.default_rng(0).random(1 << 20).astype(np.float32)
+    for client, module in ((http_client(mtls, pki, pki.client), httpclient),
+                           (grpc_client(mtls, pki, pki.client), grpcclient)):
+        for _ in range(2):
+            t = module.InferInput("INPUT0", [x.size], "FP32")
+            t.set_data_from_numpy(x)
+            assert np.array_equal(client.infer("identity_fp32", [t]).as_numpy("OUTPUT0"), x)
+        client.close()
+
+
 def test_clients_without_a_valid_certificate_are_refused(mtls, pki):
     for who in (None, pki.stranger):
         with pytest.raises(InferenceServerException, match="UNAVAILABLE"):

@@ -10,11 +10,17 @@ import pytest
 from tritond.frontend.dataplane import InferResult, OutputTensor
 from tritond.frontend.errors import http_status
 from tritond.frontend.http.infer import choose_encoding, parse_header_length
-from tritond.frontend.http.codec import MAX_JSON_DEPTH, parse_json, render_response
+from tritond.frontend.http.codec import MAX_JSON_DEPTH, parse_json, response_parts
 from tritond.frontend.http.codec import parse_infer as parse_with_view
 from tritond.repository.datatypes import serialize_bytes
 from tritond.repository.view import model_view
 from tritond.wire.errors import TritonError
+
+
+def render_response(result: InferResult, default_binary: bool) -> tuple[bytes, int | None]:
+    """The whole body and the JSON part's length (None: JSON only), as the client reads it."""
+    head, blobs = response_parts(result, default_binary)
+    return (b"".join([head, *blobs]), len(head)) if blobs else (head, None)
 
 
 def parse_infer(body, header_len, model, config, limit):

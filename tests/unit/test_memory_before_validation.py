@@ -69,12 +69,12 @@ def test_a_large_output_renders_as_json_without_python_objects():
     """A small binary request may ask for a large output as JSON: rendering it must not cost
     a Python object per value (it took ~285 bytes per value; the JSON text itself is ~20)."""
     from tritond.frontend.dataplane import InferResult, OutputTensor
-    from tritond.frontend.http.codec import render_response
+    from tritond.frontend.http.codec import response_parts
 
     values = np.random.default_rng(0).random(N).astype(np.float32)
     result = InferResult("m", 1, "", [OutputTensor("Y", "FP32", [N], values.tobytes(), "", False)])
     rendered = []
-    peak = peak_while(lambda: rendered.append(render_response(result, False)))
+    peak = peak_while(lambda: rendered.append(response_parts(result, False)))
     body, _ = rendered[0]
     assert np.array_equal(np.array(orjson.loads(body)["outputs"][0]["data"], np.float32), values)
     assert peak < 100 * N, f"{peak / N:.0f} bytes per value"
