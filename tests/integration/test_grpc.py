@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
 from tritonclient.utils import shared_memory as shm
 
-from conftest import expect_error
+from conftest import TritondServer, expect_error, serving
 
 UNKNOWN_ID = "[request id: <id_unknown>] "
 
@@ -479,3 +479,23 @@ def test_aio_client(server):
 
     asyncio.run(main())
 
+
+
+def test_response_delay_hook_holds_non_inference_calls_only(example_repo):
+    """Triton's test hook TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC (L0_client_timeout's
+    non-inference deadlines): every RPC but the inference ones waits, so a client deadline
+    shorter than the delay expires, while ModelInfer answers at once."""
+    env = {"TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC": "3600"}
+    with serving(TritondServer(example_repo, env=env)) as s:
+        c = grpcclient.InferenceServerClient(s.grpc_url)
+        try:
+            for call in (lambda: c.is_server_live(client_timeout=1), lambda: c.get_server_metadata(client_timeout=1),
+                         lambda: c.get_model_config("identity_fp32", client_timeout=1)):
+                with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+                    call()
+            x = np.arange(6, dtype=np.float32)
+            inp = grpcclient.InferInput("INPUT0", [6], "FP32")
+            inp.set_data_from_numpy(x)
+            np.testing.assert_array_equal(c.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), x)
+        finally:
+            c.close()
