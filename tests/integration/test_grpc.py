@@ -414,6 +414,10 @@ def test_cuda_shared_memory_without_gpus(client):
     handle = base64.b64encode(b"\0" * 64)
     assert fails("INVALID_ARGUMENT", client.register_cuda_shared_memory, "cuda0", handle, 0, 64) == \
         "failed to register CUDA shared memory region: 'cuda0', GPUs not supported"
+    # a handle that is no cudaIpcMemHandle_t: Triton's words (L0_grpc's python_grpc_aio_test matches them)
+    assert fails("INVALID_ARGUMENT", client.register_cuda_shared_memory, "", b"", 0, 0) == (
+        "failed to register shared memory region '': invalid args ('raw_handle' must be a valid base64 encoded "
+        "cudaIpcMemHandle_t)")
     client.unregister_cuda_shared_memory()
 
 
