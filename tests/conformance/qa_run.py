@@ -37,6 +37,8 @@ SKIP = {
     "InputShapeTest.test_wrong_input_shape_tensor_size": "TensorRT shape-tensor models (plan_*)",
     "TestHttpAioClient.test_get_model_repository_index":
         "counts 7 models, two of them left out here (densenet_onnx, simple_string_dyna_sequence)",
+    "TestGrpcAioClient.test_get_model_repository_index":
+        "counts 8 models, two of them left out here (densenet_onnx, simple_string_dyna_sequence)",
 }
 
 # Cases that fail here for a reason outside tritond: (why, text the failure must contain). Such a

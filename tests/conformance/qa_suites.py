@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from suites_decoupled import l0_client_timeout, l0_decoupled, l0_grpc_state_cleanup, l0_request_cancellation
 from suites_ensembles import l0_simple_ensemble
-from suites_http import l0_http, l0_input_validation, l0_shared_memory
+from suites_http import l0_grpc, l0_http, l0_input_validation, l0_shared_memory
 from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
 from suites_python_backend import l0_backend_python
 from suites_queue import l0_model_queue
@@ -46,4 +46,5 @@ SUITES = {
     "L0_implicit_state": l0_implicit_state,
     "L0_dyna_sequence_batcher": l0_dyna_sequence_batcher,
     "L0_sequence_corrid_batcher": l0_sequence_corrid_batcher,
+    "L0_grpc": l0_grpc,
 }

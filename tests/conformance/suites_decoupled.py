@@ -13,7 +13,7 @@ TRITONSERVER_DELAY_RESPONSE_* hooks that stall Triton's gRPC state machine at na
 """
 from __future__ import annotations
 
-import os
+import json
 import shutil
 from pathlib import Path
 
@@ -172,8 +172,7 @@ def l0_request_cancellation(qa) -> None:
 # ====================================================================== L0_grpc_state_cleanup
 CLEANUP_TESTS = ("test_simple_infer", "test_simple_infer_cancellation", "test_simple_infer_timeout",
                  "test_streaming_infer", "test_streaming_timeout", "test_streaming_cancellation",
-                 "test_decoupled_infer", "test_decoupled_cancellation", "test_decoupled_timeout",
-                 "test_non_decoupled_streaming_multi_response")
+                 "test_decoupled_infer", "test_decoupled_cancellation", "test_decoupled_timeout")
 ERROR_STATUS_TESTS = ("test_simple_infer_error_status", "test_streaming_error_status", "test_decoupled_error_status")
 SHUTDOWN_TESTS = ("test_simple_infer_shutdownserver", "test_streaming_infer_shutdownserver",
                   "test_decoupled_infer_shutdownserver", "test_decoupled_infer_with_params_shutdownserver")
@@ -182,7 +181,8 @@ SHUTDOWN_TESTS = ("test_simple_infer_shutdownserver", "test_streaming_infer_shut
 def l0_grpc_state_cleanup(qa) -> None:
     d = qa.qa / "L0_grpc_state_cleanup"
     every = [f"CleanUpTest.{t}" for t in (*CLEANUP_TESTS, *ERROR_STATUS_TESTS, *SHUTDOWN_TESTS,
-                                          "test_decoupled_infer_complete")]
+                                          "test_decoupled_infer_complete",
+                                          "test_non_decoupled_streaming_multi_response")]
     models = _fresh(d / "models")
     if not _standin(qa, models, "repeat_int32"):
         _skip_all(qa, "cleanup_test.py", every, "needs QA_PYTHON_BACKEND (repeat_int32 is its decoupled example)")
@@ -193,14 +193,13 @@ def l0_grpc_state_cleanup(qa) -> None:
     _copytree(qa.qa / "custom_models" / "custom_zero_1_float32", custom)
     (custom / "1").mkdir(exist_ok=True)
     _append(custom / "config.pbtxt", 'parameters [\n{ key: "execute_delay_ms"; value: { string_value: "1000" }}\n]')
-    nd = models / "repeat_int32_non_decoupled"
-    _copytree(models / "repeat_int32", nd)
-    text = (nd / "config.pbtxt").read_text()
-    lines = text.splitlines()
-    at = next(i for i, ln in enumerate(lines) if "model_transaction_policy" in ln)
-    del lines[at:at + 3]                                # sed "/model_transaction_policy/,+2d"
-    (nd / "config.pbtxt").write_text("\n".join(lines).replace("repeat_int32", "repeat_int32_non_decoupled") + "\n")
-
+    # test.sh's repeat_int32_non_decoupled is the C++ repeat backend without its decoupled policy;
+    # the python stand-in refuses to load that (as under Triton), so it is left out, and its case.
+    print("  (deviation: repeat_int32_non_decoupled left out: the python stand-in for the C++ repeat backend "
+          "refuses to load non-decoupled)", flush=True)
+    qa.record("cleanup_test.py", "CleanUpTest.test_non_decoupled_streaming_multi_response", "skip",
+              "repeat_int32_non_decoupled is Triton's C++ repeat backend without decoupled; the python stand-in "
+              "(examples/decoupled/repeat_model.py) refuses to load non-decoupled, as under Triton")
     args = f"--model-repository={models} --log-verbose=2"
     for case in CLEANUP_TESTS:
         s = qa.start(d, args, f"{case}.server.log")
@@ -214,8 +213,10 @@ def l0_grpc_state_cleanup(qa) -> None:
             s.stop()
     for case in SHUTDOWN_TESTS:
         s = qa.start(d, args, f"{case}.server.log")
+        # test.sh passes SERVER_PID in the environment, which the module reads only as __main__
+        pid = str(s.proc.pid) if s else ""
         qa.unittest(d, "cleanup_test.py", [f"CleanUpTest.{case}"], server=s,
-                     env={"SERVER_PID": str(s.proc.pid)} if s else None)
+                    env={"SERVER_PID": pid, "QA_PATCH": json.dumps({"CleanUpTest.SERVER_PID": pid})})
         if s:
             code = s.stop()
             qa.check(f"{case}: server exits after SIGINT", code == 0, f"exit status {code}")
