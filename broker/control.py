@@ -142,7 +142,8 @@ class ControlHandler:
         checks (cheaply, via nvidia-smi) that the device exists."""
         self._require_shm()
         if len(op.raw_handle) != CUDA_HANDLE_BYTES:
-            raise invalid("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+            raise invalid(f"failed to register shared memory region '{op.name}': invalid args "
+                          "('raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t)")
         count = gpu_count()
         if count == 0:
             raise invalid(f"failed to register CUDA shared memory region: '{op.name}', GPUs not supported")

@@ -236,7 +236,7 @@ class Worker:
             return P.BatchDone(msg.bid, [], t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         if self.stateful and batch_error is None:
             for w, r, resp in zip(requests, runs, responses):
-                self.states.keep(w, resp, r.seq, r.flags, r.pad)
+                self.states.keep(w, resp, r.seq, r.flags, r.pad, [o.name for o in r.outputs])
         it = iter(responses)
         per_request = []
         for r, slot in zip(msg.requests, slots):

@@ -4,13 +4,16 @@ Each state tensor of a sequence lives in a block of this worker's shared-memory 
 process that allocates a block frees it): START sets it to zeros or the config's
 `initial_state`; before each request the model gets it as the state input; after it the
 model's state output replaces it (kept as it was when the model does not return one); END,
-or the broker's EndSequences (idle, cancelled), frees it. Clients never see state tensors.
+or the broker's EndSequences (idle, cancelled), frees it. Clients see a state output only as
+Triton shows it: when the config also declares it as a model output and the request asks for
+it (by name, or by naming no outputs).
 A padding request of a direct batch gets zeros shaped like its batch's first real request's
 state, and its state output is dropped.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,11 +103,13 @@ class SequenceStates:
         wanted = req.requested_outputs or list(self.config_outputs)
         req.requested_outputs = wanted + [s.output_name for s in self.specs if s.output_name not in wanted]
 
-    def keep(self, req: WorkerRequest, response: WorkerResponse, seq: int, flags: int, pad: bool) -> None:
-        """Take the state outputs out of the response (the client never sees them) and keep
-        them; at END the state is freed."""
+    def keep(self, req: WorkerRequest, response: WorkerResponse, seq: int, flags: int, pad: bool,
+             requested: Collection[str] = ()) -> None:
+        """Keep the state outputs, and take out of the response those the client does not get
+        (`requested`: the outputs it named, none meaning all); at END the state is freed."""
         for spec in self.specs:
-            value = response.outputs.pop(spec.output_name, None)
+            shown = spec.output_name in self.config_outputs and (not requested or spec.output_name in requested)
+            value = response.outputs.get(spec.output_name) if shown else response.outputs.pop(spec.output_name, None)
             if value is not None and not pad and response.error is None and not flags & FLAG_END:
                 arr = np.asarray(value)
                 if arr.dtype != spec.dtype:

@@ -158,6 +158,13 @@ class EnsembleVersion(ModelVersion):
             self._deriving = False
 
     @property
+    def streams(self) -> bool:
+        """Whether a step is decoupled, as derived when this ensemble was last found READY (its
+        own view says so only once `settle` has applied it, which may come after an enclosing
+        ensemble is checked)."""
+        return self._checked is not None and self._checked[2]
+
+    @property
     def restarting(self) -> bool:
         """Restarting while every composing model that does not serve is restarting: a request
         then waits in that model's queue, as it would sent to the model itself."""
@@ -202,7 +209,8 @@ class EnsembleVersion(ModelVersion):
             return self._checked[1]
         specs = {mv.name: ModelSpec(mv.name, mv.model_dir, config_from_json(mv.config), [mv.version])
                  for mv in composing}
-        decoupled = {mv.name for mv in composing if mv.view.decoupled}
+        decoupled = {mv.name for mv in composing
+                     if mv.view.decoupled or (isinstance(mv, EnsembleVersion) and mv.streams)}
         error = validate_ensemble(self.proto, specs) or self._decoupled_steps(decoupled)
         self._checked = (key, error, bool(decoupled))
         return error

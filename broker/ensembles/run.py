@@ -102,6 +102,7 @@ class EnsembleRun:
         present = set(self.tensors) | (set(plan.inputs) - set(self.tensors))  # absent optional inputs
         self.waiting = [sum(1 for t in dict.fromkeys(s.inputs.values()) if t not in present) for s in plan.steps]
         self.started = [False] * len(plan.steps)
+        self.started_ns = [0] * len(plan.steps)
         self.active: dict[int, Any] = {}      # step -> its Req (queued or executing) or nested run
         self.streaming: set[int] = set()      # steps of decoupled models: each response is passed on
         self.held: list[tuple[bytes, int]] = []
@@ -124,6 +125,7 @@ class EnsembleRun:
     def start_step(self, i: int) -> None:
         step = self.plan.steps[i]
         self.started[i] = True
+        self.started_ns[i] = self.ens.clock.now_ns()
         try:
             mv = self.ens.registry.resolve(step.model, step.version, restarting_ok=True)
         except TritonError as e:
@@ -167,6 +169,8 @@ class EnsembleRun:
         if owners is None:
             self.held.extend((reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease)
         step = self.plan.steps[i]
+        if reply.error is not None:
+            self.step_failed(i)
         if self.error is None and not self.done:
             if reply.error is not None:
                 self.fail(step, reply.error)
@@ -182,6 +186,7 @@ class EnsembleRun:
         step = self.plan.steps[i]
         forwarded = False
         if reply.error is not None:
+            self.step_failed(i)
             self.fail(step, reply.error)
         elif not reply.empty and self.error is None and not self.done:
             by_name = {d.name: d for d in reply.outputs}
@@ -220,6 +225,11 @@ class EnsembleRun:
                 if self.error is None and self.run_step[j] and not self.started[j] and self.waiting[j] == 0:
                     self.start_step(j)
         self.starting = False
+
+    def step_failed(self, i: int) -> None:
+        """As Triton counts it, a failed request of a composing model is a failure of the ensemble
+        too (reason OTHER), besides the ensemble request's own failure."""
+        self.mv.stats.record_failure(self.ens.clock.now_ns() - self.started_ns[i])
 
     def fail(self, step: Step, err: TritonError) -> None:
         if self.error is not None:

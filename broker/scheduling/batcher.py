@@ -11,6 +11,7 @@ it is a run of pops from the front.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -121,9 +122,11 @@ class Scheduler:
     def __init__(self, policy: BatchPolicy, hold_until: int = 0) -> None:
         self.policy = policy
         self.hold_until = hold_until    # test hook: no batch until this many are queued (once)
-        n = max(policy.priority_levels, 1)
-        self.queues: list[deque[Pending]] = [deque() for _ in range(n)]
-        self.delayed: list[deque[Pending]] = [deque() for _ in range(n)]
+        # Levels get their queues when a request first uses them: priority_levels may be as
+        # large as a uint64 (Triton keeps a map, so a config may name any count).
+        self.queues: dict[int, deque[Pending]] = {}
+        self.delayed: dict[int, deque[Pending]] = {}
+        self._levels: list[int] = []                # levels with queues, ascending
         self.count = 0
         self.busy_ns: dict[str, int] = {}          # instance name -> time spent executing
         self._deadlines: list[tuple[int, int, Pending]] = []
@@ -154,6 +157,9 @@ class Scheduler:
         request-id prefix, which the caller adds)."""
         level = self.level_of(priority)
         qp = self.queue_policy(level)
+        if level not in self.queues:
+            self.queues[level], self.delayed[level] = deque(), deque()
+            bisect.insort(self._levels, level)
         size = len(self.queues[level]) + len(self.delayed[level])
         if (qp.max_queue_size and size >= qp.max_queue_size) or self.count >= HARD_QUEUE_CAP:
             raise unavailable("Exceeds maximum queue size")
@@ -208,7 +214,7 @@ class Scheduler:
     def remove(self, pred: Callable[[Pending], bool]) -> list[Pending]:
         """Take out every queued request matching pred (unload, cancellation)."""
         out: list[Pending] = []
-        for q in (*self.queues, *self.delayed):
+        for q in (*self.queues.values(), *self.delayed.values()):
             if any(pred(p) for p in q):
                 keep = [p for p in q if not pred(p)]
                 out.extend(p for p in q if pred(p))
@@ -222,14 +228,19 @@ class Scheduler:
 
     # ---------------------------------------------------------------- batching
 
+    def _in_order(self) -> Iterator[deque[Pending]]:
+        """Each level's queue then its DELAY-ed requests, highest priority (level 1) first."""
+        for level in self._levels:
+            yield self.queues[level]
+            yield self.delayed[level]
+
     def _ordered(self) -> Iterator[Pending]:
-        for q, late in zip(self.queues, self.delayed):
+        for q in self._in_order():
             yield from q
-            yield from late
 
     def _take(self, n: int) -> list[Pending]:
         out: list[Pending] = []
-        for q in (x for pair in zip(self.queues, self.delayed) for x in pair):
+        for q in self._in_order():
             while q and len(out) < n:
                 item = q.popleft()
                 item.deadline_ns = 0

@@ -115,7 +115,7 @@ class QueuedScheduling:
 
     def cancel(self, req: "Req") -> None:
         if self.queue.remove(lambda p: p is req.pending):
-            self.path.fail(req, TritonError(Code.CANCELLED, REQUEST_CANCELLED))
+            self.path.fail(req, TritonError(Code.CANCELLED, REQUEST_CANCELLED), "CANCELED")
 
     def instance_lost(self, mv: "ModelVersion", inst: "Instance", how: str) -> None:
         pass

@@ -202,7 +202,7 @@ class SequenceScheduling:
         queued requests are answered CANCELLED and its slot is freed."""
         seq = req.seq
         for p in self.batcher.end(seq, self.path.clock.now_ns()):
-            self.path.fail(p.key, TritonError(Code.CANCELLED, REQUEST_CANCELLED))
+            self.path.fail(p.key, TritonError(Code.CANCELLED, REQUEST_CANCELLED), "CANCELED")
         self._end_state(req.mv, [seq])
         self.dispatch(req.mv)
 

@@ -25,6 +25,7 @@ from ..client_subject import SubjectRule
 from ..dataplane import Dataplane, RequestOptions
 from ..errors import GRPC_CODE_NAME
 from ..metadata import SERVER_VERSION, model_metadata
+from ..test_hooks import grpc_response_delay_s
 from ..tracing import Pending
 from . import converters as cv
 from .codec import ResponseEncoder, parse_request
@@ -72,6 +73,8 @@ def rpc(category: str) -> Callable:
             await self.admit(context, category)
             if request is UNPARSED:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, UNPARSABLE)
+            if self.response_delay_s:
+                await asyncio.sleep(self.response_delay_s)
             try:
                 return await fn(self, request, context)
             except grpc.aio.AbortError:
@@ -105,6 +108,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.stopping = False
         self.inflight = 0
         self.encoder = ResponseEncoder()
+        self.response_delay_s = grpc_response_delay_s()             # a Triton test hook (0: off)
         self._table: Any = None                                     # the table _entries were resolved in
         self._entries: dict[tuple[str, str], S.ModelEntry] = {}     # (name, version string) -> entry
 

@@ -1,11 +1,14 @@
 """The suites qa_run.py knows, in the order it runs them."""
 from __future__ import annotations
 
+from suites_decoupled import l0_client_timeout, l0_decoupled, l0_grpc_state_cleanup, l0_request_cancellation
 from suites_ensembles import l0_simple_ensemble
-from suites_http import l0_http, l0_input_validation, l0_shared_memory
+from suites_http import l0_grpc, l0_http, l0_input_validation, l0_shared_memory
 from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
 from suites_python_backend import l0_backend_python
-from suites_sequence import l0_http_generate, l0_sequence_batcher, l0_sequence_batcher_implicit
+from suites_queue import l0_model_queue
+from suites_sequence import (l0_dyna_sequence_batcher, l0_http_generate, l0_implicit_state, l0_sequence_batcher,
+                             l0_sequence_batcher_implicit, l0_sequence_corrid_batcher)
 from suites_tensors import (l0_client_nobatch, l0_infer_reshape, l0_infer_variable, l0_infer_zero, l0_nan_inf,
                             l0_nullchar_string, l0_optional_input, l0_output_name, l0_parameters, l0_scalar_io,
                             l0_server_status, l0_string_io)
@@ -36,5 +39,14 @@ SUITES = {
     "L0_server_status": l0_server_status,
     "L0_simple_ensemble": l0_simple_ensemble,
     "L0_backend_python": l0_backend_python,
+    "L0_model_queue": l0_model_queue,
+    "L0_decoupled": l0_decoupled,
+    "L0_request_cancellation": l0_request_cancellation,
+    "L0_grpc_state_cleanup": l0_grpc_state_cleanup,
+    "L0_client_timeout": l0_client_timeout,
+    "L0_implicit_state": l0_implicit_state,
+    "L0_dyna_sequence_batcher": l0_dyna_sequence_batcher,
+    "L0_sequence_corrid_batcher": l0_sequence_corrid_batcher,
+    "L0_grpc": l0_grpc,
     "L0_model_update": l0_model_update,
 }

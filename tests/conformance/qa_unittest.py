@@ -5,6 +5,9 @@ file: {"case", "status" (pass | fail | error | skip), "detail"}.
 Usage: python qa_unittest.py <results.jsonl> <label> <module.py> [Class.test ...]
 (no names: every test of the module, like `unittest.main()`). The environment variable
 QA_SKIP (a JSON object {"Class.test": reason}) names cases not to run; each is recorded as skip.
+QA_PATCH (a JSON object {"name": value}, a name possibly dotted: "Class.attribute") sets module
+globals once the module is loaded: what the module's `__main__` block would have set from the
+environment, or a runner deviation the suite prints (a trial list that names a TensorRT model first).
 """
 from __future__ import annotations
 
@@ -75,6 +78,12 @@ def main(results: str, label: str, module_path: str, names: list[str]) -> int:
     records: list[tuple[str, str, str]] = []
     try:
         spec.loader.exec_module(module)
+        for name, value in json.loads(os.environ.get("QA_PATCH", "{}")).items():
+            *owners, attr = name.split(".")
+            target = module
+            for owner in owners:
+                target = getattr(target, owner)
+            setattr(target, attr, tuple(value) if isinstance(value, list) else value)
         suite = loader.loadTestsFromNames(names, module) if names else loader.loadTestsFromModule(module)
         suite = _without(suite, json.loads(os.environ.get("QA_SKIP", "{}")), records)
         runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=2)

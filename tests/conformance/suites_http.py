@@ -332,3 +332,56 @@ def l0_shared_memory(qa) -> None:
     for client in ("http", "grpc"):
         one(f"--model-repository={models} --log-verbose=1 {extra}", "SharedMemoryTest.test_large_shm_register_offset",
             client, f"large_offset.{client}.server.log", env={"BACKENDS": "python onnx libtorch"})
+
+
+# ====================================================================== L0_grpc
+def l0_grpc(qa) -> None:
+    """L0_grpc's python cases: GrpcTest on its own repository, the aio client, the restricted
+    protocol start-ups and RestrictedProtocolTest, the client plugin test."""
+    d = qa.qa / "L0_grpc"
+    _note(qa, "the example clients and C++ unit tests (client repository), grpc-health-probe (go install), "
+              "grpc_basic_auth_test.py (nginx), densenet_onnx (downloaded by Dockerfile.QA), "
+              "simple_string_dyna_sequence (Triton's C++ dyna_sequence test backend)")
+    models = _fresh(d / "models")
+    for m in ("simple", "simple_dyna_sequence", "simple_int8", "simple_identity", "simple_sequence", "simple_string"):
+        _copytree(qa.examples / m, models / m)
+    grpc_models = _fresh(d / "grpc_test_models")
+    _copytree(models / "simple", grpc_models / "simple")
+    ident = grpc_models / "string_identity"
+    _copytree(qa.qa / "python_models" / "string_identity", ident)
+    (ident / "1").mkdir(exist_ok=True)
+    shutil.move(str(ident / "model.py"), str(ident / "1" / "model.py"))
+    _sed(ident / "config.pbtxt", r"dims: \[ 1 \]", "dims: [ -1 ]")
+
+    s = qa.start(d, f"--backend-directory={BACKEND_DIR} --model-repository={grpc_models}", "grpc_test.server.log")
+    qa.unittest(d, "python_unit_test.py", ["GrpcTest"], server=s)
+    if s:
+        s.stop()
+
+    s = qa.start(d, f"--backend-directory={BACKEND_DIR} --model-repository={d / 'client_plugin_models'} "
+                    "--http-header-forward-pattern=.* --grpc-header-forward-pattern=.*", "client_plugin.server.log")
+    if s is None and "does not support yet" in qa.last_start_error:
+        qa.record("grpc_client_plugin_test.py", "grpc_client_plugin_test.py", "skip",
+                  f"tritond refuses the flag: {qa.last_start_error}")
+    else:
+        qa.unittest(d, "grpc_client_plugin_test.py", server=s)
+    if s:
+        s.stop()
+
+    s = qa.start(d, f"--backend-directory={BACKEND_DIR} --model-repository={models} --allow-client-shm=true",
+                 "aio.server.log")
+    qa.unittest(d, "python_grpc_aio_test.py", server=s)
+    if s:
+        s.stop()
+
+    qa.refused(d, f"--model-repository={models} --grpc-restricted-protocol=model-repository,health:k1=v1 "
+                  "--grpc-restricted-protocol=metadata,health:k2=v2", "restricted_repeated.server.log",
+               "protocol 'health' can not be specified in multiple config groups", "repeated restricted protocol")
+    qa.refused(d, f"--model-repository={models} --grpc-restricted-protocol=model-reposit,health:k1=v1 "
+                  "--grpc-restricted-protocol=metadata,health:k2=v2", "restricted_unknown.server.log",
+               "unknown restricted protocol 'model-reposit'", "unknown restricted protocol")
+    s = qa.start(d, f"--model-repository={models} --grpc-restricted-protocol=model-repository:admin-key=admin-value "
+                    "--grpc-restricted-protocol=inference,health:infer-key=infer-value", "restricted.server.log")
+    qa.unittest(d, "python_unit_test.py", ["RestrictedProtocolTest"], server=s)
+    if s:
+        s.stop()

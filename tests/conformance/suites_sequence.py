@@ -162,3 +162,125 @@ def l0_http_generate(qa) -> None:
     qa.unittest(d, "generate_endpoint_test.py", server=s)
     if s:
         s.stop()
+
+
+# ====================================================================== L0_dyna_sequence_batcher
+DYNA_NO_BATCHING_TESTS = ("test_simple_sequence", "test_length1_sequence")
+DYNA_TESTS = ("test_multi_sequence_different_shape", "test_multi_sequence", "test_multi_parallel_sequence",
+              "test_backlog", "test_backlog_fill", "test_backlog_fill_no_end", "test_backlog_sequence_timeout")
+
+
+def l0_dyna_sequence_batcher(qa) -> None:
+    """The oldest-first sequence batcher with CONTROL_SEQUENCE_CORRID, onnx and libtorch models
+    (test.sh's IMPLICIT_STATE=0)."""
+    d = qa.qa / "L0_dyna_sequence_batcher"
+    _note(qa, "plan models; custom_dyna_sequence_int32 and custom_string_dyna_sequence_int32 (the C++ "
+              "dyna_sequence test backend) with the ragged-batch case that needs them")
+    models = _fresh(d / "models")
+    for src in sorted((qa.data / "qa_dyna_sequence_model_repository").iterdir()):
+        if src.is_dir():
+            _copytree(src, models / src.name)
+            _sed(models / src.name / "config.pbtxt", "kind: KIND_CPU", "kind: KIND_CPU\ncount: 1")
+    env = {"IMPLICIT_STATE": "0", "BACKENDS": "libtorch onnx"}
+    for test in DYNA_NO_BATCHING_TESTS:
+        s = qa.start(d, f"--model-repository={models}", f"{test}.server.log", env=env)
+        qa.unittest(d, "dyna_sequence_batcher_test.py", [f"DynaSequenceBatcherTest.{test}"],
+                    env=dict(env, NO_BATCHING="1"), server=s)
+        if s:
+            s.stop()
+    for m in models.iterdir():
+        _sed(m / "config.pbtxt", r"max_candidate_sequences:.*", "max_candidate_sequences:4")
+        _sed(m / "config.pbtxt", r"max_queue_delay_microseconds:.*", "max_queue_delay_microseconds:5000000")
+    for test in DYNA_TESTS:
+        s = qa.start(d, f"--model-repository={models}", f"{test}.server.log", env=env)
+        qa.unittest(d, "dyna_sequence_batcher_test.py", [f"DynaSequenceBatcherTest.{test}"],
+                    env=dict(env, NO_BATCHING="0"), server=s)
+        if s:
+            s.stop()
+
+
+# ====================================================================== L0_sequence_corrid_batcher
+def l0_sequence_corrid_batcher(qa) -> None:
+    """Direct sequence batcher models4 (4 instances, max_batch_size 1) and the correlation id
+    data types of CONTROL_SEQUENCE_CORRID. test.sh copies libtorch_dyna_sequence_int32 into models4
+    too, though the test's trials never use it; so does this."""
+    d = qa.qa / "L0_sequence_corrid_batcher"
+    _note(qa, "plan_dyna_sequence_int32 (TensorRT)")
+    models = _fresh(d / "models4")
+    for backend in ("onnx", "libtorch"):
+        m = models / f"{backend}_dyna_sequence_int32"
+        _copytree(qa.data / "qa_dyna_sequence_model_repository" / m.name, m)
+        cfg = m / "config.pbtxt"
+        _sed(cfg, r"oldest.*\{.*\}.*control_input", "control_input", count=1, flags=re.S)
+        _sed(cfg, r"(?m)^max_batch_size:.*", "max_batch_size: 1")
+        _sed(cfg, "kind: KIND_GPU", "kind: KIND_GPU\ncount: 4")
+        _sed(cfg, "kind: KIND_CPU", "kind: KIND_CPU\ncount: 4")
+    # the test's trials are ("plan", "onnx") with plan first: it runs onnx alone here
+    print("  (deviation: test_skip_batch's trials are ('onnx',), its plan trial is a TensorRT model)", flush=True)
+    base = {"NO_BATCHING": "0", "MODEL_INSTANCES": "4"}        # test.sh exports these once, for both parts
+    env = dict(base, TRITONSERVER_BACKLOG_DELAY_SCHEDULER="0", TRITONSERVER_DELAY_SCHEDULER="12")
+    s = qa.start(d, f"--model-repository={models}", "test_skip_batch.models4.server.log", env=env)
+    qa.unittest(d, "sequence_corrid_batcher_test.py", ["SequenceCorrIDBatcherTest.test_skip_batch"],
+                env=dict(env, QA_PATCH='{"_trials": ["onnx"]}'), server=s)
+    if s:
+        s.stop()
+
+    repo = _fresh(d / "corrid_data_type")
+    (repo / "add_sub" / "1").mkdir(parents=True)
+    shutil.copy(qa.qa / "python_models" / "add_sub" / "model.py", repo / "add_sub" / "1")
+    for dtype in ("TYPE_STRING", "TYPE_UINT32", "TYPE_INT32", "TYPE_UINT64", "TYPE_INT64"):
+        shutil.copy(qa.qa / "python_models" / "add_sub" / "config.pbtxt", repo / "add_sub")
+        _append(repo / "add_sub" / "config.pbtxt",
+                f'sequence_batching {{ control_input [{{ name: "CORRID" control [{{ '
+                f'kind: CONTROL_SEQUENCE_CORRID data_type: {dtype} }}] }}] }}')
+        env = dict(base, TRITONSERVER_CORRID_DATA_TYPE=dtype)
+        s = qa.start(d, f"--model-repository={repo}", f"test_corrid_data_type.{dtype}.server.log", env=env)
+        qa.unittest(d, "sequence_corrid_batcher_test.py", ["SequenceCorrIDBatcherTest.test_corrid_data_type"],
+                    variant=dtype, env=env, server=s)
+        if s:
+            s.stop()
+
+
+# ====================================================================== L0_implicit_state
+IMPLICIT_STATE_BACKEND_TESTS = {
+    "test_no_implicit_state": "no_implicit_state", "test_wrong_implicit_state_name": "wrong_internal_state",
+    "test_implicit_state_single_buffer": "single_state_buffer",
+    "test_implicit_state_growable_memory": "growable_memory", "test_no_update": "no_state_update"}
+
+
+def l0_implicit_state(qa) -> None:
+    """implicit_state.py over the onnx and libtorch nobatch sequence models (state not allowed as a
+    requested output; then allowed, with the state declared as a model output). Its second part,
+    L0_sequence_batcher with IMPLICIT_STATE=1, is the suite L0_sequence_batcher_implicit."""
+    d = qa.qa / "L0_implicit_state"
+    _note(qa, "plan models; the cases of models/no_implicit_state, wrong_internal_state, single_state_buffer, "
+              "growable_memory and no_state_update (Triton's C++ implicit_state test backend, "
+              "libtriton_implicit_state.so, whose behaviour each case is about)")
+    models = _fresh(d / "qa_models")      # test.sh's models/ holds the C++ backend's models too
+    backends = "onnx libtorch"
+    cpu_only = _gpu_count() == 0
+    if cpu_only:
+        print("  (deviation: the sequence models' KIND_GPU instance groups run on KIND_CPU, no GPU on this host)",
+              flush=True)
+    for backend in backends.split():
+        name = f"{backend}_nobatch_sequence_int32"
+        src = qa.data / "qa_sequence_implicit_model_repository" / name
+        _copytree(src, models / name)
+        if cpu_only:
+            _sed(models / name / "config.pbtxt", "KIND_GPU", "KIND_CPU")
+        out = models / f"{name}_output"
+        _copytree(models / name, out)
+        _sed(out / "config.pbtxt", r"(?m)^name:.*", f'name: "{out.name}"')
+        state = "OUTPUT_STATE__1" if backend == "libtorch" else "OUTPUT_STATE"
+        _append(out / "config.pbtxt", f'output [{{ name: "{state}" \n data_type: TYPE_INT32 \n dims: [ 1 ] }}]')
+    for case, model in IMPLICIT_STATE_BACKEND_TESTS.items():
+        qa.record("implicit_state.py", f"ImplicitStateTest.{case}", "skip",
+                  f"model '{model}' is Triton's C++ implicit_state test backend")
+    env = {"BACKENDS": backends, "IMPLICIT_STATE": "1", "ENSEMBLES": "0", "INITIAL_STATE_ZERO": "0",
+           "INITIAL_STATE_FILE": "0", "SINGLE_STATE_BUFFER": "0"}
+    s = qa.start(d, f"--backend-directory={BACKEND_DIR} --model-repository={models} "
+                    f"--cuda-virtual-address-size=0:{1024 * 1024 * 4}", "server.log", env=env)
+    qa.unittest(d, "implicit_state.py", ["ImplicitStateTest.test_request_output_not_allowed",
+                                         "ImplicitStateTest.test_request_output"], env=env, server=s)
+    if s:
+        s.stop()

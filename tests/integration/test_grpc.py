@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
 from tritonclient.utils import shared_memory as shm
 
-from conftest import expect_error
+from conftest import TritondServer, expect_error, serving
 
 UNKNOWN_ID = "[request id: <id_unknown>] "
 
@@ -414,6 +414,10 @@ def test_cuda_shared_memory_without_gpus(client):
     handle = base64.b64encode(b"\0" * 64)
     assert fails("INVALID_ARGUMENT", client.register_cuda_shared_memory, "cuda0", handle, 0, 64) == \
         "failed to register CUDA shared memory region: 'cuda0', GPUs not supported"
+    # a handle that is no cudaIpcMemHandle_t: Triton's words (L0_grpc's python_grpc_aio_test matches them)
+    assert fails("INVALID_ARGUMENT", client.register_cuda_shared_memory, "", b"", 0, 0) == (
+        "failed to register shared memory region '': invalid args ('raw_handle' must be a valid base64 encoded "
+        "cudaIpcMemHandle_t)")
     client.unregister_cuda_shared_memory()
 
 
@@ -479,3 +483,23 @@ def test_aio_client(server):
 
     asyncio.run(main())
 
+
+
+def test_response_delay_hook_holds_non_inference_calls_only(example_repo):
+    """Triton's test hook TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC (L0_client_timeout's
+    non-inference deadlines): every RPC but the inference ones waits, so a client deadline
+    shorter than the delay expires, while ModelInfer answers at once."""
+    env = {"TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC": "3600"}
+    with serving(TritondServer(example_repo, env=env)) as s:
+        c = grpcclient.InferenceServerClient(s.grpc_url)
+        try:
+            for call in (lambda: c.is_server_live(client_timeout=1), lambda: c.get_server_metadata(client_timeout=1),
+                         lambda: c.get_model_config("identity_fp32", client_timeout=1)):
+                with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+                    call()
+            x = np.arange(6, dtype=np.float32)
+            inp = grpcclient.InferInput("INPUT0", [6], "FP32")
+            inp.set_data_from_numpy(x)
+            np.testing.assert_array_equal(c.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), x)
+        finally:
+            c.close()

@@ -146,6 +146,8 @@ def test_cancel_takes_a_queued_request_out_and_flags_an_executing_one(tmp_path):
     queued = h.infer("m", X=np.zeros(1, np.float32))
     h.from_frontend(S.Cancel(queued))
     assert h.replies()[queued].error.code is Code.CANCELLED
+    (mv,) = h.broker.registry.get("m").values()
+    assert mv.stats.failures["CANCELED"] == 1        # nv_inference_request_failure{reason="CANCELED"}
     ((inst, ex),) = h.executing("m")
     h.from_frontend(S.Cancel(running))
     assert [(i, m.keys) for i, m in h.to_workers(S.CancelKeys)] == [
@@ -154,3 +156,15 @@ def test_cancel_takes_a_queued_request_out_and_flags_an_executing_one(tmp_path):
     assert h.replies()[running].error is None        # the model answered anyway
     h.from_frontend(S.Cancel(running))               # answered: nothing left to cancel
     assert len(h.to_workers(S.CancelKeys)) == 1 and len(h.broker.live) == 0
+
+
+def test_cancelling_a_queued_request_of_a_sequence_counts_each_request_it_ends_as_canceled(tmp_path):
+    """L0_request_cancellation's sequence cases: the sequence's queued requests all end, each a
+    CANCELED failure in the statistics and metrics."""
+    h = Harness(sequence_repo(tmp_path, max_batch_size=1)).load("*")
+    seq_request(h, 1, 1)                              # runs in the one slot
+    first, second = seq_request(h, 1, 0), seq_request(h, 1, 0)
+    h.from_frontend(S.Cancel(first))
+    assert [h.replies()[r].error.code for r in (first, second)] == [Code.CANCELLED] * 2
+    (mv,) = h.broker.registry.get("seq").values()
+    assert (mv.stats.failures["CANCELED"], mv.stats.failures["OTHER"]) == (2, 0)

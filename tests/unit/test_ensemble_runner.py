@@ -146,7 +146,9 @@ def test_a_failing_step_waits_for_executing_siblings_then_releases_everything(h)
     assert h.released() == sorted([(ident(h, "split"), 11), (ident(h, "left"), 21)])
     assert running(h) == []
     (mv,) = h.broker.registry.get("diamond").values()
-    assert mv.stats.fail.count == 1 and mv.stats.execution_count == 0
+    # Triton counts the failed composing request against the ensemble as well as the ensemble
+    # request itself, both as reason OTHER (L0_model_queue's test_policy_reject: 4 for 2)
+    assert mv.stats.fail.count == 2 and mv.stats.failures["OTHER"] == 2 and mv.stats.execution_count == 0
 
 
 def test_a_failing_step_takes_queued_siblings_out_of_their_queues(h):
@@ -294,3 +296,34 @@ def test_bls_calls_are_answered_to_the_caller_and_refused_when_they_would_deadlo
     h.from_worker(caller, S.Infer(6, "split", -1, [S.TensorDesc("IN", "FP32", [1], S.Inline(b"iiii"))]))
     refused = [m for i, m in h.sockets.worker if isinstance(m, S.InferReply) and m.rid == 6]
     assert "would deadlock" in refused[0].error.message
+
+
+def test_a_decoupled_inner_ensemble_feeding_a_step_is_refused(tmp_path):
+    """L0_decoupled's nested_square: its first step is an ensemble over a decoupled model, so that
+    step streams and its output feeds the next step, which tritond does not run (its responses
+    would reach the client unsquared); refused like a decoupled model in that place."""
+    python_model(tmp_path, "repeat", ["IN"], ["OUT"], extra="model_transaction_policy { decoupled: true }")
+    python_model(tmp_path, "square", ["IN"], ["OUT"])
+    ensemble_model(tmp_path, "simple_repeat", """
+name: "simple_repeat" platform: "ensemble"
+input [{ name: "IN" data_type: TYPE_FP32 dims: [-1] }]
+output [{ name: "OUT" data_type: TYPE_FP32 dims: [-1] }]
+ensemble_scheduling { step [
+  { model_name: "repeat" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } }
+] }""")
+    ensemble_model(tmp_path, "nested_square", """
+name: "nested_square" platform: "ensemble"
+input [{ name: "IN" data_type: TYPE_FP32 dims: [-1] }]
+output [{ name: "OUT" data_type: TYPE_FP32 dims: [-1] }]
+ensemble_scheduling { step [
+  { model_name: "simple_repeat" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "r" } },
+  { model_name: "square" model_version: -1 input_map { key: "IN" value: "r" } output_map { key: "OUT" value: "OUT" } }
+] }""")
+    h = Harness(tmp_path).load("*")
+    (inner,) = h.broker.registry.get("simple_repeat").values()
+    assert inner.state is S.ModelState.READY
+    (mv,) = h.broker.registry.get("nested_square").values()
+    assert mv.state is S.ModelState.UNAVAILABLE
+    assert mv.reason == ("in ensemble 'nested_square', step 0 (model 'simple_repeat') is decoupled and its output "
+                         "'r' feeds another step; tritond streams a decoupled step only when its outputs are "
+                         "ensemble outputs")

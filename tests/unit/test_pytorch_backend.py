@@ -240,6 +240,26 @@ def test_sequence_control_inputs_are_model_inputs(tmp_path):
     assert out["OUTPUT__0"].tolist() == [7]
 
 
+class Accumulate(torch.nn.Module):
+    def forward(self, value: torch.Tensor, state: torch.Tensor):
+        total = value + state
+        return total, total * 10
+
+
+def test_implicit_state_output_binds_by_its_index(tmp_path):
+    """qa's libtorch implicit-state models (and L0_request_cancellation's sequence_state): the state
+    output OUTPUT_STATE__1 is no config output, yet it is element 1 of what forward returns."""
+    state = {"input_name": "INPUT_STATE__1", "output_name": "OUTPUT_STATE__1", "data_type": "TYPE_INT32",
+             "dims": [1]}
+    backend = make(tmp_path, Accumulate(), [tensor("INPUT__0", "TYPE_INT32", [1])],
+                   [tensor("OUTPUT__0", "TYPE_INT32", [1])],
+                   extra={"sequence_batching": {"direct": {}, "state": [state]}})
+    backend.load()
+    (out,) = run(backend, {"INPUT__0": np.array([2], np.int32), "INPUT_STATE__1": np.array([3], np.int32)},
+                 outputs=["OUTPUT__0", "OUTPUT_STATE__1"])
+    assert (out["OUTPUT__0"].tolist(), out["OUTPUT_STATE__1"].tolist()) == ([5], [50])
+
+
 # ------------------------------------------------------------------ errors
 
 def test_input_count_mismatch(tmp_path):

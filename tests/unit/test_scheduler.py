@@ -235,6 +235,20 @@ def test_higher_priority_levels_go_first_and_batch_across_levels():
     assert names(s.next_batch(1000 * US)[0]) == ["default", "out_of_range"]
 
 
+def test_priority_levels_up_to_uint64():
+    """L0_model_queue's test_max_priority_levels: 2^64-1 levels, default level 2^32 (Triton keeps
+    a map of levels; a queue per level up front would never finish)."""
+    s = make(priority_levels=2**64 - 1, default_priority_level=2**32, max_queue_delay_microseconds=1000,
+             preferred_batch_size=[4])
+    add(s, "default", 0, size=2)
+    add(s, "default2", 0)
+    add(s, "high", 1, size=2, priority=1)
+    add(s, "lowest", 2, priority=2**64 - 1)
+    assert s.level_of(0) == 2**32 - 1
+    assert names(s.next_batch(3)[0]) == ["high", "default"]
+    assert names(s.next_batch(1000 * US)[0]) == ["default2", "lowest"]
+
+
 def test_level_mapping():
     s = make(priority_levels=4, default_priority_level=2)
     assert [s.level_of(p) for p in (0, 1, 2, 3, 4, 5)] == [1, 0, 1, 2, 3, 1]

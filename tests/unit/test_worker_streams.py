@@ -85,3 +85,31 @@ def test_state_starts_from_the_initial_value_and_follows_the_model_until_end():
         assert not states.held and arena.in_use() == 0
     finally:
         arena.close()
+
+
+def test_a_state_output_the_config_declares_reaches_the_client_when_requested():
+    """L0_implicit_state's test_request_output: with the state output also a config output, a
+    request naming it (or naming no outputs) gets it; one naming other outputs does not."""
+    arena = Arena(SERVER, "tst")
+    try:
+        spec = StateSpec("S_IN", "S_OUT", np.dtype(np.int32), [1])
+        states = SequenceStates([spec], arena, ["Y", "S_OUT"])
+
+        def run(requested: list[str], flags: int) -> list[str]:
+            req = WorkerRequest({"X": np.int32([1])}, list(requested))
+            states.feed(req, 1, flags, False, None)
+            total = req.inputs["S_IN"] + req.inputs["X"]
+            response = WorkerResponse({"Y": total, "S_OUT": total})
+            states.keep(req, response, 1, flags, False, requested)
+            return sorted(response.outputs)
+
+        assert run(["Y", "S_OUT"], 1) == ["S_OUT", "Y"]
+        assert run([], 0) == ["S_OUT", "Y"]
+        assert run(["Y"], 0) == ["Y"]
+        req = WorkerRequest({"X": np.int32([0])}, ["S_OUT"])
+        states.feed(req, 1, 2, False, None)
+        assert req.inputs["S_IN"].tolist() == [3]            # each step's state was kept
+        states.keep(req, WorkerResponse({"Y": np.int32([3]), "S_OUT": np.int32([3])}), 1, 2, False, ["S_OUT"])
+        assert not states.held and arena.in_use() == 0
+    finally:
+        arena.close()

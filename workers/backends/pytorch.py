@@ -8,7 +8,8 @@ Tensors are bound to the model the way Triton's backend binds them:
   order. A model whose `forward` takes a single `Dict[str, Tensor]` gets the inputs
   keyed by their config names.
 - outputs: by `<name>__<index>` (the element of the returned tuple) when every config
-  output follows the convention, else in config order.
+  output follows the convention, else in config order; implicit state outputs
+  (`sequence_batching.state`) count among them.
 
 `torch` is imported only here, so only a PyTorch worker pays for it. Requests of a
 batch are concatenated once along the batch dimension and the outputs split back as
@@ -136,8 +137,12 @@ class TorchBackend(Backend):
             raise ValueError(f"unable to load model '{name}', configuration expects {len(names)} inputs, "
                              f"model provides {len(forward_args)}")
         self.input_pos = input_positions(names, forward_args)
-        self.output_pos = output_positions(list(view.outputs))
-        self.output_types = {n: t.datatype for n, t in view.outputs.items()}
+        # A state output is an element of what forward returns too (by its `<name>__<index>`),
+        # whether or not the config also lists it as an output.
+        states = {st["output_name"]: CONFIG_TO_WIRE[st.get("data_type", "TYPE_INVALID")]
+                  for st in seq.get("state") or [] if st.get("output_name") not in view.outputs}
+        self.output_pos = output_positions(list(view.outputs) + list(states))
+        self.output_types = {n: t.datatype for n, t in view.outputs.items()} | states
         self.input_types = {n: t.datatype for n, t in view.inputs.items()}
         self.input_types.update({target: CONFIG_TO_WIRE[dtype] for target, dtype in batch_inputs})
         self.ragged = RaggedPlan.from_config(view, cfg)
