@@ -100,6 +100,7 @@ class Broker:
         self.wk_decoder = S.decoder(S.WorkerMsg)
         self.peers: dict[bytes, tuple[str, int]] = {}     # frontend identity -> (kind, pid)
         self.broker_peers: set[bytes] = set()     # the identities the other brokers (--broker-shards) said hello with
+        self.supervisors: set[bytes] = set()      # the supervisor's (it sees every broker's table)
         self.settings = Settings(opts.log, opts.trace, self.observe_changed)
 
         self.registry = ModelRegistry()
@@ -213,12 +214,12 @@ class Broker:
             return
         frame, merged = S.encode(table), S.encode(self.secondaries.merged(table))
         for ident in self.frontends:
-            self.sockets.to_frontend(ident, merged if self.peers.get(ident, ("",))[0] == "supervisor" else frame)
+            self.sockets.to_frontend(ident, merged if ident in self.supervisors else frame)
 
     def table_for(self, ident: bytes) -> S.Table:
         """The model table a peer gets: the supervisor of several brokers sees all of them."""
         table = self.registry.table(self.drain.stopping, self.boot)
-        if self.secondaries is not None and self.peers.get(ident, ("",))[0] == "supervisor":
+        if self.secondaries is not None and ident in self.supervisors:
             return self.secondaries.merged(table)
         return table
 
@@ -282,6 +283,8 @@ class Broker:
         self.peers[ident] = (msg.kind, msg.pid)
         if msg.kind == "broker":
             self.broker_peers.add(ident)
+        elif msg.kind == "supervisor":
+            self.supervisors.add(ident)
         if msg.kind != "supervisor":      # frontends and the other brokers (their BLS calls)
             self.frontend_leases.hello(ident, msg.pid)
         self.sockets.to_frontend(ident, S.encode(self.table_for(ident)))
