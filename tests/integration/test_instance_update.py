@@ -146,7 +146,7 @@ def test_a_removed_instance_runs_its_sequences_to_their_end(setup):
     client = grpcclient.InferenceServerClient(s.grpc_url)
     (repo / "resized" / "config.pbtxt").write_text(config(cpu(2), batch=2, extra=SEQUENCES))
     client.load_model("resized")                    # not only instances: a reload
-    assert counts() == (4, 2)
+    wait_for(lambda: counts() == (4, 2), 30, "the replaced version's instances to finalize")
 
     def step(seq: int, start: bool = False, end: bool = False) -> None:
         inp = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
