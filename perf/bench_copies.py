@@ -13,11 +13,15 @@ process's figure is split into user and kernel time: the kernel's is mostly the 
 copies and TCP processing, which any server pays; the user time is where our copies show. The
 client's own cost is not the server's and is left out. The grpc-floor case sends the gRPC case's
 request to a bare grpc.aio server that answers each request with its own bytes (grpc_echo.py):
-what grpcio itself costs per byte, below which no gRPC frontend on it can go.
+what grpcio itself costs per byte, below which no gRPC frontend on it can go. The http-intake
+case sends the tensor in the HTTP body and asks for the output in a registered region, so only
+the request carries it: the HTTP frontend's CPU per MiB is then what taking a body in costs, and
+its inverse (printed as "intake") is the rate one frontend core takes bodies in at.
 
   python perf/bench_copies.py                          # 64 KiB, 1 MiB, 4 MiB; c=1
   python perf/bench_copies.py --sizes 4M --concurrency 1,16 --cases http-binary,grpc-shm
   python perf/bench_copies.py --sizes 4M --cases grpc,grpc-floor
+  python perf/bench_copies.py --sizes 1M --cases http-intake
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ from tritond.frontend.metrics import tree
 from tritond.perf import loadgen
 
 MODEL = "identity_fp32"
-CASES = ("http-binary", "grpc", "http-shm", "grpc-shm", "grpc-floor")
+CASES = ("http-binary", "grpc", "http-shm", "grpc-shm", "grpc-floor", "http-intake")
 ECHO = Path(__file__).with_name("grpc_echo.py")
 MIB = 1 << 20
 
@@ -134,7 +138,7 @@ class Echo:
 def request(case: str, server: Server, nbytes: int, regions: Regions | None) -> tuple[str, str, bytes]:
     """(url, protocol, the request's bytes) of one case."""
     inp = loadgen.make_input("INPUT0", (nbytes // 4,), "FP32")
-    in_shm = {"INPUT0": regions.refs["in"]} if regions else None
+    in_shm = {"INPUT0": regions.refs["in"]} if regions and case.endswith("shm") else None
     out_shm = {"OUTPUT0": regions.refs["out"]} if regions else None
     if case.startswith("http"):
         host, port = loadgen.split_target(server.http)
@@ -174,7 +178,8 @@ def run(args: argparse.Namespace) -> str:
                 floor = memcpy_us_per_mib(nbytes)
                 rows_of_size = []
                 for case in args.cases:
-                    regions = Regions(server.http, np.ones(nbytes // 4, np.float32)) if case.endswith("shm") else None
+                    with_regions = case.endswith("shm") or case == "http-intake"
+                    regions = Regions(server.http, np.ones(nbytes // 4, np.float32)) if with_regions else None
                     echo = Echo() if case == "grpc-floor" else None
                     try:
                         url, protocol, body = request(case, server, nbytes, regions)
@@ -189,6 +194,8 @@ def run(args: argparse.Namespace) -> str:
                             parts = ", ".join(f"{r} {u:.0f} + {k:.0f} ({(u + k) / floor:.1f})"
                                               for r, (u, k) in sorted(per.items(), key=lambda kv: -sum(kv[1]))
                                               if u + k >= 1)
+                            if case == "http-intake":
+                                parts += f"; intake {MIB / 1e3 / max(sum(per.get('http frontend', (0, 0))), 1):.2f} GB/s"
                             rows_of_size.append(f"| {case} | {nbytes // 1024} KiB | {c} | {count / args.window:,.0f} | "
                                                 f"{total:.0f} | {total / floor:.1f} | {parts} |")
                     finally:

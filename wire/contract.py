@@ -113,8 +113,8 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 10
-SCHEMA_FINGERPRINT = "4586224d33abb2a8"
+RECORDED_VERSION = 11
+SCHEMA_FINGERPRINT = "225bb8d79b62eaa8"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -151,7 +151,7 @@ STRUCTS = {
     "replies.TraceSettingsReply": "b30abcd72d3d",
     "replies.WorkerProcess": "5ae384a67478",
     "replies._Reply": "2eb1ac50ac76",
-    "schema.BatchDone": "4d46b2ae2f57",
+    "schema.BatchDone": "4a5e0033d3a8",
     "schema.Block": "0edf3c5fc80e",
     "schema.Cancel": "50244795d415",
     "schema.CancelKeys": "9756f858b74c",

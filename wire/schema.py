@@ -31,7 +31,7 @@ import msgspec
 from .errors import Code, TritonError
 from .replies import ControlResult
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 # Inline tensors up to this size ride inside the message; larger ones go through shm. Where
 # the two cost the same CPU per request (HTTP binary, c=16): below it a block's allocation,
 # lease and release cost more than copying the bytes through every hop; above it, less.
@@ -508,6 +508,9 @@ class BatchDone(_S, tag="done"):
     output_ns: int = 0
     start_ns: int = 0       # monotonic ns when the worker began (trace timestamps)
     runs: list[RunTimes] = []   # a serial Exec's times, one per request
+    # A serial Exec's results so far, for its first requests not yet answered; the instance
+    # is still busy with the rest (workers/runs.py).
+    more: bool = False
 
 
 class WorkerUp(_S, tag="up"):

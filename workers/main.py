@@ -303,7 +303,8 @@ class Worker:
         while not self.stop_requested:
             msg = decode(recv())
             if isinstance(msg, P.Exec):
-                done = (execute_serially(lambda one, budget: self.execute(backend, one, budget), self.flow, msg)
+                done = (execute_serially(lambda one, budget: self.execute(backend, one, budget), self.flow, msg,
+                                         lambda part: send(encode(part)))
                         if msg.serial else self.execute(backend, msg))
                 send(encode(done))
             elif isinstance(msg, P.Stop):

@@ -18,6 +18,11 @@ from tritond.wire.errors import TritonError
 from tritond.wire.schema import OutputSpec
 
 
+# Early cancellations kept: far more than a run can hold, so none is lost while a bounded
+# table forgets those of requests that had already ended.
+EARLY_MAX = 1024
+
+
 class Flow:
     def __init__(self, stall_s: float = 60.0) -> None:
         # Every request opens and closes an entry: those take the lock itself (a C-level
@@ -26,11 +31,17 @@ class Flow:
         self.cond = threading.Condition(self.lock)
         self.live: dict[int, list[int]] = {}     # key -> [sent, allowed] (allowed < 0: no bound)
         self.cancelled: set[int] = set()
+        # Cancellations heard before their request opened (its Exec still queued behind a run),
+        # the latest EARLY_MAX of them.
+        self.early: dict[int, None] = {}
         self.stall_s = stall_s                   # a requester silent this long is taken as gone
 
     def open(self, key: int, window: int = 0) -> None:
         with self.lock:
             self.live[key] = [0, window if window > 0 else -1]
+            if self.early and key in self.early:
+                del self.early[key]
+                self.cancelled.add(key)
 
     def close(self, key: int) -> None:
         with self.lock:
@@ -46,6 +57,10 @@ class Flow:
             for key in keys:
                 if key in self.live:
                     self.cancelled.add(key)
+                else:
+                    self.early[key] = None
+                    if len(self.early) > EARLY_MAX:
+                        del self.early[next(iter(self.early))]
             self.cond.notify_all()
 
     def grant(self, key: int, n: int) -> None:

@@ -164,6 +164,27 @@ class RequestPath:
                    requests: list[ExecRequest] | None = None, serial: bool = False) -> None:
         """Send a batch to `inst`; `requests` (sequence batches, with control inputs and padding)
         replace the plain ExecRequests of `reqs`; a `serial` batch's requests execute one by one."""
+        self._claim(mv, inst, reqs, now_ns)
+        bid = self.inflight.add(reqs)
+        if self.limiter is not None:
+            self.limiter.acquire(inst, bid)
+        exec_msg = Exec(bid, requests if requests is not None else _exec_requests(reqs), serial)
+        inst.batch = bid
+        inst.extensions = 0
+        inst.batch_padding = sum(1 for r in requests if r.pad) if requests is not None else 0
+        inst.move_to(InstanceState.BUSY)
+        inst.batch_started = self.clock.now()
+        self.send_worker(inst.identity, exec_msg)
+
+    def extend_run(self, mv: ModelVersion, inst: Instance, reqs: list[Req], now_ns: int) -> None:
+        """Send `reqs` as one more serial run behind the one `inst` executes, under its batch
+        id: the worker starts them when that run ends, without waiting for the broker."""
+        self._claim(mv, inst, reqs, now_ns)
+        self.inflight.extend(inst.batch, reqs)
+        inst.extensions += 1
+        self.send_worker(inst.identity, Exec(inst.batch, _exec_requests(reqs), True))
+
+    def _claim(self, mv: ModelVersion, inst: Instance, reqs: list[Req], now_ns: int) -> None:
         decoupled = mv.view.decoupled
         ordered = mv.scheduler.preserve_ordering
         worker = inst.identity
@@ -175,23 +196,15 @@ class RequestPath:
                 mv.dispatch_seq += 1
             if decoupled:
                 self.streams.add(r)
-        bid = self.inflight.add(reqs)
-        if self.limiter is not None:
-            self.limiter.acquire(inst, bid)
-        exec_msg = Exec(bid, requests if requests is not None else [
-            ExecRequest(r.msg.inputs, r.msg.outputs, r.msg.id, r.msg.params,
-                        r.msg.correlation_id, r.msg.flags, r.msg.timeout_us, r.key, window=r.msg.window)
-            for r in reqs
-        ], serial)
-        inst.batch = bid
-        inst.batch_padding = sum(1 for r in requests if r.pad) if requests is not None else 0
-        inst.move_to(InstanceState.BUSY)
-        inst.batch_started = self.clock.now()
-        self.send_worker(worker, exec_msg)
 
     def on_batch_done(self, inst: Instance, mv: ModelVersion, msg: BatchDone) -> None:
         if inst.batch != msg.bid:
             return                  # not this instance's batch: a stale or confused worker
+        if msg.more or inst.extensions:
+            if not msg.more:        # a run ended and the next, sent behind it, begins
+                inst.extensions -= 1
+            self._run_part(inst, mv, msg)
+            return
         reqs = self.inflight.pop(msg.bid)
         inst.batch = None
         if not reqs:
@@ -227,12 +240,31 @@ class RequestPath:
                         res.error is None, times, "BACKEND")
         self.released(msg.bid, mv)
 
+    def _run_part(self, inst: Instance, mv: ModelVersion, msg: BatchDone) -> None:
+        """A serial run's first results while the instance runs the rest: answered now, and
+        the run's clock restarts (the execution timeout watches progress, not the whole run)."""
+        reqs = self.inflight.answered(msg.bid, len(msg.runs))
+        now = self.clock.now()
+        mv.scheduler.note_busy(inst.name, int((now - inst.batch_started) * 1e9), len(reqs),
+                               msg.input_ns + msg.infer_ns + msg.output_ns)
+        inst.batch_started = now
+        self._serial_answers(inst, mv, msg, reqs)
+        if inst.state is InstanceState.BUSY and not inst.leaving and len(mv.scheduler):
+            mv.scheduler.extend(mv, inst, self.inflight.count(msg.bid))
+
     def _serial_done(self, inst: Instance, mv: ModelVersion, msg: BatchDone, reqs: list[Req]) -> None:
+        """The last results of a serial run; its instance is free."""
+        self._serial_answers(inst, mv, msg, reqs)
+        self.released(msg.bid, mv)
+
+    def _serial_answers(self, inst: Instance, mv: ModelVersion, msg: BatchDone, reqs: list[Req]) -> None:
         """A serial run's requests, each counted and answered as the execution it was alone;
         one cancelled before its turn was not executed."""
         owner = inst.identity
         python = mv.view.backend == "python"
         for req, res, run in zip(reqs, msg.results, msg.runs):
+            if run.start_ns > req.dispatch_ns:     # it waited in the run: queued until it began
+                req.dispatch_ns = run.start_ns
             times = (run.input_ns, run.infer_ns, run.output_ns)
             ok = res.error is None
             if run.start_ns and (ok or python):
@@ -243,7 +275,6 @@ class RequestPath:
             self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, owner), ok, times, reason)
         for req in reqs[len(msg.runs):]:
             self.fail(req, TritonError(Code.INTERNAL, f"model '{mv.name}' returned no result for the request"))
-        self.released(msg.bid, mv)
 
     def released(self, bid: int, mv: ModelVersion) -> None:
         """A batch ended: offer its instance (and the resources it held) to what waits."""
@@ -328,3 +359,8 @@ class RequestPath:
             self.fail(r, err)
         for r in list(self.streams.open.values()):
             self.fail(r, err)
+
+
+def _exec_requests(reqs: list[Req]) -> list[ExecRequest]:
+    return [ExecRequest(r.msg.inputs, r.msg.outputs, r.msg.id, r.msg.params, r.msg.correlation_id, r.msg.flags,
+                        r.msg.timeout_us, r.key, window=r.msg.window) for r in reqs]

@@ -17,9 +17,15 @@ if TYPE_CHECKING:
     from tritond.broker.tables.inflight import Req
     from tritond.broker.tables.model_version import ModelVersion
 
-# A serial run: at most this many requests, holding none back more than this long.
+# A serial run: at most this many requests, and no more of the model's execution than this
+# (a request committed to a run waits out the ones ahead of it in that instance, whatever
+# arrives meanwhile); each result is answered within the worker's FLUSH_NS of its end.
 RUN_MAX = 32
-RUN_BUDGET_NS = 500_000
+RUN_BUDGET_NS = 4_000_000
+# The next run goes to an instance on its last request, or while no more than this much of its
+# current run is left: about what the round trip through the broker takes, so the worker finds
+# it waiting when it gets there.
+EXTEND_NS = 1_000_000
 
 
 class QueuedScheduling:
@@ -87,6 +93,20 @@ class QueuedScheduling:
                     batch += queue.take_run(more)
                     serial = len(batch) > 1
             path.send_batch(mv, queue.pick_instance(free), [p.key for p in batch], now, serial=serial)
+
+    def extend(self, mv: "ModelVersion", inst: "Instance", left: int) -> None:
+        if not self._runs or not self._request_ns or (left > 1 and left * self._request_ns > EXTEND_NS):
+            return
+        queue = self.queue
+        now = self.path.clock.now_ns()
+        self.expire(mv, now)
+        batch, _ = queue.next_batch(now)
+        if not batch:
+            return
+        more = self._run_length(mv, len(queue)) - 1
+        if more > 0:
+            batch += queue.take_run(more)
+        self.path.extend_run(mv, inst, [p.key for p in batch], now)
 
     def _run_length(self, mv: "ModelVersion", queued: int) -> int:
         """The requests one instance takes at once: its share of what is queued, at most

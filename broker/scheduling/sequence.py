@@ -206,6 +206,9 @@ class SequenceScheduling:
         self._end_state(req.mv, [seq])
         self.dispatch(req.mv)
 
+    def extend(self, mv: ModelVersion, inst: Instance, left: int) -> None:
+        pass                # a sequence batcher's batches are never serial runs
+
     def instance_lost(self, mv: ModelVersion, inst: Instance, how: str) -> None:
         reason = lost_message(mv.name, inst.name, how)
         count, queued = self.batcher.instance_lost(inst.name, reason)

@@ -104,6 +104,7 @@ class Instance:
     exit_reason: str = ""          # why this generation is expected to end (killed, failed to load)
     batch_started: float = 0.0
     batch_padding: int = 0         # the in-flight sequence batch's padding slots (counted in its size)
+    extensions: int = 0            # serial runs sent behind its in-flight one, under the same batch id
     last_heartbeat: float = 0.0
     crashes: CrashWindow = field(default_factory=lambda: CrashWindow(CRASH_LIMIT, CRASH_WINDOW))
     restarts: int = 0

@@ -56,6 +56,23 @@ class InflightTable:
             return []
         return self._batches.pop(bid, None) or []
 
+    def answered(self, bid: int, n: int) -> list[Req]:
+        """The first `n` requests of batch `bid`, which leave it (a serial run's results so
+        far); the rest stay until the batch ends."""
+        reqs = self._batches.get(bid)
+        if not reqs:
+            return []
+        self._batches[bid] = reqs[n:]
+        return reqs[:n]
+
+    def extend(self, bid: int, reqs: list[Req]) -> None:
+        """More requests for batch `bid`, answered after the ones it holds."""
+        self._batches[bid] = self._batches.get(bid, []) + reqs
+
+    def count(self, bid: int) -> int:
+        """The requests of batch `bid` not yet answered."""
+        return len(self._batches.get(bid) or ())
+
     def take_all(self) -> list[Req]:
         """Every executing request, leaving the table empty (cancel-all at the exit timeout)."""
         out = [r for reqs in self._batches.values() for r in reqs]

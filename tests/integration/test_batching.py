@@ -42,7 +42,8 @@ def wait_for(path):
 
 class TritonPythonModel:
     """Identity that reports its batch; parameters: gate (file to wait for), started
-    (file to create on start), fail (answer this request with an error)."""
+    (file to create on start), sleep_ms (take this long), fail (answer this request with an
+    error)."""
 
     def execute(self, requests):
         start = time.monotonic_ns()
@@ -53,6 +54,7 @@ class TritonPythonModel:
         for p in params:
             if "gate" in p:
                 wait_for(p["gate"])
+            time.sleep(p.get("sleep_ms", 0) / 1000)
         inputs = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
         n_elements = sum(x.shape[0] for x in inputs)
         end = time.monotonic_ns()
@@ -373,6 +375,25 @@ def test_without_dynamic_batching_quick_requests_queued_together_still_run_alone
     after = stats(srv, "nobatch")
     assert after["execution_count"] - before["execution_count"] == 160
     assert after["inference_count"] - before["inference_count"] == 160
+
+
+def test_requests_slower_than_a_flush_are_answered_one_by_one_through_runs_sent_ahead(srv, pool):
+    """Requests a little slower than the worker's flush bound, queued behind a busy instance:
+    each run's results come back as they finish and the next run reaches the worker before the
+    current one ends; every answer is still its own request's, each executed alone and counted."""
+    slow = {"sleep_ms": 0.8}
+    for _ in range(3):                  # the broker learns how long a request takes
+        infer(srv, "nobatch", rows(1), parameters=slow)
+    before = stats(srv, "nobatch")
+    futs = [submit(pool, srv, "nobatch", rows(1, value=float(i)), parameters=slow) for i in range(16)]
+    results = [f.result(WAIT_S) for f in futs]
+    assert [float(r.as_numpy("OUTPUT0")[0, 0]) for r in results] == [float(i) for i in range(16)]
+    assert [batch_size(r) for r in results] == [1] * 16
+    assert len({start_ns(r) for r in results}) == 16
+    after = stats(srv, "nobatch")
+    for key in ("execution_count", "inference_count"):
+        assert after[key] - before[key] == 16
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 16
 
 
 def test_onnx_batch_of_requests_with_their_own_batch_dims(srv, repo, pool):

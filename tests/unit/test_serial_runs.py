@@ -1,16 +1,19 @@
 """A default scheduler hands a free instance the requests queued behind it as one serial Exec
-(each still executes alone, in order) when the model is quick, and counts and answers each as
-the execution it was. In the real broker, driven in-process, and the worker's side of it."""
+(each still executes alone, in order), and counts and answers each as the execution it was:
+the worker sends what finished as it goes, and the broker sends the next run before the current
+one ends. In the real broker, driven in-process, and the worker's side of it."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from broker_harness import Harness, python_model
 
-from tritond.broker.scheduling.queued import RUN_BUDGET_NS, RUN_MAX
+from tritond.broker.scheduling.queued import EXTEND_NS, RUN_BUDGET_NS, RUN_MAX
+from tritond.broker.supervision.pool import InstanceState
 from tritond.wire import schema as S
 from tritond.wire.errors import REQUEST_CANCELLED, Code, TritonError
-from tritond.workers.responses import Flow
+from tritond.workers import runs as worker_runs
+from tritond.workers.responses import EARLY_MAX, Flow
 from tritond.workers.runs import execute_serially
 
 X = np.ones(2, np.float32)
@@ -156,9 +159,103 @@ def test_the_worker_executes_each_request_of_a_run_alone_and_skips_a_cancelled_o
         return S.BatchDone(ex.bid, [result(ex.requests[0].key)], 1, 10, 2, 100 * ex.requests[0].key)
 
     msg = S.Exec(7, [S.ExecRequest([], key=k) for k in (1, 2, 3)], serial=True)
-    done = execute_serially(execute, flow, msg)
-    assert seen == [[1], [3]]
+    parts: list[S.BatchDone] = []
+    done = execute_serially(execute, flow, msg, parts.append)
+    assert parts == []              # quick requests: one reply for the run
+    assert seen == [[1], [3]] and not done.more
     assert done.bid == 7 and len(done.results) == 3
     assert done.results[1].error == TritonError(Code.CANCELLED, REQUEST_CANCELLED)
     assert [t.start_ns for t in done.runs] == [100, 0, 300]
     assert (done.input_ns, done.infer_ns, done.output_ns, done.start_ns) == (2, 20, 4, 100)
+
+
+def test_the_worker_sends_what_finished_once_it_has_waited_long_enough(monkeypatch):
+    monkeypatch.setattr(worker_runs, "FLUSH_NS", 0)      # every request slower than the flush bound
+
+    def execute(ex: S.Exec, budget: int) -> S.BatchDone:
+        return S.BatchDone(ex.bid, [result(ex.requests[0].key)], 0, 10, 0, ex.requests[0].key)
+
+    parts: list[S.BatchDone] = []
+    msg = S.Exec(3, [S.ExecRequest([], key=k) for k in (1, 2, 3)], serial=True)
+    done = execute_serially(execute, Flow(), msg, parts.append)
+    assert [(p.more, [t.start_ns for t in p.runs]) for p in parts] == [(True, [1]), (True, [2])]
+    assert not done.more and [t.start_ns for t in done.runs] == [3]     # the last result ends the run
+
+
+def test_a_cancellation_heard_before_its_request_opens_is_kept_and_bounded():
+    flow = Flow()
+    flow.cancel([5])
+    flow.open(5)
+    assert flow.is_cancelled(5)
+    flow.close(5)
+    flow.cancel(list(range(100, 100 + 3 * EARLY_MAX)))    # requests that had already ended
+    assert len(flow.early) == EARLY_MAX
+    flow.open(6)
+    assert not flow.is_cancelled(6)
+
+
+# ---------------------------------------------------------------- answered as it goes, and extended
+
+def part(ex: S.Exec, keys: range, more: bool, ns: int = QUICK_NS) -> S.BatchDone:
+    """The worker's reply for requests `keys` (indices into `ex`) of a serial run."""
+    reqs = [ex.requests[i] for i in keys]
+    return S.BatchDone(ex.bid, [result(r.key) for r in reqs], 0, len(reqs) * ns, 0, 1,
+                       [S.RunTimes(0, ns, 0, 1) for _ in reqs], more)
+
+
+def test_a_runs_results_are_answered_as_they_come_and_its_instance_stays_busy(h):
+    send(h, "plain", 1)
+    rids = send(h, "plain", 3)
+    answer(h, "plain", ns=EXTEND_NS)        # too slow for the next run to go early
+    [(inst, run)] = h.executing("plain")
+    assert run.serial and len(run.requests) == 3
+    h.from_worker(inst, part(run, range(1), True, ns=EXTEND_NS))
+    assert rids[0] in h.replies() and rids[1] not in h.replies()
+    assert inst.state is InstanceState.BUSY and inst.batch == run.bid
+    h.from_worker(inst, part(run, range(1, 3), False, ns=EXTEND_NS))
+    assert all(r in h.replies() and h.replies()[r].error is None for r in rids)
+    assert inst.state is InstanceState.READY
+    stats = mv(h, "plain").stats
+    assert stats.execution_count == stats.inference_count == 4
+
+
+def test_a_worker_that_dies_after_answering_part_of_a_run_fails_only_the_rest(h):
+    send(h, "plain", 1)
+    rids = send(h, "plain", 3)
+    answer(h, "plain", ns=EXTEND_NS)
+    [(inst, run)] = h.executing("plain")
+    h.from_worker(inst, part(run, range(1), True, ns=EXTEND_NS))
+    h.die(inst)
+    replies = h.replies()
+    assert replies[rids[0]].error is None
+    assert all(replies[r].error is not None for r in rids[1:])
+
+
+def test_the_next_run_is_sent_before_the_current_one_ends(h):
+    send(h, "plain", 1)
+    rids = send(h, "plain", RUN_MAX + 8)
+    answer(h, "plain")
+    [(inst, run)] = h.executing("plain")
+    assert len(run.requests) == RUN_MAX
+    h.from_worker(inst, part(run, range(RUN_MAX - 1), True))      # one to go: the rest follows now
+    [ext] = [m for i, m in h.to_workers(S.Exec) if i == inst.identity and m.bid == run.bid and m is not run]
+    assert ext.serial and len(ext.requests) == 8
+    h.from_worker(inst, part(run, range(RUN_MAX - 1, RUN_MAX), False))
+    assert inst.state is InstanceState.BUSY                        # the worker went on to the next run
+    assert len(h.replies()) == 1 + RUN_MAX
+    h.from_worker(inst, part(ext, range(8), False))
+    assert inst.state is InstanceState.READY and inst.batch is None
+    assert sorted(h.replies())[-len(rids):] == sorted(rids)
+    stats = mv(h, "plain").stats
+    assert stats.execution_count == stats.inference_count == RUN_MAX + 9
+
+
+def test_a_worker_that_dies_with_a_run_sent_behind_its_own_fails_both(h):
+    send(h, "plain", 1)
+    send(h, "plain", RUN_MAX + 2)
+    answer(h, "plain")
+    [(inst, run)] = h.executing("plain")
+    h.from_worker(inst, part(run, range(RUN_MAX - 1), True))
+    h.die(inst)
+    failed = [r for r in h.replies().values() if r.error is not None]
+    assert len(failed) == 3         # the run's last request and the two sent behind it
