@@ -3,7 +3,7 @@
 request with its own bytes: registered without (de)serializers, the handler is handed the
 message as one bytes object and returns it, so what it costs per byte is grpcio's own floor,
 the least any gRPC frontend on grpcio can spend. malloc is set up as in tritond's gRPC frontend
-(frontend/heap.py), so the floor counts copies, not page faults. perf/bench_copies.py --cases
+(shm/heap.py), so the floor counts copies, not page faults. perf/bench_copies.py --cases
 grpc-floor measures it beside tritond.
 
   python perf/grpc_echo.py PORT
@@ -16,7 +16,7 @@ import sys
 import grpc
 import uvloop
 
-from tritond.frontend.heap import keep_large_allocations
+from tritond.shm.heap import keep_large_allocations
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 OPTIONS = [("grpc.max_send_message_length", (1 << 31) - 1), ("grpc.max_receive_message_length", (1 << 31) - 1)]

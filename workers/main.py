@@ -30,6 +30,7 @@ from tritond.repository.backends import PYTHON
 from tritond.repository.parameters import config_parameter
 from tritond.repository.view import model_view
 from tritond.shm.arena import Arena
+from tritond.shm.heap import WORKER_TRIM_THRESHOLD, keep_large_allocations
 from tritond.shm.mapping import SegmentMaps
 from tritond.wire import schema as P
 from tritond.wire.errors import internal, invalid
@@ -348,6 +349,7 @@ def run_worker(spec: P.WorkerSpec) -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # log reopening comes by message
     setproctitle(process_title(spec))
     setup_logging(spec.log_verbose, f"worker:{spec.instance_name}", spec.log)
+    keep_large_allocations(WORKER_TRIM_THRESHOLD)
     return Worker(spec).run()
 
 

@@ -15,10 +15,10 @@ import threading
 import grpc
 import uvloop
 
+from tritond.shm.heap import keep_large_allocations
 from tritond.wire.options import ServerOptions
 
 from ..client_subject import subject_rules
-from ..heap import keep_large_allocations
 from ..metadata import server_extensions
 from ..process import frontend_dataplane, start_process
 from ..tls import Reloader, TlsError, TlsFiles, TlsMaterial, load

@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from tritond.shm.heap import keep_large_allocations
 from tritond.wire.errors import TritonError
 from tritond.wire.options import ServerOptions
 
@@ -166,6 +167,7 @@ async def run(opts: ServerOptions) -> None:
 
 def main(argv: list[str]) -> int:
     opts = start_process(argv, "http")
+    keep_large_allocations()
     try:
         uvloop.run(run(opts))
     except TlsError as e:
