@@ -31,7 +31,8 @@ from tritond.repository.parameters import config_parameter
 from tritond.repository.view import model_view
 from tritond.shm.arena import Arena
 from tritond.shm.heap import WORKER_TRIM_THRESHOLD, keep_large_allocations
-from tritond.shm.mapping import SegmentMaps
+from tritond.shm.mapping import MappingError, SegmentMaps
+from tritond.shm.regions import CUDA_PREFIX
 from tritond.wire import schema as P
 from tritond.wire.errors import internal, invalid
 
@@ -193,6 +194,7 @@ class Worker:
         requests: list[WorkerRequest] = []
         slots: list = []
         on_device = backend.accepts_device_inputs
+        into_regions = backend.writes_into_regions
         decoupled = self.decoupled
         maps, imports, flow, deliver = self.maps, self.imports, self.flow, self.deliver
         for r in msg.requests:
@@ -210,7 +212,8 @@ class Worker:
                 responder = Responder(r.key, r.outputs, flow, deliver)
                 flow.open(r.key, r.window if decoupled else 0)
             requests.append(WorkerRequest(inputs, [o.name for o in r.outputs], r.id, r.params,
-                                          r.correlation_id, r.flags, r.timeout_us, responder))
+                                          r.correlation_id, r.flags, r.timeout_us, responder,
+                                          output_buffers(r.outputs, maps) if into_regions else None))
             slots.append(None)
         if self.stateful:
             runs = [r for r, slot in zip(msg.requests, slots) if slot is None]
@@ -320,6 +323,24 @@ class Worker:
         self.ctx.term()
         self.maps.close()
         self.arena.close()
+
+
+def output_buffers(specs: list[P.OutputSpec], maps: SegmentMaps) -> dict[str, memoryview] | None:
+    """Views of the system shared-memory regions a request's outputs go to (none for a region
+    that cannot be mapped now: writing the output reports that)."""
+    out = None
+    for spec in specs:
+        region = spec.region
+        if region is None or region.key.startswith(CUDA_PREFIX):
+            continue
+        try:
+            view = maps.view(region.key, region.offset, region.nbytes)
+        except (MappingError, OSError):
+            continue
+        if out is None:
+            out = {}
+        out[spec.name] = view
+    return out
 
 
 def log_device_traffic(msg: P.Exec, results: list[P.ExecResult], on_device: bool) -> None:

@@ -119,7 +119,25 @@ def build_repo(repo: Path) -> Path:
     write_model(repo, "gated", 'name: "gated"\nbackend: "python"\nmax_batch_size: 16\n'
                 f'dynamic_batching {{ max_queue_delay_microseconds: 30000000 }}\n{SUM_DIFF_IO}', SUM_DIFF_MODEL)
     write_model(repo, "locate", LOCATE_CONFIG, LOCATE_MODEL)
+    write_onnx_sum_diff(repo / "simple_onnx")
     return repo
+
+
+def write_onnx_sum_diff(path: Path) -> None:
+    """The `simple` model in ONNX: its fixed output dims let ONNX Runtime write the outputs
+    straight into the client's regions."""
+    import onnx
+    from onnx import TensorProto, helper
+    io = [helper.make_tensor_value_info(n, TensorProto.INT32, ["batch", 16]) for n in ("INPUT0", "INPUT1")]
+    out = [helper.make_tensor_value_info(n, TensorProto.INT32, ["batch", 16]) for n in ("OUTPUT0", "OUTPUT1")]
+    graph = helper.make_graph([helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+                               helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])], "sum_diff", io, out)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 10
+    (path / "1").mkdir(parents=True)
+    onnx.save(model, str(path / "1" / "model.onnx"))
+    (path / "config.pbtxt").write_text('name: "simple_onnx"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+                                       + SUM_DIFF_IO)
 
 
 @pytest.fixture(scope="module")
@@ -325,6 +343,17 @@ def test_infer_inputs_and_outputs_in_regions(client, regions):
         assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
             ("OUTPUT0", "INT32", [1, 16]), ("OUTPUT1", "INT32", [1, 16])]
         assert all(len(b) == 0 for b in response.raw_output_contents)
+
+
+@pytest.mark.parametrize("out0", ["output0_data", "input0_data"])
+def test_an_onnx_model_computes_into_the_regions(client, regions, out0):
+    """Into the output regions, or with OUTPUT0 over INPUT0's own bytes (then not in place:
+    the model still reads them)."""
+    handles = four_regions(client, regions)
+    inputs, outputs = simple_request(client, out0_region=out0)
+    client.c.infer("simple_onnx", inputs, outputs=outputs)
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(handles[out0], np.int32, [1, 16]), IN0 + IN1)
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(handles["output1_data"], np.int32, [1, 16]), IN0 - IN1)
 
 
 def test_mixed_raw_and_shm_inputs(client, regions):

@@ -49,6 +49,9 @@ class WorkerRequest:
     # Sends a decoupled model's responses and says whether the request was cancelled
     # (workers/responses.py); None outside a worker.
     responder: Any = None
+    # Writable views of the client's system shared-memory regions its outputs go to, by
+    # output name, for a backend that `writes_into_regions`; None otherwise.
+    output_buffers: dict[str, memoryview] | None = None
 
 
 @dataclass(slots=True)
@@ -66,6 +69,11 @@ class Backend:
     # True when execute() takes inputs in device memory (a DeviceArray opened by CUDA IPC
     # handle, exposing __cuda_array_interface__); otherwise the worker copies them to the host.
     accepts_device_inputs: bool = False
+
+    # True when execute() may compute an output straight into its `output_buffers` entry (the
+    # worker then has nothing left to copy there); decided per backend, so the worker looks
+    # the regions up only for such backends.
+    writes_into_regions: bool = False
 
     def __init__(self, config: dict, view: ModelView, instance: InstanceInfo) -> None:
         self.view = view              # the parsed config: batching, tensors, decoupling

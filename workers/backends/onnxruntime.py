@@ -1,5 +1,7 @@
 """ONNX Runtime backend: one InferenceSession per worker; requests of a batch are
-concatenated once along the batch dimension and the outputs split back as views."""
+concatenated once along the batch dimension and the outputs split back as views. A request
+executed alone whose outputs go to a client's shared-memory region has ONNX Runtime write them
+there (output binding), when the model's output shapes are known before it runs."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +14,18 @@ from .batching import Reshapes, execute_batch
 from .ragged import RaggedPlan
 
 
+# ONNX Runtime's element types that numpy holds as they are (strings and bfloat16 are not bound).
+_ORT_DTYPES = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int8)": np.int8, "tensor(int16)": np.int16, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
+    "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
+}
+
+
 class OnnxBackend(Backend):
     name = ONNXRUNTIME
+    writes_into_regions = True
 
     def load(self) -> None:
         import onnxruntime as ort
@@ -43,6 +55,22 @@ class OnnxBackend(Backend):
         self.reshapes = Reshapes(self.view, self.config)
         self.batching = self.reshapes.batching
         self.ragged = RaggedPlan.from_config(self.view, self.config)
+        self.bindable = {} if self.ragged is not None or self.instance.kind == "GPU" else self._bindable()
+
+    def _bindable(self) -> dict[str, tuple[np.dtype, list[int]]]:
+        """Outputs whose dims (behind the batch dimension of a batching model) the model fixes:
+        their shape is known before a run, so they can be bound to a client's region."""
+        out = {}
+        for o in self.session.get_outputs():
+            dtype = _ORT_DTYPES.get(o.type)
+            shape = list(o.shape or [])
+            if self.batching:
+                if not shape or type(shape[0]) is int:      # no free batch dimension to fill in
+                    continue
+                shape = shape[1:]
+            if dtype is not None and all(type(d) is int and d >= 0 for d in shape):
+                out[o.name] = (np.dtype(dtype), shape)
+        return out
 
     def _feed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {}
@@ -54,11 +82,60 @@ class OnnxBackend(Backend):
         return feed
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
+        if len(requests) == 1 and requests[0].output_buffers and self.bindable:
+            outputs = self._run_into(requests[0])
+            if outputs is not None:
+                wanted = requests[0].requested_outputs
+                return [WorkerResponse({k: v for k, v in outputs.items() if not wanted or k in wanted})]
         return execute_batch(requests, self._run, self.batching, ragged=self.ragged)
+
+    def _run_into(self, req: WorkerRequest) -> dict[str, np.ndarray] | None:
+        """Run with the outputs that go to client regions bound there (the rest ONNX Runtime
+        allocates); None when none can be bound: a string input, a region too small, or one
+        that overlaps an input (the model would overwrite what it still reads)."""
+        feed = self._feed(req.inputs)
+        if any(a.dtype == np.object_ or not a.flags.c_contiguous for a in feed.values()):
+            return None
+        batch = [next(iter(feed.values())).shape[0]] if self.batching and feed else []
+        bound: dict[str, np.ndarray] = {}
+        for name, buf in req.output_buffers.items():
+            spec = self.bindable.get(name)
+            if spec is None:
+                continue
+            dtype, dims = spec
+            shape = batch + dims
+            count = int(np.prod(shape, dtype=np.int64))
+            if count == 0 or count * dtype.itemsize > len(buf):
+                continue
+            arr = np.frombuffer(buf, dtype, count).reshape(shape)
+            if not any(np.may_share_memory(arr, a) for a in feed.values()):
+                bound[name] = arr
+        if not bound:
+            return None
+        binding = self.session.io_binding()
+        for name, arr in feed.items():
+            binding.bind_cpu_input(name, arr)
+        for name in self.output_names:
+            arr = bound.get(name)
+            if arr is None:
+                binding.bind_output(name, "cpu")
+            else:
+                binding.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception:       # the graph's output shape was not what it declares: run as usual
+            return None
+        values = binding.get_outputs()
+        results = {name: bound[name] if name in bound else value.numpy()
+                   for name, value in zip(self.output_names, values)}
+        return self._client_outputs(results)
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = self.session.run(self.output_names, self._feed(inputs))
-        outputs = self.reshapes.client_outputs(dict(zip(self.output_names, results)))
+        return self._client_outputs(dict(zip(self.output_names, results)))
+
+    def _client_outputs(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.reshapes.client_outputs(results)
         for name, arr in outputs.items():
             if arr.dtype.kind == "U" or arr.dtype == np.object_:
                 outputs[name] = np.array([str(x).encode() for x in arr.reshape(-1)], dtype=object).reshape(arr.shape)
