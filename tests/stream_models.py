@@ -64,6 +64,39 @@ ensemble_scheduling { step [ { model_name: "toy_llm" model_version: -1
 ''')
 
 
+SQUARE_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", np.square(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()))]) for r in requests]
+"""
+
+
+def fan_ensemble(repo: Path) -> None:
+    """The decoupled streamer feeding a squaring step: each streamed value is squared on its own."""
+    (repo / "square_i32" / "1").mkdir(parents=True)
+    (repo / "square_i32" / "1" / "model.py").write_text(SQUARE_PY)
+    (repo / "square_i32" / "config.pbtxt").write_text('''name: "square_i32"
+backend: "python"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+''')
+    (repo / "fan_ensemble" / "1").mkdir(parents=True)
+    (repo / "fan_ensemble" / "config.pbtxt").write_text('''name: "fan_ensemble"
+platform: "ensemble"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "streamer" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "v" } },
+  { model_name: "square_i32" model_version: -1 input_map { key: "IN" value: "v" } output_map { key: "OUT" value: "OUT" } }
+] }
+''')
+
+
 def acc_ensemble(repo: Path) -> None:
     """An ensemble over the accumulator: sequence ids and flags pass to the step."""
     (repo / "acc_ensemble" / "1").mkdir(parents=True)
@@ -83,8 +116,9 @@ def slow_echo_markers(repo: Path) -> Path:
 
 
 def streaming_repository(dest: Path) -> Path:
-    """toy_llm, accumulator (direct) and its variants, the decoupled test model, a BLS caller
-    and an ensemble of toy_llm, and a slow one-at-a-time model (slow_echo)."""
+    """toy_llm, accumulator (direct) and its variants, the decoupled test model, a BLS caller,
+    an ensemble of toy_llm and one where the decoupled model feeds a step, and a slow
+    one-at-a-time model (slow_echo)."""
     repo = build_example_repository(dest, ("toy_llm", "accumulator"))
     accumulator(repo, "acc_oldest", strategy="oldest { max_candidate_sequences: 16 preferred_batch_size: [ 4 ] }")
     accumulator(repo, "acc_two", max_batch_size=2, count=2)
@@ -93,6 +127,7 @@ def streaming_repository(dest: Path) -> Path:
     stream_model(repo)
     bls_llm(repo)
     llm_ensemble(repo)
+    fan_ensemble(repo)
     acc_ensemble(repo)
     markers = slow_echo_markers(repo)
     markers.mkdir()

@@ -92,6 +92,18 @@ class Plan:
             self._needed[wanted] = (tuple(run), frozenset(tensors))
         return tuple(run), frozenset(tensors)
 
+    def downstream(self, i: int) -> frozenset[int]:
+        """The steps that read what step `i` makes, directly or through other steps."""
+        below: set[int] = set()
+        todo = [i]
+        while todo:
+            for t in self.steps[todo.pop()].outputs.values():
+                for j in self.consumers.get(t, ()):
+                    if j not in below:
+                        below.add(j)
+                        todo.append(j)
+        return frozenset(below)
+
 
 # ---------------------------------------------------------------------- the table entry
 
@@ -211,7 +223,7 @@ class EnsembleVersion(ModelVersion):
                  for mv in composing}
         decoupled = {mv.name for mv in composing
                      if mv.view.decoupled or (isinstance(mv, EnsembleVersion) and mv.streams)}
-        error = validate_ensemble(self.proto, specs) or self._decoupled_steps(decoupled)
+        error = validate_ensemble(self.proto, specs)
         self._checked = (key, error, bool(decoupled))
         return error
 
@@ -238,15 +250,3 @@ class EnsembleVersion(ModelVersion):
             self.config.setdefault("model_transaction_policy", {})["decoupled"] = decoupled
             self.view.decoupled = decoupled
             self.registry.dirty = True
-
-    def _decoupled_steps(self, decoupled: set[str]) -> str:
-        """tritond streams a decoupled step's responses straight to the requester, so such a
-        step must produce ensemble outputs only."""
-        for step in self.plan.steps:
-            if step.model in decoupled:
-                fed = [t for t in step.outputs.values() if self.plan.consumers.get(t)]
-                if fed:
-                    return (f"in ensemble '{self.name}', {step.label()} is decoupled and its output '{fed[0]}' "
-                            f"feeds another step; tritond streams a decoupled step only when its outputs are "
-                            f"ensemble outputs")
-        return ""

@@ -8,6 +8,11 @@ under a lease the runner holds until the ensemble request is answered, then rele
 every error path). An intermediate that only GPU instances read may stay in the producer's
 device memory (`OutputSpec.device_ok`); what the runner answers with is always in host memory
 unless its own requester accepts device memory.
+
+A decoupled step streams: its responses that carry only ensemble outputs go on to the requester
+as they come; when its outputs feed other steps, each response runs those steps in a branch of
+its own (a run holding the tensors of that moment plus the response's), and what a branch
+produces goes to the requester as one more response, as Triton runs them.
 """
 from __future__ import annotations
 
@@ -80,6 +85,18 @@ class StepReply:
         self.owners = owners
 
 
+class BranchReply:
+    """The reply callable of a branch: its parent passes what it produced on."""
+    __slots__ = ("parent", "branch")
+
+    def __init__(self, parent: "EnsembleRun") -> None:
+        self.parent = parent
+        self.branch: EnsembleRun | None = None
+
+    def __call__(self, reply: InferReply) -> None:
+        self.parent.on_branch_reply(self.branch, reply)
+
+
 class EnsembleRun:
     """The tensors that exist, the steps still waiting, the steps queued or executing, and
     every lease held on intermediates."""
@@ -95,7 +112,8 @@ class EnsembleRun:
         self.arrival_ns = now_ns
         self.out_specs = {o.name: o for o in msg.outputs}
         self.wanted = tuple(o.name for o in msg.outputs) or tuple(plan.outputs)
-        self.run_step, self.needed = plan.needed(self.wanted)
+        self.planned, self.needed = plan.needed(self.wanted)
+        self.run_step = list(self.planned)
         self.tensors: dict[str, TensorDesc] = {d.name: plan.step_view(d) for d in msg.inputs}
         self.owner_of: dict[str, bytes] = {}
         self.absent: set[str] = set()         # step outputs the model did not produce
@@ -105,6 +123,10 @@ class EnsembleRun:
         self.started_ns = [0] * len(plan.steps)
         self.active: dict[int, Any] = {}      # step -> its Req (queued or executing) or nested run
         self.streaming: set[int] = set()      # steps of decoupled models: each response is passed on
+        self.fanned: dict[int, frozenset[int]] = {}   # streaming step -> the steps each response runs
+        self.by_branches: set[str] = set()    # tensors only branches make
+        self.branches: list[EnsembleRun] = []     # branches still running
+        self.is_branch = False
         self.held: list[tuple[bytes, int]] = []
         self.error: TritonError | None = None
         self.done = False
@@ -138,6 +160,12 @@ class EnsembleRun:
                       m.priority, m.timeout_us, m.correlation_id, m.flags)
         if mv.view.decoupled:
             self.streaming.add(i)
+            below = frozenset(j for j in self.plan.downstream(i) if self.run_step[j])
+            if below:           # each response runs these in a branch, never this run itself
+                self.fanned[i] = below
+                for j in below:
+                    self.run_step[j] = False
+                    self.by_branches.update(self.plan.steps[j].outputs.values())
         self.active[i] = None
         handle = self.ens.submit(StepReply(self, i), infer, mv)
         if i in self.active:        # not answered synchronously
@@ -159,7 +187,7 @@ class EnsembleRun:
             if spec is None or not spec.device_ok:
                 return False
         steps = self.plan.steps
-        return all(self.ens.on_gpu(steps[j]) for j in self.plan.consumers.get(tensor, ()) if self.run_step[j])
+        return all(self.ens.on_gpu(steps[j]) for j in self.plan.consumers.get(tensor, ()) if self.planned[j])
 
     def on_step_reply(self, i: int, reply: InferReply, owners: dict[str, bytes] | None) -> None:
         if i in self.streaming:
@@ -179,8 +207,9 @@ class EnsembleRun:
         self.maybe_finish()
 
     def on_streamed(self, i: int, reply: InferReply) -> None:
-        """A response of a decoupled step (whose outputs are ensemble outputs only, as loading
-        checked) goes on to the requester at once, its leases with it."""
+        """A response of a decoupled step: one that feeds other steps starts a branch that
+        takes its leases; one of ensemble outputs only goes on to the requester at once, its
+        leases with it."""
         if not reply.more:
             self.active.pop(i, None)
         step = self.plan.steps[i]
@@ -188,6 +217,10 @@ class EnsembleRun:
         if reply.error is not None:
             self.step_failed(i)
             self.fail(step, reply.error)
+        elif i in self.fanned:
+            if not reply.empty and self.error is None and not self.done:
+                self.branch(i, reply)
+                forwarded = True
         elif not reply.empty and self.error is None and not self.done:
             by_name = {d.name: d for d in reply.outputs}
             outputs = [self.plan.client_view(TensorDesc(t, d.datatype, d.shape, d.loc))
@@ -198,6 +231,62 @@ class EnsembleRun:
         if not forwarded:
             self.ens.release((reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease)
         self.maybe_finish()
+
+    def branch(self, i: int, reply: InferReply) -> None:
+        """Run the steps below streaming step `i` for this one response of it, in a run of their
+        own that holds the response's leases; the tensors made so far are read, not held."""
+        step = self.plan.steps[i]
+        b = EnsembleRun(self.ens, BranchReply(self), self.msg, self.mv, [], self.arrival_ns)
+        b.reply_to.branch = b
+        b.is_branch = True
+        b.tensors = dict(self.tensors)
+        b.owner_of = dict(self.owner_of)
+        b.absent = set(self.absent)
+        below = self.fanned[i]
+        made = {t for j in below for t in self.plan.steps[j].outputs.values()} | set(step.outputs.values())
+        b.wanted = tuple(t for t in self.wanted if t in made)
+        b.needed = self.needed
+        b.planned = tuple(j in below for j in range(len(self.plan.steps)))
+        b.run_step = list(b.planned)
+        b.started = [not run for run in b.planned]
+        b.held = [(reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease]
+        by_name = {d.name: d for d in reply.outputs}
+        for model_output, tensor in step.outputs.items():
+            d = by_name.get(model_output)
+            if d is None:
+                b.absent.add(tensor)
+            else:
+                b.tensors[tensor] = TensorDesc(tensor, d.datatype, d.shape, d.loc)
+                b.owner_of[tensor] = reply.owner
+        present = set(b.tensors) | b.absent | (set(self.plan.inputs) - {d.name for d in self.msg.inputs})
+        b.waiting = [sum(1 for t in dict.fromkeys(s.inputs.values()) if t not in present) for s in self.plan.steps]
+        for j in below:
+            late = [t for t in self.plan.steps[j].inputs.values() if t not in present and t not in made]
+            if late:
+                b.error = TritonError(Code.UNAVAILABLE, (
+                    f"in ensemble '{self.mv.name}', {self.plan.steps[j].label()} reads '{late[0]}', which was not "
+                    f"made yet when {step.label()} responded; tritond runs the steps after a decoupled step "
+                    f"with what exists at each of its responses"))
+        self.branches.append(b)
+        b.start()
+
+    def on_branch_reply(self, b: "EnsembleRun", reply: InferReply) -> None:
+        """What a branch made goes on to the requester as one more response; its end may end this
+        run. A branch's error fails the request."""
+        leases = [(reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease]
+        if reply.error is not None:
+            if self.error is None and not self.done:
+                self.error = reply.error
+                self.cancel_queued()
+        elif reply.outputs and self.error is None and not self.done:
+            self.reply_to(InferReply(self.msg.rid, self.mv.version, reply.outputs, None, reply.owner, more=True,
+                                     parameters=self.sequence_parameters()))
+            leases = []
+        if leases:
+            self.ens.release(leases)
+        if not reply.more:
+            self.branches.remove(b)
+            self.maybe_finish()
 
     def accept(self, step: Step, reply: InferReply, owners: dict[str, bytes] | None) -> None:
         by_name = {d.name: d for d in reply.outputs}
@@ -245,7 +334,10 @@ class EnsembleRun:
             self.maybe_finish()
 
     def cancel_queued(self) -> None:
-        """Take not yet dispatched steps out of their queues; executing ones finish on their own."""
+        """Take not yet dispatched steps out of their queues (a branch's too); executing ones
+        finish on their own."""
+        for b in list(self.branches):
+            b.cancel(self.error)
         for i, handle in list(self.active.items()):
             if isinstance(handle, EnsembleRun):
                 handle.cancel(self.error)
@@ -259,24 +351,30 @@ class EnsembleRun:
     # ---------------------------------------------------------------- the answer
 
     def maybe_finish(self) -> None:
-        if self.done or self.starting or self.active:
+        if self.done or self.starting or self.active or self.branches:
             return
-        streams = {t for j in self.streaming for t in self.plan.steps[j].outputs.values()}
+        streams = {t for j in self.streaming for t in self.plan.steps[j].outputs.values()} | self.by_branches
         missing = [t for t in self.wanted if t not in self.tensors and t not in streams and t not in self.absent]
         if self.error is None and missing:
             self.error = TritonError(Code.INTERNAL, f"ensemble '{self.mv.name}' produced no tensor '{missing[0]}'")
         self.done = True
+        if self.is_branch:          # its parent counts the request and answers it
+            self.reply_to(self.reply() if self.error is None else self.failed())
+            return
         elapsed = self.ens.clock.now_ns() - self.arrival_ns
         stats = self.mv.stats
         if self.error is not None:
             stats.record_failure(elapsed)
-            self.ens.release(self.held)
-            reply = InferReply(self.msg.rid, self.mv.version, error=self.error)
+            reply = self.failed()
         else:
             reply = self.reply()
             stats.record_ensemble(self.batch_size(), elapsed)
         self.ens.regions.release(self.regions)
         self.reply_to(reply)
+
+    def failed(self) -> InferReply:
+        self.ens.release(self.held)
+        return InferReply(self.msg.rid, self.mv.version, error=self.error)
 
     def batch_size(self) -> int:
         first = self.msg.inputs[0].shape if self.msg.inputs else []

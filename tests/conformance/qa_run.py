@@ -51,9 +51,6 @@ TRT_FIRST = ("checks a plan (TensorRT) model, not generated here, before its onn
              "Request for unknown model: 'plan_")
 NO_GPU = ("loads KIND_GPU instances, which tritond refuses on a host without GPUs (as it must)",
           "but no GPUs are available")
-DECOUPLED_FEEDS = ("its trials go on to sequence_repeat, fan_repeat, repeat_square and nested_square, ensembles "
-                   "whose decoupled step feeds another step, which tritond does not load (left out); repeat_int32 "
-                   "and simple_repeat passed before", "unknown model: 'sequence_repeat'")
 KNOWN = {
     **{f"TestInstanceUpdate.{n}": NO_GPU
        for n in ("test_gpu_instance_update", "test_gpu_cpu_instance_update", "test_instance_name_update",
@@ -62,9 +59,6 @@ KNOWN = {
     "ClientNonInferTimeoutTest.test_grpc_register_cuda_shared_memory":
         ("creates a CUDA shared-memory region in the client, which needs a GPU on this host",
          "unable to create cuda shared memory handle"),
-    **{f"DecoupledTest.{n}": DECOUPLED_FEEDS
-       for n in ("test_one_to_none", "test_one_to_one", "test_one_to_many", "test_one_to_multi_many",
-                 "test_response_order")},
     **{f"InferVariableTest.{n}": TRT_FIRST
        for n in ("test_class_fff", "test_class_iii", "test_mix_iii", "test_raw_fff", "test_raw_iii")},
     "ServerMetadataTest.test_model_latest_infer": TRT_STATUS,

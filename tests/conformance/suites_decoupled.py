@@ -43,10 +43,6 @@ def _skip_all(qa, module: str, cases, why: str) -> None:
 
 
 # ====================================================================== L0_decoupled
-# ensembles with a decoupled step (repeat_int32, or simple_repeat over it) that feeds another step:
-# tritond refuses to load them
-DECOUPLED_FEEDS = ("sequence_repeat", "fan_repeat", "repeat_square", "nested_square")
-DECOUPLED_FEEDS_WHY = "tritond streams a decoupled ensemble step only when its outputs are ensemble outputs"
 DECOUPLED_TESTS = ("test_one_to_none", "test_one_to_one", "test_one_to_many", "test_no_streaming",
                    "test_response_order", "test_wrong_shape")
 
@@ -76,10 +72,6 @@ def l0_decoupled(qa) -> None:
     _note(qa, "the custom trial: its repeat_int32 and square_int32 are Triton's C++ repeat and square "
               "backends, whose python stand-ins are the python trial's models")
     models = _decoupled_models(qa, d)
-    print(f"  (deviation: {', '.join(DECOUPLED_FEEDS)} left out: {DECOUPLED_FEEDS_WHY}; each test's trial over "
-          "them fails, and is recorded skipped, after repeat_int32 and simple_repeat)", flush=True)
-    for name in DECOUPLED_FEEDS:
-        shutil.rmtree(models / name)
     for label, extra in (("python", ""), ("python.grpc_max_response_pool_size_1", " --grpc-max-response-pool-size=1")):
         s = qa.start(d, f"--model-repository={models}{extra}", f"{label}.server.log")
         qa.unittest(d, "decoupled_test.py", [f"DecoupledTest.{t}" for t in DECOUPLED_TESTS], variant=label, server=s)

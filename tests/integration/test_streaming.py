@@ -240,6 +240,22 @@ def test_an_ensemble_with_a_decoupled_step_streams(streaming_server, stream):
     http.close()
 
 
+@pytest.mark.parametrize("count", [0, 3])
+def test_each_response_of_a_decoupled_step_runs_the_step_it_feeds(stream, count):
+    """fan_ensemble: every value the streamer sends is squared on its own and streamed back as
+    one response of the ensemble, then the final flag."""
+    stream.send(2, "fan", model="fan_ensemble", count=count)
+    got = stream.collect("fan")
+    assert got[-1] == (None, True, None)
+    assert sorted(v for v, _, _ in got[:-1]) == [(2 + i) ** 2 for i in range(count)]
+
+
+def test_an_error_of_the_decoupled_step_ends_the_ensemble_request(stream):
+    stream.send(2, "fan-fail", model="fan_ensemble", count=2, fail_after=1)
+    got = stream.collect("fan-fail")
+    assert got[-1][2] is not None and "fan_ensemble" in got[-1][2]
+
+
 def test_a_client_that_disconnects_takes_its_queued_request_out(streaming_server, tmp_path):
     """slow_echo runs one request at a time for 1 s; an HTTP client that disconnects and a gRPC
     client whose deadline passes leave while queued behind it: theirs never run."""

@@ -298,32 +298,80 @@ def test_bls_calls_are_answered_to_the_caller_and_refused_when_they_would_deadlo
     assert "would deadlock" in refused[0].error.message
 
 
-def test_a_decoupled_inner_ensemble_feeding_a_step_is_refused(tmp_path):
-    """L0_decoupled's nested_square: its first step is an ensemble over a decoupled model, so that
-    step streams and its output feeds the next step, which tritond does not run (its responses
-    would reach the client unsquared); refused like a decoupled model in that place."""
+REPEAT_SQUARE = """
+name: "repeat_square" platform: "ensemble"
+input [{ name: "IN" data_type: TYPE_FP32 dims: [-1] }]
+output [{ name: "OUT" data_type: TYPE_FP32 dims: [-1] }, { name: "ECHO" data_type: TYPE_FP32 dims: [-1] }]
+ensemble_scheduling { step [
+  { model_name: "repeat" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "r" } },
+  { model_name: "square" model_version: -1 input_map { key: "IN" value: "r" } output_map { key: "OUT" value: "OUT" } },
+  { model_name: "echo" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "ECHO" } }
+] }"""
+
+
+def fp32(v: float) -> S.Inline:
+    return S.Inline(np.float32(v).tobytes())
+
+
+def streaming_repo(tmp_path) -> Harness:
     python_model(tmp_path, "repeat", ["IN"], ["OUT"], extra="model_transaction_policy { decoupled: true }")
     python_model(tmp_path, "square", ["IN"], ["OUT"])
-    ensemble_model(tmp_path, "simple_repeat", """
-name: "simple_repeat" platform: "ensemble"
-input [{ name: "IN" data_type: TYPE_FP32 dims: [-1] }]
-output [{ name: "OUT" data_type: TYPE_FP32 dims: [-1] }]
-ensemble_scheduling { step [
-  { model_name: "repeat" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } }
-] }""")
-    ensemble_model(tmp_path, "nested_square", """
-name: "nested_square" platform: "ensemble"
-input [{ name: "IN" data_type: TYPE_FP32 dims: [-1] }]
-output [{ name: "OUT" data_type: TYPE_FP32 dims: [-1] }]
-ensemble_scheduling { step [
-  { model_name: "simple_repeat" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "r" } },
-  { model_name: "square" model_version: -1 input_map { key: "IN" value: "r" } output_map { key: "OUT" value: "OUT" } }
-] }""")
-    h = Harness(tmp_path).load("*")
-    (inner,) = h.broker.registry.get("simple_repeat").values()
-    assert inner.state is S.ModelState.READY
-    (mv,) = h.broker.registry.get("nested_square").values()
-    assert mv.state is S.ModelState.UNAVAILABLE
-    assert mv.reason == ("in ensemble 'nested_square', step 0 (model 'simple_repeat') is decoupled and its output "
-                         "'r' feeds another step; tritond streams a decoupled step only when its outputs are "
-                         "ensemble outputs")
+    python_model(tmp_path, "echo", ["IN"], ["OUT"])
+    ensemble_model(tmp_path, "repeat_square", REPEAT_SQUARE)
+    return Harness(tmp_path).load("*")
+
+
+def respond(h: Harness, *values: float, final: bool = False, lease: int = 0) -> None:
+    """The decoupled `repeat` sends one response per value (in a block under `lease` when given)."""
+    (inst,) = h.instances("repeat")
+    key = [m for i, m in h.to_workers(S.Exec) if i == inst.identity][-1].requests[0].key
+    for v in values:
+        loc = S.Block("/s", int(v), 4, lease) if lease else fp32(v)
+        h.from_stream(inst, S.Respond(key, [S.TensorDesc("OUT", "FP32", [1], loc)]))
+    if final:
+        h.from_stream(inst, S.Respond(key, final=True, empty=True))
+
+
+def test_each_response_of_a_decoupled_step_runs_the_steps_it_feeds(tmp_path):
+    """L0_decoupled's repeat_square: every response of the decoupled step runs the step it feeds
+    with that response, and each result is one more response of the ensemble; outputs of steps
+    it does not feed come in the last response."""
+    h = streaming_repo(tmp_path)
+    (mv,) = h.broker.registry.get("repeat_square").values()
+    assert mv.state is S.ModelState.READY
+    rid = next(h.rids)
+    h.from_frontend(S.Infer(rid, "repeat_square", -1, [S.TensorDesc("IN", "FP32", [1], fp32(7))]))
+    ((rep, ex),) = h.executing("repeat")
+    h.from_worker(rep, S.BatchDone(ex.bid, []))
+    respond(h, 2.0, 3.0)
+    ((sq, first),) = h.executing("square")
+    assert first.requests[0].inputs[0].loc == fp32(2.0)
+    h.answer(sq, first, {"OUT": fp32(4.0)})
+    ((sq, second),) = h.executing("square")
+    assert second.requests[0].inputs[0].loc == fp32(3.0)
+    h.answer(sq, second, {"OUT": fp32(9.0)})
+    got = [m for m in h.frontend_replies() if m.rid == rid]
+    assert [(m.more, [(d.name, d.loc) for d in m.outputs]) for m in got] == [
+        (True, [("OUT", fp32(4.0))]), (True, [("OUT", fp32(9.0))])]
+    respond(h, final=True)
+    h.answer(*h.executing("echo")[0], {"OUT": fp32(7.0)})
+    last = [m for m in h.frontend_replies() if m.rid == rid][-1]
+    assert not last.more and last.error is None and [(d.name, d.loc) for d in last.outputs] == [("ECHO", fp32(7.0))]
+    assert mv.stats.inference_count == 1 and sum(mv.stats.failures.values()) == 0
+
+
+def test_a_branch_holds_its_response_until_its_result_leaves_and_a_failure_ends_the_request(tmp_path):
+    h = streaming_repo(tmp_path)
+    rid = next(h.rids)
+    h.from_frontend(S.Infer(rid, "repeat_square", -1, [S.TensorDesc("IN", "FP32", [1], fp32(1))], [S.OutputSpec("OUT")]))
+    ((rep, ex),) = h.executing("repeat")
+    h.from_worker(rep, S.BatchDone(ex.bid, []))
+    respond(h, 16.0, lease=5)
+    assert h.released() == []                  # the branch reads the response's block
+    ((sq, batch),) = h.executing("square")
+    h.answer(sq, batch, S.ExecResult(error=S.TritonError(Code.INTERNAL, "boom")))
+    assert (rep.identity, 5) in h.released()   # the branch ended: its response's lease goes back
+    respond(h, final=True)
+    (last,) = [m for m in h.frontend_replies() if m.rid == rid]
+    assert last.error.message == "in ensemble 'repeat_square', step 1 (model 'square') failed: boom"
+    assert sum(h.broker.registry.get("repeat_square")[1].stats.failures.values()) >= 1
