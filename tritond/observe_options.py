@@ -6,6 +6,7 @@ implement is a usage error."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 import msgspec
@@ -74,13 +75,24 @@ def _bool(value: str, what: str) -> bool:
     raise FlagError(f"{what} expects true or false, got '{value}'")
 
 
+_LEADING_NUMBER = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _leading_float(text: str) -> float:
+    """The number `text` starts with, as tritonserver reads it (std::stod: '0.0.1' is 0.0)."""
+    m = _LEADING_NUMBER.match(text)
+    if m is None:
+        raise ValueError(text)
+    return float(m.group())
+
+
 def parse_quantiles(text: str) -> list[tuple[float, float]]:
     """'0.5:0.05,0.9:0.01' -> [(0.5, 0.05), (0.9, 0.01)]: Triton's <quantile>:<error> pairs."""
     out = []
     for pair in text.split(","):
         q, sep, err = pair.strip().partition(":")
         try:
-            qv, ev = float(q), float(err)
+            qv, ev = _leading_float(q), _leading_float(err)
         except ValueError:
             qv = ev = -1.0
         if not sep or not 0.0 <= qv <= 1.0 or not 0.0 <= ev < 1.0:
@@ -220,6 +232,9 @@ def cache_settings(entries: list[str], deprecated_size: int | None) -> int:
         if deprecated_size < 0:
             raise FlagError("--response-cache-byte-size must be a non-negative number of bytes")
         return deprecated_size
+    if len({e.partition(",")[0] for e in entries if "," in e}) > 1:
+        # tritonserver checks this before it creates any cache (core src/server.cc)
+        raise FlagError("found multiple cache configurations, but only a single cache is currently supported")
     size = 0
     for entry in entries:
         name, comma, rest = entry.partition(",")

@@ -203,6 +203,19 @@ def test_bad_flag_values_are_usage_errors(flag):
         options(flag)
 
 
+def test_quantiles_read_each_number_as_tritonserver_does():
+    # std::stod reads the longest number a value starts with (L0_metrics passes "0.1:0.0.1")
+    o = options("--metrics-config=summary_quantiles=0.1:0.0.1,0.7:0.01, 0.75:1e-2")
+    assert o.metrics.summary_quantiles == [(0.1, 0.0), (0.7, 0.01), (0.75, 0.01)]
+    with pytest.raises(UsageError):
+        options("--metrics-config=summary_quantiles=0.5:x")
+
+
+def test_two_caches_are_refused_before_either_is_read():
+    with pytest.raises(UsageError, match="found multiple cache configurations, but only a single cache"):
+        options("--cache-config=local,size=8192", "--cache-config=redis,key=value")
+
+
 def test_exposition_is_tritons_and_parses():
     f = Families()
     f.add("nv_inference_request_success", "counter", "Number of successful requests", {"model": 'a"b', "version": "1"}, 5)
