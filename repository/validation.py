@@ -286,7 +286,8 @@ def validate_config(
     if cfg.HasField("sequence_batching"):
         check_sequence_batching(cfg, fail, model_path)
     if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
-        raise fail("response_cache", "the response cache does not support decoupled models")
+        raise fail("response_cache", f"Response Cache does not currently support model {cfg.name} with 'decoupled' "
+                                     "transaction policy. Please disable the response cache.")
     check_supported(cfg, config_file)
     if cfg.model_transaction_policy.decoupled and cfg.backend not in (PYTHON, ""):
         raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "

@@ -173,7 +173,10 @@ class ResponseCache:
             else:
                 return              # a client region or device memory: not the cache's to copy
             total += len(sources[-1])
-        if total > self.size or key in self.entries:
+        if key in self.entries:
+            return
+        if total > self.size:
+            self._not_inserted(key, f"{total} bytes exceed the cache size of {self.size} bytes")
             return
         blocks = []
         for src in sources:
@@ -181,6 +184,7 @@ class ResponseCache:
             if block is None:
                 for seg, off in blocks:
                     self.arena.free(seg, off)
+                self._not_inserted(key, f"no room for {total} bytes in a cache of {self.size} bytes")
                 return
             block.view[:] = src
             blocks.append((block.seg, block.offset))
@@ -190,6 +194,12 @@ class ResponseCache:
         self.entries[key] = entry
         self.used += total
         self.insertions += 1
+
+    @staticmethod
+    def _not_inserted(key: tuple, why: str) -> None:
+        """Said as tritonserver says it: the response is answered, but later requests will miss."""
+        name, version, digest = key
+        log.error("Failed to insert key [%s:%s:%s] into response cache: %s", name, version, digest.hex(), why)
 
     def _alloc(self, nbytes: int):
         """A block, evicting least recently used entries until one fits."""

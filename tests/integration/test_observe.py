@@ -203,6 +203,16 @@ def test_cache_hits_never_reach_a_worker(env):
     assert value(scrape(s), "tritond_cache_evictions") > 0
 
 
+def test_a_response_larger_than_the_cache_is_answered_and_logged(env):
+    s, tmp = env["server"], env["tmp"]
+    client = httpclient.InferenceServerClient(s.http_url)
+    x = np.arange(2 * CACHE_BYTES // 4, dtype=np.float32)
+    np.testing.assert_array_equal(infer(client, CACHED, x, request_id="too-big"), x)
+    # tritonserver's words, which L0_response_cache greps for
+    wait_for(lambda: any(line["level"] == "ERROR" and line["message"].startswith(f"Failed to insert key [{CACHED}:1:")
+                         and "exceed the cache size" in line["message"] for line in log_lines(tmp)), timeout=10)
+
+
 def test_trace_files_order_timestamps_across_processes(env):
     s, tmp = env["server"], env["tmp"]
     client = httpclient.InferenceServerClient(s.http_url)
