@@ -9,6 +9,7 @@ import pytest
 from broker_harness import Harness, ensemble_model, python_model
 from prometheus_client.parser import text_string_to_metric_families
 
+from tritond.broker.observe.metrics import FIRST_RESPONSE_BUCKETS_MS, latency_factory
 from tritond.frontend.metrics import Families, exposition
 from tritond.options import UsageError, server_options, start_parser
 from tritond.wire.options import ServerOptions
@@ -132,6 +133,19 @@ def test_an_ensemble_is_cached_as_a_whole(harness):
     assert mv(h, "pipe").stats.cache_hit.count == 1 and mv(h, "plain").stats.success.count == 1
 
 
+def test_an_ensemble_over_a_decoupled_step_cannot_enable_the_cache(tmp_path):
+    python_model(tmp_path, "stream", ["X"], ["Y"], extra="model_transaction_policy { decoupled: true }")
+    ensemble_model(tmp_path, "pipe", PIPE.replace('"plain"', '"stream"'))
+    h = Harness(tmp_path, cache_size=1 << 16).load("*")
+    try:
+        pipe = mv(h, "pipe")
+        assert pipe.state.name == "UNAVAILABLE"
+        assert ("Response Cache does not currently support model pipe with 'decoupled' transaction policy. "
+                "Please disable the response cache.") in pipe.reason
+    finally:
+        h.broker.cache.close()
+
+
 def test_no_flag_means_no_cache(harness):
     h = harness()
     assert not h.broker.cache.enabled and not mv(h).view.response_cache
@@ -216,6 +230,19 @@ def test_two_caches_are_refused_before_either_is_read():
         options("--cache-config=local,size=8192", "--cache-config=redis,key=value")
 
 
+def test_model_metrics_set_a_models_first_response_buckets():
+    make = latency_factory(options("--metrics-config=histogram_latencies=true").metrics)
+    own = {"model_metrics": {"metric_control": [{
+        "metric_identifier": {"family": "nv_inference_first_response_histogram_ms"},
+        "histogram_options": {"buckets": [-1.0, 0.0, 1.0, 2.5]}}]}}
+    latency = make("m", own)
+    latency.first_response_ms(2.0)
+    snap = latency.first_response_snapshot()
+    assert snap.bounds == [-1.0, 0.0, 1.0, 2.5] and snap.counts == [0, 0, 0, 1, 0]
+    assert make("other", {}).first_response_snapshot().bounds == list(FIRST_RESPONSE_BUCKETS_MS)
+    assert latency_factory(options().metrics) is None
+
+
 def test_exposition_is_tritons_and_parses():
     f = Families()
     f.add("nv_inference_request_success", "counter", "Number of successful requests", {"model": 'a"b', "version": "1"}, 5)
@@ -227,7 +254,9 @@ def test_exposition_is_tritons_and_parses():
     text = exposition(f.by_name.values()).decode()
     assert 'nv_inference_request_success{model="a\\"b",version="1"} 5\n' in text
     assert "# TYPE nv_inference_request_success counter\n" in text and "nv_cpu_utilization 0.25\n" in text
-    assert 'nv_inference_first_response_histogram_ms_bucket{le="+Inf",model="m",version="1"} 3\n' in text
+    # prometheus-cpp's order, which Triton's qa tests match as text: `le` and `quantile` come last
+    assert 'nv_inference_first_response_histogram_ms_bucket{model="m",version="1",le="+Inf"} 3\n' in text
+    assert 'nv_inference_queue_summary_us{model="m",version="1",quantile="0.5"} 1\n' in text
     families = {m.name: m for m in text_string_to_metric_families(text)}
     assert families["nv_inference_request_success"].type == "counter"
     assert families["nv_inference_request_success"].samples[0].labels["model"] == 'a"b'
