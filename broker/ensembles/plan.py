@@ -211,7 +211,8 @@ class EnsembleVersion(ModelVersion):
                  for mv in composing}
         decoupled = {mv.name for mv in composing
                      if mv.view.decoupled or (isinstance(mv, EnsembleVersion) and mv.streams)}
-        error = validate_ensemble(self.proto, specs) or self._cached_stream(decoupled) or self._decoupled_steps(decoupled)
+        error = (validate_ensemble(self.proto, specs) or self._cached_stream(decoupled)
+                 or self._decoupled_steps(decoupled))
         self._checked = (key, error, bool(decoupled))
         return error
 

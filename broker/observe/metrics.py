@@ -76,7 +76,8 @@ class Histogram:
 class Latencies:
     """One model version's summaries (µs) and first-response histogram (ms), as enabled."""
 
-    def __init__(self, summaries: bool, histogram: bool, buckets: tuple[float, ...] = FIRST_RESPONSE_BUCKETS_MS) -> None:
+    def __init__(self, summaries: bool, histogram: bool,
+                 buckets: tuple[float, ...] = FIRST_RESPONSE_BUCKETS_MS) -> None:
         self.summaries = {name: Summary() for name in SUMMARIES} if summaries else None
         self.first_response = Histogram(buckets) if histogram else None
 
