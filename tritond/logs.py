@@ -84,7 +84,9 @@ class _Handler(logging.StreamHandler):
     """stderr, or a file opened for appending that `reopen` opens again."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
+        # resolved once, when the process starts logging: a reopen finds the same file even
+        # after a model's code changed the working directory
+        self.path = os.path.abspath(path) if path else ""
         super().__init__(self._open() if path else sys.stderr)
 
     def _open(self):

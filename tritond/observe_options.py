@@ -52,10 +52,8 @@ def log_settings(args: argparse.Namespace) -> dict[str, Any]:
                         f"(expected {', '.join(LOG_FORMATS)})")
     if args.log_verbose < 0:
         raise FlagError("--log-verbose must be a non-negative integer")
-    path = args.log_file
+    path = args.log_file        # as given: the logging API reports it so (each process resolves it once)
     if path:
-        import os
-        path = os.path.abspath(path)
         try:
             with open(path, "a", encoding="utf-8"):
                 pass
@@ -190,8 +188,7 @@ def trace_settings(entries: list[str]) -> dict[str, Any]:
                 raise FlagError(f"--trace-config: unknown global setting '{setting}' (level, rate, count, mode)")
         elif mode == "triton":
             if setting == "file":
-                import os
-                cfg["file"] = os.path.abspath(value)
+                cfg["file"] = value         # as given, as the trace API reports it (the broker shares our cwd)
             elif setting == "log-frequency":
                 cfg["log_frequency"] = _uint(value, "log-frequency")
             else:

@@ -3,6 +3,7 @@ observability flags, and the metrics text format."""
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tritond.broker.observe.metrics import FIRST_RESPONSE_BUCKETS_MS, latency_factory
 from tritond.frontend.metrics import Families, exposition
+from tritond import logs
 from tritond.options import UsageError, server_options, start_parser
 from tritond.wire.options import ServerOptions
 from tritond.wire import replies as R
@@ -215,6 +217,20 @@ def test_flags_parse_with_triton_syntax():
 def test_bad_flag_values_are_usage_errors(flag):
     with pytest.raises(UsageError):
         options(flag)
+
+
+def test_file_paths_are_reported_as_given_and_logged_to_where_they_pointed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    o = options("--log-file=server.log", "--trace-config=triton,file=trace.json")
+    assert (o.log.file, o.trace.file) == ("server.log", "trace.json")      # what the settings APIs report
+    try:
+        logs.setup("test", o.log)
+        monkeypatch.chdir("/")          # a model's code may move the working directory
+        logs.reopen()
+        logging.getLogger("tritond.test").warning("still here")
+        assert "still here" in (tmp_path / "server.log").read_text()
+    finally:
+        logs.setup("test")
 
 
 def test_quantiles_read_each_number_as_tritonserver_does():
