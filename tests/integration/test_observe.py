@@ -298,6 +298,21 @@ def test_log_settings_reach_workers_and_lines_carry_request_ids(env):
     assert {"tritond", "broker", "http"} <= roles and any(r.startswith("worker:") for r in roles)
 
 
+def test_verbose_http_request_lines_are_tritons(env):
+    s, tmp = env["server"], env["tmp"]
+    http = httpclient.InferenceServerClient(s.http_url)
+    http.update_log_settings({"log_verbose_level": 1})
+
+    def logged() -> bool:
+        assert http_get(f"http://{s.http_url}/v2/logging")[0] == 200
+        return any(line["message"] == "HTTP request: 0 /v2/logging" for line in log_lines(tmp))
+    try:
+        # as tritonserver logs each HTTP request at verbose level 1 (its method as libevhtp's number)
+        wait_for(logged, timeout=10, every=0.2)
+    finally:
+        http.update_log_settings({"log_verbose_level": 0})
+
+
 def holds_open(pid: int, path: Path) -> bool:
     """Whether process `pid` has `path` open."""
     try:
