@@ -58,7 +58,8 @@ class Container:
         return json.loads(r.stdout)[0]["State"]
 
     def logs(self) -> str:
-        return subprocess.run(["podman", "logs", self.name], capture_output=True, text=True).stderr
+        r = subprocess.run(["podman", "logs", self.name], capture_output=True, text=True)
+        return r.stdout + r.stderr      # info lines on stdout, warnings and errors on stderr
 
     def wait_ready(self, timeout: float = 120) -> None:
         def ready() -> bool:

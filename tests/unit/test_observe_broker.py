@@ -233,6 +233,20 @@ def test_file_paths_are_reported_as_given_and_logged_to_where_they_pointed(tmp_p
         logs.setup("test")
 
 
+def test_console_lines_go_where_tritonserver_writes_them(capsys):
+    try:
+        logs.setup("test")
+        log = logging.getLogger("tritond.test")
+        log.info("an info line")
+        log.warning("a warning line")
+        log.error("an error line")
+        out, err = capsys.readouterr()
+        assert "an info line" in out and "a warning line" not in out and "an error line" not in out
+        assert "a warning line" in err and "an error line" in err and "an info line" not in err
+    finally:
+        logs.setup("test")
+
+
 def test_quantiles_read_each_number_as_tritonserver_does():
     # std::stod reads the longest number a value starts with (L0_metrics passes "0.1:0.0.1")
     o = options("--metrics-config=summary_quantiles=0.1:0.0.1,0.7:0.01, 0.75:1e-2")
