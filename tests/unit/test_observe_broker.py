@@ -247,6 +247,19 @@ def test_console_lines_go_where_tritonserver_writes_them(capsys):
         logs.setup("test")
 
 
+def test_batch_span_processor_settings_come_from_the_environment_as_in_tritonserver(monkeypatch):
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "250")
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "100")
+    o = options("--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,bsp_max_queue_size=3000")
+    assert (o.trace.otel.bsp_schedule_delay, o.trace.otel.bsp_max_queue_size) == (250, 3000)  # the flag wins
+    assert options().trace.otel.bsp_schedule_delay == 5000          # read in opentelemetry mode only
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "bad_value")
+    with pytest.raises(UsageError, match='Bad option: "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"'):
+        options("--trace-config=mode=opentelemetry")
+    with pytest.raises(UsageError, match='Bad option: "--trace-config opentelemetry,bsp_schedule_delay"'):
+        options("--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,bsp_schedule_delay=x")
+
+
 def test_quantiles_read_each_number_as_tritonserver_does():
     # std::stod reads the longest number a value starts with (L0_metrics passes "0.1:0.0.1")
     o = options("--metrics-config=summary_quantiles=0.1:0.0.1,0.7:0.01, 0.75:1e-2")
