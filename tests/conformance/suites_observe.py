@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -679,3 +680,135 @@ def l0_logging(qa) -> None:
     qa.check("no INFO lines on stderr", not re.search("(?m)I" + LOG_REGEX, err), err[-400:])
     qa.check("WARNING lines on stderr", bool(re.search("(?m)W" + LOG_REGEX, err)), err[-400:])
     qa.check("ERROR lines on stderr", bool(re.search("(?m)E" + LOG_REGEX, err)), err[-400:])
+
+
+# ====================================================================== L0_cmdline_trace
+def _trace_summary(qa, d: Path, trace: str) -> str:
+    """qa/common/trace_summary.py's report of a trace file (empty when it is missing)."""
+    path = d / trace
+    if not path.exists():
+        return ""
+    out = subprocess.run([sys.executable, str(qa.qa / "common" / "trace_summary.py"), "-t", str(path)], cwd=d,
+                         capture_output=True, text=True, timeout=300)
+    return out.stdout
+
+
+def _trace_clients(qa, d: Path, case: str, rounds: int = 10) -> None:
+    """test.sh's loop: trace_client.py over gRPC then HTTP, `rounds` times."""
+    failed = []
+    for _ in range(rounds):
+        for proto, url in (("grpc", "localhost:8001"), ("http", "localhost:8000")):
+            r = subprocess.run([sys.executable, "trace_client.py", "-i", proto, "-u", url], cwd=d,
+                               capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                failed.append(f"{proto}: {(r.stdout + r.stderr).strip()[-300:]}")
+    qa.check(f"trace clients [{case}]", not failed, "; ".join(failed[:2]))
+
+
+def _traced(qa, d: Path, args: str, case: str, trace: str, counts: dict[str, int], model: str = "simple",
+            rounds: int = 10, files: tuple[str, ...] = ()) -> str:
+    """One server: the clients, then the summary's COMPUTE_INPUT_END and model lines counted."""
+    for f in (trace, *files):
+        (d / f).unlink(missing_ok=True)
+    server = qa.start(d, args, f"{case}.server.log")
+    if server is None:
+        qa.check(f"server starts [{case}]", False, qa.last_start_error)
+        return ""
+    _trace_clients(qa, d, case, rounds)
+    server.stop()
+    text = ""
+    for f, (computes, models) in counts.items():
+        summary = _trace_summary(qa, d, f)
+        text += summary
+        n = summary.count("COMPUTE_INPUT_END")
+        qa.check(f"{computes} traced executions in {f}", n == computes, f"{n} found")
+        m = len(re.findall(rf"(?m)^{re.escape(model)}", summary))
+        qa.check(f"{models} '{model}' lines in {f}'s summary", m == models, f"{m} found")
+    return text
+
+
+def l0_cmdline_trace(qa) -> None:
+    d = qa.qa / "L0_cmdline_trace"
+    base = "onnx_int32_int32_int32"
+    models = _fresh(d / "trace_models")
+    _copytree(qa.data / "qa_model_repository" / base, models / "simple")
+    for v in ("2", "3"):
+        shutil.rmtree(models / "simple" / v)
+    _sed(models / "simple" / "config.pbtxt", r"(?m)^name:.*", 'name: "simple"')
+    repo = f"--model-repository={models}"
+
+    (d / "trace_off.log").unlink(missing_ok=True)
+    server = qa.start(d, f"--trace-file=trace_off.log --trace-level=OFF --trace-rate=1 {repo}", "off.server.log")
+    if server is not None:
+        _trace_clients(qa, d, "off")
+        server.stop()
+        qa.check("no trace file with --trace-level=OFF", not (d / "trace_off.log").exists(), "trace_off.log written")
+    else:
+        qa.check("server starts [off]", False, qa.last_start_error)
+    _traced(qa, d, f"--trace-file=trace_min.log --trace-level=MIN --trace-rate=1 {repo}", "min", "trace_min.log",
+            {"trace_min.log": (20, 20)})
+    _traced(qa, d, f"--http-thread-count=1 --trace-file=trace_max.log --trace-level=MAX --trace-rate=9 {repo}",
+            "max", "trace_max.log", {"trace_max.log": (2, 2)})
+    _traced(qa, d, f"--trace-file=trace_1.log --trace-level=TIMESTAMPS --trace-rate=1 {repo}", "rate_1",
+            "trace_1.log", {"trace_1.log": (20, 20)})
+    _traced(qa, d, f"--http-thread-count=1 --trace-file=trace_6.log --trace-level=TIMESTAMPS --trace-rate=6 {repo}",
+            "rate_6", "trace_6.log", {"trace_6.log": (3, 3)})
+    _traced(qa, d, f"--http-thread-count=1 --trace-file=trace_frequency.log --trace-level=TIMESTAMPS --trace-rate=6 "
+                   f"--trace-log-frequency=2 {repo}", "frequency", "trace_frequency.log",
+            {"trace_frequency.log.0": (2, 2), "trace_frequency.log.1": (1, 1)},
+            files=("trace_frequency.log.0", "trace_frequency.log.1"))
+    _traced(qa, d, f"--http-thread-count=1 --trace-file=trace_9.log --trace-level=TIMESTAMPS --trace-rate=9 {repo}",
+            "rate_9", "trace_9.log", {"trace_9.log": (2, 2)})
+
+    # an ensemble of ensembles: one trace per model request, parents named
+    ens = qa.data / "qa_ensemble_model_repository" / "qa_model_repository"
+    models = _fresh(d / "trace_models")
+    _copytree(qa.data / "qa_model_repository" / base, models / base)
+    for v in ("2", "3"):
+        shutil.rmtree(models / base / v)
+    for name, src in ((f"fan_{base}", f"fan_{base}"), ("simple", f"fan_{base}")):
+        (models / name / "1").mkdir(parents=True)
+        shutil.copy(ens / src / "config.pbtxt", models / name)
+        _sed(models / name / "config.pbtxt", r"label_filename:.*", "")
+    _sed(models / "simple" / "config.pbtxt", r"(?m)^name:.*", 'name: "simple"')
+    _sed(models / "simple" / "config.pbtxt", rf"(?m)^(.*?){base}", rf"\g<1>fan_{base}")     # sed: once a line
+    _copytree(ens / "nop_TYPE_INT32_-1", models / "nop_TYPE_INT32_-1")
+    (models / "nop_TYPE_INT32_-1" / "1").mkdir(exist_ok=True)
+    _traced(qa, d, f"--http-thread-count=1 --trace-file=trace_ensemble.log --trace-level=TIMESTAMPS --trace-rate=1 "
+                   f"{repo}", "ensemble", "trace_ensemble.log", {"trace_ensemble.log": (7, 1)}, rounds=1)
+    text = (d / "trace_ensemble.log").read_text() if (d / "trace_ensemble.log").exists() else ""
+    nop, fan = "nop_TYPE_INT32_-1", f"fan_{base}"
+    expect = [(1, "simple", None), (2, nop, 1), (3, fan, 1), (4, nop, 3), (5, base, 3), (6, nop, 3), (7, nop, 3),
+              (8, nop, 1), (9, nop, 1)]
+    for i, model, parent in expect:
+        line = (f'{{"id":{i},"model_name":"{model}","model_version":1,"request_id":"1"'
+                + (f',"parent_id":{parent}' if parent else "") + "}")
+        qa.check(f"trace {line}", text.count(line) == 1, f"{text.count(line)} found")
+    qa.record("test.sh", "ensemble traces with --trace-level=TENSORS", "skip",
+              "tritond refuses --trace-config level=TENSORS (tensor traces are not supported)")
+
+    # the deprecated flags, and bad batch span processor settings
+    server = qa.start(d, f"--trace-file=/tmp/trace.json --trace-rate=100 --trace-level=TIMESTAMPS "
+                         f"--trace-log-frequency=50 --trace-count=100 {repo}", "deprecated.server.log")
+    if server is not None:
+        server.stop()
+    text = _log(qa, "deprecated.server.log")
+    for flag in ("--trace-file", "--trace-rate", "--trace-level", "--trace-log-frequency", "--trace-count"):
+        n = text.count(f"Warning: '{flag}' has been deprecated")
+        qa.check(f"'{flag}' deprecation warned once", n == 1, f"{n} times")
+    for env in ("OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
+        _refused_env(qa, d, repo, env)
+    for setting in ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"):
+        qa.refused(d, f"{repo} --trace-config mode=opentelemetry --trace-config opentelemetry,{setting}=bad_value",
+                   f"{setting}.server.log", f'Bad option: "--trace-config opentelemetry,{setting}"',
+                   f"refused: opentelemetry,{setting}=bad_value")
+
+
+def _refused_env(qa, d: Path, repo: str, env: str) -> None:
+    server = qa.start(d, f"--trace-config mode=opentelemetry {repo}", f"{env}.server.log", env={env: "bad_value"},
+                      timeout=30)
+    if server is not None:
+        server.stop()
+    text = _log(qa, f"{env}.server.log")
+    qa.check(f"refused: {env}=bad_value", server is None and text.count(f'Bad option: "{env}"') == 1,
+             text[-400:])
