@@ -693,11 +693,12 @@ def _trace_summary(qa, d: Path, trace: str) -> str:
     return out.stdout
 
 
-def _trace_clients(qa, d: Path, case: str, rounds: int = 10) -> None:
+def _trace_clients(qa, d: Path, case: str, rounds: int = 10, protocols: tuple[str, ...] = ("grpc", "http")) -> None:
     """test.sh's loop: trace_client.py over gRPC then HTTP, `rounds` times."""
     failed = []
+    urls = {"grpc": "localhost:8001", "http": "localhost:8000"}
     for _ in range(rounds):
-        for proto, url in (("grpc", "localhost:8001"), ("http", "localhost:8000")):
+        for proto, url in ((p, urls[p]) for p in protocols):
             r = subprocess.run([sys.executable, "trace_client.py", "-i", proto, "-u", url], cwd=d,
                                capture_output=True, text=True, timeout=120)
             if r.returncode != 0:
@@ -705,8 +706,9 @@ def _trace_clients(qa, d: Path, case: str, rounds: int = 10) -> None:
     qa.check(f"trace clients [{case}]", not failed, "; ".join(failed[:2]))
 
 
-def _traced(qa, d: Path, args: str, case: str, trace: str, counts: dict[str, int], model: str = "simple",
-            rounds: int = 10, files: tuple[str, ...] = ()) -> str:
+def _traced(qa, d: Path, args: str, case: str, trace: str, counts: dict[str, tuple[int, int]],
+            model: str = "simple", rounds: int = 10, files: tuple[str, ...] = (),
+            protocols: tuple[str, ...] = ("grpc", "http")) -> str:
     """One server: the clients, then the summary's COMPUTE_INPUT_END and model lines counted."""
     for f in (trace, *files):
         (d / f).unlink(missing_ok=True)
@@ -714,7 +716,7 @@ def _traced(qa, d: Path, args: str, case: str, trace: str, counts: dict[str, int
     if server is None:
         qa.check(f"server starts [{case}]", False, qa.last_start_error)
         return ""
-    _trace_clients(qa, d, case, rounds)
+    _trace_clients(qa, d, case, rounds, protocols)
     server.stop()
     text = ""
     for f, (computes, models) in counts.items():
@@ -775,7 +777,8 @@ def l0_cmdline_trace(qa) -> None:
     _copytree(ens / "nop_TYPE_INT32_-1", models / "nop_TYPE_INT32_-1")
     (models / "nop_TYPE_INT32_-1" / "1").mkdir(exist_ok=True)
     _traced(qa, d, f"--http-thread-count=1 --trace-file=trace_ensemble.log --trace-level=TIMESTAMPS --trace-rate=1 "
-                   f"{repo}", "ensemble", "trace_ensemble.log", {"trace_ensemble.log": (7, 1)}, rounds=1)
+                   f"{repo}", "ensemble", "trace_ensemble.log", {"trace_ensemble.log": (7, 1)}, rounds=1,
+            protocols=("http",))
     text = (d / "trace_ensemble.log").read_text() if (d / "trace_ensemble.log").exists() else ""
     nop, fan = "nop_TYPE_INT32_-1", f"fan_{base}"
     expect = [(1, "simple", None), (2, nop, 1), (3, fan, 1), (4, nop, 3), (5, base, 3), (6, nop, 3), (7, nop, 3),

@@ -180,6 +180,17 @@ def test_trace_sampling_rate_count_and_files(harness, tmp_path):
     assert h.control(S.TraceSettings("", {}), ident=b"fe").result.settings.trace_count == "0"
 
 
+def test_clearing_a_server_wide_trace_setting_restores_its_startup_value(harness, tmp_path):
+    trace = {"level": "TIMESTAMPS", "rate": 1, "count": -1, "mode": "triton", "file": "t.json", "log_frequency": 0}
+    h = harness(trace=trace)
+    h.control(S.TraceSettings("plain", {"trace_rate": "12"}))
+    h.control(S.TraceSettings("", {"trace_rate": "56", "trace_count": "78", "trace_level": ["OFF"]}))
+    settings = h.control(S.TraceSettings("", {"trace_rate": None, "trace_count": None})).result.settings
+    assert (settings.trace_rate, settings.trace_count, settings.trace_level) == ("1", "-1", ["OFF"])
+    model = h.control(S.TraceSettings("plain", {"trace_rate": None})).result.settings
+    assert (model.trace_rate, model.trace_level, model.trace_file) == ("1", ["OFF"], "t.json")
+
+
 def test_settings_api_rejects_what_tritond_does_not_do(harness):
     h = harness()
     reply = h.control(S.TraceSettings("", {"trace_level": ["TENSORS"]}))
