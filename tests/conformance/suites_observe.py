@@ -834,4 +834,5 @@ def l0_trace(qa) -> None:
             shutil.rmtree(models / name / v)
         _sed(models / name / "config.pbtxt", r"(?m)^name:.*", f'name: "{name}"')
     _run(qa, d, f"--trace-config triton,file=global_unittest.log --trace-config level=TIMESTAMPS "
-                f"--trace-config rate=1 --model-repository={models}", "unittest.server.log", "trace_endpoint_test.py", [])
+                f"--trace-config rate=1 --model-repository={models}", "unittest.server.log",
+         "trace_endpoint_test.py", [])
