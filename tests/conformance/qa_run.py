@@ -54,7 +54,11 @@ NO_GPU = ("loads KIND_GPU instances, which tritond refuses on a host without GPU
 DECOUPLED_FEEDS = ("its trials go on to sequence_repeat, fan_repeat, repeat_square and nested_square, ensembles "
                    "whose decoupled step feeds another step, which tritond does not load (left out); repeat_int32 "
                    "and simple_repeat passed before", "unknown model: 'sequence_repeat'")
+TENSOR_TRACES = ("sets trace_level TENSORS, which tritond refuses (it has no tensor traces), as it must",
+                 "trace level 'TENSORS' is not supported by tritond")
 KNOWN = {
+    "TraceEndpointTest.test_http_update_settings": TENSOR_TRACES,
+    "TraceEndpointTest.test_grpc_update_settings": TENSOR_TRACES,
     **{f"TestInstanceUpdate.{n}": NO_GPU
        for n in ("test_gpu_instance_update", "test_gpu_cpu_instance_update", "test_instance_name_update",
                  "test_instance_signature", "test_direct_scheduler_update_with_ongoing_sequences",

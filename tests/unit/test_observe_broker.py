@@ -191,6 +191,14 @@ def test_clearing_a_server_wide_trace_setting_restores_its_startup_value(harness
     assert (model.trace_rate, model.trace_level, model.trace_file) == ("1", ["OFF"], "t.json")
 
 
+def test_trace_settings_of_a_model_that_is_not_ready_are_refused_in_tritons_words(harness):
+    h = harness()
+    reply = h.control(S.TraceSettings("does-not-exist", {}))
+    assert reply.error.code.name == "INVALID_ARG"
+    assert reply.error.message == "Request for unknown model : does-not-exist"
+    assert h.control(S.TraceSettings("plain", {})).error is None
+
+
 def test_settings_api_rejects_what_tritond_does_not_do(harness):
     h = harness()
     reply = h.control(S.TraceSettings("", {"trace_level": ["TENSORS"]}))
