@@ -40,8 +40,9 @@ class Runner(Protocol):
     regions: ClientRegions
     clock: Clock
     rids: Iterator[int]
+    tracer: Any
 
-    def submit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> Any: ...
+    def submit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion, trace: Any = None) -> Any: ...
     def cancel_running(self, req: Req) -> None: ...
     def on_gpu(self, step: Step) -> bool: ...
     def release(self, units: Iterable[tuple[bytes, int]]) -> None: ...
@@ -85,7 +86,7 @@ class EnsembleRun:
     every lease held on intermediates."""
 
     def __init__(self, ens: Runner, reply_to: ReplyTo, msg: Infer, mv: EnsembleVersion,
-                 regions: list, now_ns: int) -> None:
+                 regions: list, now_ns: int, trace: Any = None) -> None:
         self.ens = ens
         self.reply_to = reply_to
         self.msg = msg
@@ -109,6 +110,8 @@ class EnsembleRun:
         self.error: TritonError | None = None
         self.done = False
         self.starting = False
+        self.trace = trace                    # when the request is traced: its steps' requests are too
+        self.step_traces: dict[int, Any] = {}
 
     # ---------------------------------------------------------------- progress
 
@@ -139,7 +142,10 @@ class EnsembleRun:
         if mv.view.decoupled:
             self.streaming.add(i)
         self.active[i] = None
-        handle = self.ens.submit(StepReply(self, i), infer, mv)
+        child = self.ens.tracer.child(self.trace, mv) if self.trace is not None else None
+        if child is not None:
+            self.step_traces[i] = child
+        handle = self.ens.submit(StepReply(self, i), infer, mv, child)
         if i in self.active:        # not answered synchronously
             self.active[i] = handle
 
@@ -162,6 +168,8 @@ class EnsembleRun:
         return all(self.ens.on_gpu(steps[j]) for j in self.plan.consumers.get(tensor, ()) if self.run_step[j])
 
     def on_step_reply(self, i: int, reply: InferReply, owners: dict[str, bytes] | None) -> None:
+        if self.step_traces and not (reply.more and i in self.streaming) and i in self.step_traces:
+            self.ens.tracer.end_child(self.step_traces.pop(i))
         if i in self.streaming:
             self.on_streamed(i, reply)
             return

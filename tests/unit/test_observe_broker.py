@@ -180,6 +180,25 @@ def test_trace_sampling_rate_count_and_files(harness, tmp_path):
     assert h.control(S.TraceSettings("", {}), ident=b"fe").result.settings.trace_count == "0"
 
 
+def test_an_ensemble_steps_requests_are_traced_with_their_parent(harness, tmp_path):
+    trace = {"level": "TIMESTAMPS", "rate": 1, "count": -1, "mode": "triton", "file": str(tmp_path / "t.json"),
+             "log_frequency": 1}
+    h = harness(trace=trace)
+    rid = next(h.rids)
+    h.from_frontend(S.Infer(rid, "pipe", -1, [S.TensorDesc("X", "FP32", [4], S.Inline(X.tobytes()))], id="1",
+                            trace=S.TraceStart(1, 2)))
+    execute(h, "plain")
+    sent = [S.Stamp("HTTP_SEND_START", 1), S.Stamp("HTTP_SEND_END", 2)]
+    h.from_frontend(S.TraceDone(h.replies()[rid].trace.id, sent))
+    records = json.loads((tmp_path / "t.json.0").read_text())
+    heads = [r for r in records if "model_name" in r]
+    assert heads == [{"id": 2, "model_name": "plain", "model_version": 1, "request_id": "1", "parent_id": 1},
+                     {"id": 1, "model_name": "pipe", "model_version": 1, "request_id": "1"}]
+    step = [t["timestamps"][0]["name"] for t in records if t.get("id") == 2 and "timestamps" in t]
+    assert step[:2] == ["REQUEST_START", "QUEUE_START"] and "COMPUTE_INPUT_END" in step
+    assert step[-2:] == ["INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+
+
 def test_clearing_a_server_wide_trace_setting_restores_its_startup_value(harness, tmp_path):
     trace = {"level": "TIMESTAMPS", "rate": 1, "count": -1, "mode": "triton", "file": "t.json", "log_frequency": 0}
     h = harness(trace=trace)
