@@ -123,6 +123,7 @@ class Broker:
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
                                    self.clock, opts.model_config_name, self.requests.cancel)
         self.ensembles.tracer = self.tracer
+        self.ensembles.cache = self.cache
         self.bls = BlsCalls(self.registry, self.instances, self.to_worker, self.route_release)
         runner = OpRunner(self.jobs, opts.model_load_thread_count)
         self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests, self.clock,

@@ -41,6 +41,7 @@ class Runner(Protocol):
     clock: Clock
     rids: Iterator[int]
     tracer: Any
+    cache: Any
 
     def submit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion, trace: Any = None) -> Any: ...
     def cancel_running(self, req: Req) -> None: ...
@@ -145,7 +146,12 @@ class EnsembleRun:
         child = self.ens.tracer.child(self.trace, mv) if self.trace is not None else None
         if child is not None:
             self.step_traces[i] = child
-        handle = self.ens.submit(StepReply(self, i), infer, mv, child)
+        reply: Any = StepReply(self, i)
+        if mv.view.response_cache and not isinstance(mv, EnsembleVersion) and all(o.region is None for o in outputs):
+            reply = self.ens.cache.step_lookup(reply, infer, mv)
+            if reply is None:
+                return          # answered from the response cache
+        handle = self.ens.submit(reply, infer, mv, child)
         if i in self.active:        # not answered synchronously
             self.active[i] = handle
 

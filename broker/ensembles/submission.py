@@ -38,6 +38,7 @@ class Ensembles:
         self._route_release = route_release
         self.clock = clock
         self.tracer: Any = None         # broker/observe/tracing.py's Tracer: traces of traced runs' steps
+        self.cache: Any = None          # broker/scheduling/cache.py's ResponseCache, for steps' requests
         self.config_name = config_name
         self.rids = itertools.count(1)
         self.handovers: dict[bytes, dict[int, tuple[bytes, int]]] = {}

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from tritond.shm.arena import Arena
+from tritond.wire.cache_key import inputs_digest
 from tritond.shm.mapping import MappingError, SegmentMaps
 from tritond.wire.replies import CacheUsage
 from tritond.wire.schema import INLINE_BUDGET, INLINE_MAX, Block, Infer, InferReply, Inline, TensorDesc
@@ -135,6 +136,25 @@ class ResponseCache:
         mv.stats.record_cache_hit(end - start, 0, end - start)
         reply(InferReply(msg.rid, mv.version, outputs, None, OWNER if lease else b""))
         return None
+
+    def step_lookup(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> ReplyTo | None:
+        """An ensemble step's request to a model that enables the cache, looked up as Triton
+        does: keyed here from its inputs, which lie in memory the broker can map (the
+        ensemble's inputs, earlier steps' outputs); in device memory it is not cacheable."""
+        views = []
+        for d in msg.inputs:
+            loc = d.loc
+            if isinstance(loc, Inline):
+                views.append(memoryview(loc.data))
+            elif isinstance(loc, Block):
+                try:
+                    views.append(self.maps.view(loc.seg, loc.offset, loc.nbytes))
+                except MappingError:
+                    return reply
+            else:
+                return reply
+        msg.cache_key = inputs_digest((d.name, d.datatype, d.shape, v) for d, v in zip(msg.inputs, views))
+        return self.lookup(reply, msg, mv)
 
     def _outputs(self, entry: Entry) -> tuple[list[TensorDesc], int]:
         view = self.arena.segments

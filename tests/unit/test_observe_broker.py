@@ -148,6 +148,26 @@ def test_an_ensemble_over_a_decoupled_step_cannot_enable_the_cache(tmp_path):
         h.broker.cache.close()
 
 
+def test_an_ensemble_steps_request_uses_its_models_cache(tmp_path):
+    python_model(tmp_path, "plain", ["X"], ["Y"], extra="response_cache { enable: true }")
+    ensemble_model(tmp_path, "pipe", PIPE.replace("response_cache { enable: true }", ""))
+    h = Harness(tmp_path, cache_size=1 << 16).load("*")
+    try:
+        h.broker.publish_table()
+        assert not mv(h, "pipe").view.response_cache and mv(h, "plain").view.response_cache
+        first = ask(h, b"", model="pipe")       # the ensemble does not enable the cache: no frontend key
+        execute(h, "plain")
+        sent = len(h.to_workers(S.Exec))
+        second = ask(h, b"", model="pipe")
+        assert len(h.to_workers(S.Exec)) == sent            # answered from the step model's cache
+        assert h.replies()[second].outputs[0].name == "OUT" and h.replies()[first].error is None
+        plain = mv(h, "plain").stats
+        assert (plain.cache_miss.count, plain.cache_hit.count) == (1, 1)
+        assert mv(h, "pipe").stats.cache_hit.count == 0
+    finally:
+        h.broker.cache.close()
+
+
 def test_no_flag_means_no_cache(harness):
     h = harness()
     assert not h.broker.cache.enabled and not mv(h).view.response_cache
