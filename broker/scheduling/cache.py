@@ -8,19 +8,20 @@ Eviction is least recently used, by bytes; an entry still leased when evicted is
 last release.
 
 The key is Triton's (model name, version, and every input's name, datatype, shape and bytes;
-not the request id nor the requested outputs). The broker never reads request tensors: the
-frontend that already holds the bytes hashes them (`Infer.cache_key`), and the broker adds
-the model and the version it resolved. Keys from workers (BLS calls) are ignored, since a
-model's code could name another request's entry; such calls execute. On a miss the request
-asks for every output, so that the entry serves any later choice of outputs (frontends
-return only those requested), and the outputs are copied into the arena when the answer
-passes through: one memory copy, the only time the broker touches tensor bytes.
+not the request id nor the requested outputs). The frontend that already holds a request's
+bytes hashes them (`Infer.cache_key`), and the broker adds the model and the version it
+resolved. Keys from workers (BLS calls) are ignored, since a model's code could name another
+request's entry; such calls execute. On a miss the request asks for every output, so that the
+entry serves any later choice of outputs (frontends return only those requested), and the
+outputs are copied into the arena when the answer passes through.
 
 Only successful responses of cacheable models are stored: not decoupled, not sequence
 models (their configs are refused), and an ensemble only when every model it composes
-supports the cache (those need not enable it). Requests of an ensemble's steps are not looked
-up: the frontend's key is the ensemble's. Entries belong to the model version object they were made for, so a reload
-(a new version object) or an unload invalidates them.
+supports the cache (those need not enable it). The request an ensemble makes for a step whose
+model enables the cache is looked up too, as in Triton: the broker hashes that request's
+inputs (`step_lookup`; it holds them), the only time it reads request tensors. Entries belong
+to the model version object they were made for, so a reload (a new version object) or an
+unload invalidates them.
 """
 from __future__ import annotations
 
