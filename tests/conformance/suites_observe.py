@@ -510,6 +510,8 @@ def _stop_left(pids: Path) -> None:
             except ProcessLookupError:
                 break
             time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)        # its own processes follow it (parent-death signal)
 
 
 def _start_split(qa, d: Path, args: str):
