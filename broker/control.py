@@ -167,8 +167,9 @@ class ControlHandler:
         self.settings.reopen_log()
 
     def trace_settings(self, op: S.TraceSettings, answer: Answer) -> R.TraceSettingsReply:
-        if op.model and not self.registry.get(op.model):
-            self.registry.resolve(op.model, -1)
+        if op.model and not any(mv.state is READY for mv in self.registry.get(op.model).values()):
+            # tritonserver's words for a model that is not ready (its trace handlers check that)
+            raise TritonError(Code.INVALID_ARG, f"Request for unknown model : {op.model}")
         return R.TraceSettingsReply(self.settings.update_trace(op.model, op.settings))
 
     # ---------------------------------------------------------------- shutdown

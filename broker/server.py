@@ -122,6 +122,8 @@ class Broker:
         self.tracer = Tracer(self.settings, self.clock, self.observe_changed, opts.shard)
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
                                    self.clock, opts.model_config_name, self.requests.cancel)
+        self.ensembles.tracer = self.tracer
+        self.ensembles.cache = self.cache
         self.bls = BlsCalls(self.registry, self.instances, self.to_worker, self.route_release)
         runner = OpRunner(self.jobs, opts.model_load_thread_count)
         self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests, self.clock,
@@ -336,10 +338,8 @@ class Broker:
                 if reply is None:
                     return      # answered from the response cache
         route = self.live.route(requester, msg.rid, reply)
-        handle = self.ensembles.submit(route, msg, mv)
+        handle = self.ensembles.submit(route, msg, mv, trace)
         self.live.track(route, handle)
-        if trace is not None and isinstance(handle, Req):
-            handle.trace = trace
 
     def on_cancel(self, requester: bytes, rid: int) -> None:
         handle = self.live.get(requester, rid)

@@ -40,6 +40,7 @@ class Settings:
     def __init__(self, log: LogConfig, trace: TraceConfig, on_change: Callable[[], None] = lambda: None) -> None:
         self.log_config = log
         self.trace: dict[str, Any] = trace_values(trace)
+        self.startup_trace = dict(self.trace)    # what clearing a server-wide setting restores
         self.model_trace: dict[str, dict[str, Any]] = {}
         self.on_change = on_change
 
@@ -96,6 +97,8 @@ class Settings:
                 target[k] = v
             elif model:
                 target.pop(k, None)
+            else:                       # as Triton: back to the value the server started with
+                target[k] = self.startup_trace[k]
         if checked:
             self.on_change()
         return msgspec.convert({**base, **(self.model_trace.get(model, {}) if model else {})}, TraceSettingValues)

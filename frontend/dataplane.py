@@ -7,7 +7,6 @@ arena, none when the transport already wrote them there), asks the broker, and h
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ from tritond.repository.remote import RemoteError, mirror_model
 from tritond.shm.arena import Arena, Block
 from tritond.shm.mapping import SegmentMaps
 from tritond.wire import schema as S
+from tritond.wire.cache_key import inputs_digest
 from tritond.wire.errors import TritonError, internal, invalid, request_prefix as prefix, unsupported
 
 from .broker_client import BrokerClient
@@ -145,14 +145,9 @@ def split_parameters(params: dict[str, Any]) -> RequestOptions:
 
 
 def cache_key(inputs: list[InputTensor]) -> bytes:
-    """The response cache's digest of a request's inputs (Triton's key without the model and
-    version, which the broker adds): every input's name, datatype, shape and bytes, in name
-    order. Computed here, where the bytes already are, so the broker never reads them."""
-    h = hashlib.blake2b(digest_size=16)
-    for t in sorted(inputs, key=lambda t: t.name):
-        h.update(f"{t.name}\0{t.datatype}\0{t.shape}\0{len(t.data)}\0".encode())
-        h.update(t.data)
-    return h.digest()
+    """The response cache's digest of a request's inputs, computed here, where the bytes
+    already are, so the broker does not read them."""
+    return inputs_digest((t.name, t.datatype, t.shape, t.data) for t in inputs)
 
 
 def count_bytes_elements(buf: bytes | memoryview, name: str, model: str, request_id: str,

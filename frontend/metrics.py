@@ -91,6 +91,12 @@ def _escape(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
 
 
+def _label_order(item: tuple[str, Any]) -> tuple[bool, str]:
+    """prometheus-cpp's order: a series' labels by name, then a bucket's `le` or a summary's
+    `quantile` (text scrapers such as Triton's qa tests match whole series keys)."""
+    return item[0] in ("le", "quantile"), item[0]
+
+
 def exposition(families: Iterable[Metric]) -> bytes:
     """The Prometheus text format (0.0.4) of prometheus_client metric families."""
     out = []
@@ -99,7 +105,7 @@ def exposition(families: Iterable[Metric]) -> bytes:
         out.append(f"# HELP {m.name} {doc}\n")
         out.append(f"# TYPE {m.name} {'untyped' if m.type == 'unknown' else m.type}\n")
         for s in m.samples:
-            labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(s.labels.items()))
+            labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(s.labels.items(), key=_label_order))
             out.append(f"{s.name}{{{labels}}} {_value(s.value)}\n" if labels else f"{s.name} {_value(s.value)}\n")
     return "".join(out).encode()
 

@@ -59,8 +59,8 @@ def load_spec(
         validate_config(cfg, model_path=source.path, config_file=config_file, versions=versions)
     except ConfigError as e:
         return failed(str(e))
-    if not versions:
-        return failed(NO_VERSION)
+    if not versions:    # the directories it ignored say why, as Triton's warnings do
+        return ModelSpec(source.name, source.path, None, [], NO_VERSION, advice=ignored_version_dirs(source.path))
     return ModelSpec(source.name, source.path, cfg, versions,
                      advice=ignored_version_dirs(source.path) + config_advice(cfg))
 

@@ -258,6 +258,24 @@ def _check_compiles(model: str, path: str) -> None:
         raise ConfigError(model, path, "", f"cannot be read: {e}") from None
 
 
+def _check_model_metrics(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
+    """Triton's checks of `model_metrics` (core ValidateModelMetrics), and bucket bounds in
+    increasing order, which a Prometheus histogram needs."""
+    for i, control in enumerate(cfg.model_metrics.metric_control):
+        where = f"model_metrics.metric_control[{i}]"
+        if not control.HasField("metric_identifier"):
+            raise fail(where, "metric control must specify 'metric_identifier'")
+        if not control.metric_identifier.family:
+            raise fail(where, "metric identifier must specify non-empty 'family'")
+        if not control.HasField("histogram_options"):
+            raise fail(where, "metric control must specify 'histogram_options'")
+        buckets = list(control.histogram_options.buckets)
+        if not buckets:
+            raise fail(where, "histogram options must specify non-empty 'buckets'")
+        if any(b >= a for b, a in zip(buckets, buckets[1:])):
+            raise fail(where, f"histogram options 'buckets' must be strictly increasing, got {buckets}")
+
+
 def validate_config(
     cfg: model_config_pb2.ModelConfig,
     *,
@@ -286,7 +304,10 @@ def validate_config(
     if cfg.HasField("sequence_batching"):
         check_sequence_batching(cfg, fail, model_path)
     if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
-        raise fail("response_cache", "the response cache does not support decoupled models")
+        raise fail("response_cache", f"Response Cache does not currently support model {cfg.name} with 'decoupled' "
+                                     "transaction policy. Please disable the response cache.")
+    if cfg.HasField("model_metrics"):
+        _check_model_metrics(cfg, fail)
     check_supported(cfg, config_file)
     if cfg.model_transaction_policy.decoupled and cfg.backend not in (PYTHON, ""):
         raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "

@@ -81,14 +81,22 @@ class TritonFormatter(logging.Formatter):
 
 
 class _Handler(logging.StreamHandler):
-    """stderr, or a file opened for appending that `reopen` opens again."""
+    """A file opened for appending that `reopen` opens again; without one, as tritonserver
+    writes its log: info and verbose lines to stdout, warnings and errors to stderr."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
+        # resolved once, when the process starts logging: a reopen finds the same file even
+        # after a model's code changed the working directory
+        self.path = os.path.abspath(path) if path else ""
         super().__init__(self._open() if path else sys.stderr)
 
     def _open(self):
         return open(self.path, "a", encoding="utf-8", buffering=1)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.path:           # called under the handler's lock
+            self.stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+        super().emit(record)
 
     def reopen(self) -> None:
         if not self.path:
@@ -131,7 +139,7 @@ def setup(role: str, cfg: LogConfig | None = None) -> None:
         handler = _Handler(cfg.file)
     except OSError as e:
         handler = _Handler("")
-        print(f"cannot open the log file {cfg.file!r}: {e.strerror}; logging to stderr", file=sys.stderr)
+        print(f"cannot open the log file {cfg.file!r}: {e.strerror}; logging to the console", file=sys.stderr)
     gate = _Gate(cfg)
     handler.addFilter(gate)
     handler.setFormatter(TritonFormatter(cfg.format, role))

@@ -6,6 +6,8 @@ implement is a usage error."""
 from __future__ import annotations
 
 import argparse
+import os
+import re
 from typing import Any
 
 import msgspec
@@ -36,7 +38,7 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
                    help="level=OFF|TIMESTAMPS, rate, count, mode=triton|opentelemetry, triton,file, "
                         "triton,log-frequency, opentelemetry,url ... (repeatable; default: tracing off)")
-    for name, setting in DEPRECATED_TRACE_FLAGS:
+    for name, setting, _ in DEPRECATED_TRACE_FLAGS:
         p.add_argument(name, action="append", default=[], metavar="VALUE",
                        help=f"deprecated: --trace-config {setting}=VALUE")
     p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,SETTING=VALUE",
@@ -51,10 +53,8 @@ def log_settings(args: argparse.Namespace) -> dict[str, Any]:
                         f"(expected {', '.join(LOG_FORMATS)})")
     if args.log_verbose < 0:
         raise FlagError("--log-verbose must be a non-negative integer")
-    path = args.log_file
+    path = args.log_file        # as given: the logging API reports it so (each process resolves it once)
     if path:
-        import os
-        path = os.path.abspath(path)
         try:
             with open(path, "a", encoding="utf-8"):
                 pass
@@ -74,13 +74,24 @@ def _bool(value: str, what: str) -> bool:
     raise FlagError(f"{what} expects true or false, got '{value}'")
 
 
+_LEADING_NUMBER = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _leading_float(text: str) -> float:
+    """The number `text` starts with, as tritonserver reads it (std::stod: '0.0.1' is 0.0)."""
+    m = _LEADING_NUMBER.match(text)
+    if m is None:
+        raise ValueError(text)
+    return float(m.group())
+
+
 def parse_quantiles(text: str) -> list[tuple[float, float]]:
     """'0.5:0.05,0.9:0.01' -> [(0.5, 0.05), (0.9, 0.01)]: Triton's <quantile>:<error> pairs."""
     out = []
     for pair in text.split(","):
         q, sep, err = pair.strip().partition(":")
         try:
-            qv, ev = float(q), float(err)
+            qv, ev = _leading_float(q), _leading_float(err)
         except ValueError:
             qv = ev = -1.0
         if not sep or not 0.0 <= qv <= 1.0 or not 0.0 <= ev < 1.0:
@@ -113,12 +124,13 @@ def metrics_settings(entries: list[str], interval_ms: float) -> dict[str, Any]:
 # tritonserver's older trace flags, each an alias of one --trace-config setting (repeatable, as
 # --trace-level is in tritonserver; the last value of the others wins).
 DEPRECATED_TRACE_FLAGS = (
-    ("--trace-file", "triton,file"),
-    ("--trace-level", "level"),
-    ("--trace-rate", "rate"),
-    ("--trace-count", "count"),
-    ("--trace-log-frequency", "triton,log-frequency"),
+    ("--trace-file", "triton,file", "triton,file=<filepath>"),
+    ("--trace-level", "level", "level=<OFF|TIMESTAMPS|TENSORS>"),
+    ("--trace-rate", "rate", "rate=<rate value>"),
+    ("--trace-count", "count", "count=<count value>"),
+    ("--trace-log-frequency", "triton,log-frequency", "triton,log-frequency=<log frequency value>"),
 )
+BSP_SETTINGS = ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size")
 # tritonserver's words for the trace levels tritond has (TENSORS is refused below).
 TRACE_LEVELS = {"off": "OFF", "false": "OFF", "timestamps": "TIMESTAMPS", "true": "TIMESTAMPS",
                 "on": "TIMESTAMPS", "min": "TIMESTAMPS", "max": "TIMESTAMPS"}
@@ -129,12 +141,13 @@ def deprecated_trace_entries(args: argparse.Namespace) -> tuple[list[str], list[
     before the --trace-config entries, so a --trace-config setting wins, as in tritonserver."""
     entries: list[str] = []
     warnings: list[str] = []
-    for flag, setting in DEPRECATED_TRACE_FLAGS:
+    for flag, setting, usage in DEPRECATED_TRACE_FLAGS:
         values = getattr(args, flag[2:].replace("-", "_"), None) or []
         for value in values:
             entries.append(f"{setting}={value}")
-        if values:
-            warnings.append(f"'{flag}' is deprecated (as in tritonserver): read as --trace-config {setting}=<value>")
+        if values:      # tritonserver's words, which scripts grep for
+            warnings.append(f"Warning: '{flag}' has been deprecated and will be removed in future releases. "
+                            f"Please use '--trace-config {usage} instead.")
     return entries, warnings
 
 
@@ -148,10 +161,22 @@ def _uint(value: str, what: str, minimum: int = 0) -> int:
     return n
 
 
+def _bsp(value: str, what: str) -> int:
+    """A batch span processor setting (an unsigned integer), refused in tritonserver's words."""
+    try:
+        n = int(value.strip())
+    except ValueError:
+        n = -1
+    if not 1 <= n < 2 ** 32:
+        raise FlagError(f"Bad option: {what}.\nInvalid argument: '{value}' is not a positive 32-bit integer")
+    return n
+
+
 def trace_settings(entries: list[str]) -> dict[str, Any]:
     """`--trace-config [<mode>,]<setting>=<value>` (repeatable), Triton's keys and defaults."""
     cfg: dict[str, Any] = msgspec.to_builtins(DEFAULTS.trace)
     levels: list[str] = []
+    given: set[str] = set()
     for entry in entries:
         head, eq, value = entry.partition("=")
         mode, comma, setting = head.rpartition(",")
@@ -178,8 +203,7 @@ def trace_settings(entries: list[str]) -> dict[str, Any]:
                 raise FlagError(f"--trace-config: unknown global setting '{setting}' (level, rate, count, mode)")
         elif mode == "triton":
             if setting == "file":
-                import os
-                cfg["file"] = os.path.abspath(value)
+                cfg["file"] = value         # as given, as the trace API reports it (the broker shares our cwd)
             elif setting == "log-frequency":
                 cfg["log_frequency"] = _uint(value, "log-frequency")
             else:
@@ -193,8 +217,9 @@ def trace_settings(entries: list[str]) -> dict[str, Any]:
                 if not eq2 or not key:
                     raise FlagError(f"--trace-config opentelemetry,resource expects <key>=<value>, got '{value}'")
                 otel["resource"][key] = val
-            elif setting in ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"):
-                otel[setting] = _uint(value, setting, 1)
+            elif setting in BSP_SETTINGS:
+                otel[setting] = _bsp(value, f'"--trace-config opentelemetry,{setting}"')
+                given.add(setting)
             else:
                 raise FlagError(f"--trace-config: unknown opentelemetry setting '{setting}' (url, resource, "
                                 f"bsp_max_queue_size, bsp_schedule_delay, bsp_max_export_batch_size)")
@@ -206,6 +231,13 @@ def trace_settings(entries: list[str]) -> dict[str, Any]:
             raise FlagError("--trace-config mode=opentelemetry needs the OpenTelemetry SDK and its OTLP/HTTP "
                             "exporter: pip install 'tritond[otel]'")
     otel = cfg["otel"]
+    if cfg["mode"] == "opentelemetry":
+        # as in tritonserver, the batch span processor's settings not given take OTEL_BSP_* from
+        # the environment
+        for setting in BSP_SETTINGS:
+            env = f"OTEL_{setting.upper()}"
+            if setting not in given and os.environ.get(env) is not None:
+                otel[setting] = _bsp(os.environ[env], f'"{env}"')
     if otel["bsp_max_export_batch_size"] > otel["bsp_max_queue_size"]:
         raise FlagError("--trace-config opentelemetry,bsp_max_export_batch_size must not exceed bsp_max_queue_size")
     return cfg
@@ -220,6 +252,9 @@ def cache_settings(entries: list[str], deprecated_size: int | None) -> int:
         if deprecated_size < 0:
             raise FlagError("--response-cache-byte-size must be a non-negative number of bytes")
         return deprecated_size
+    if len({e.partition(",")[0] for e in entries if "," in e}) > 1:
+        # tritonserver checks this before it creates any cache (core src/server.cc)
+        raise FlagError("found multiple cache configurations, but only a single cache is currently supported")
     size = 0
     for entry in entries:
         name, comma, rest = entry.partition(",")

@@ -223,7 +223,7 @@ class EnsembleVersion(ModelVersion):
                  for mv in composing}
         decoupled = {mv.name for mv in composing
                      if mv.view.decoupled or (isinstance(mv, EnsembleVersion) and mv.streams)}
-        error = validate_ensemble(self.proto, specs)
+        error = validate_ensemble(self.proto, specs) or self._cached_stream(decoupled)
         self._checked = (key, error, bool(decoupled))
         return error
 
@@ -250,3 +250,11 @@ class EnsembleVersion(ModelVersion):
             self.config.setdefault("model_transaction_policy", {})["decoupled"] = decoupled
             self.view.decoupled = decoupled
             self.registry.dirty = True
+
+    def _cached_stream(self, decoupled: set[str]) -> str:
+        """An ensemble with a decoupled step is decoupled (as in Triton), which the response cache
+        does not support: Triton refuses such an ensemble that enables the cache, in its words."""
+        if decoupled and self.proto.response_cache.enable:
+            return (f"Response Cache does not currently support model {self.name} with 'decoupled' transaction "
+                    f"policy. Please disable the response cache.")
+        return ""

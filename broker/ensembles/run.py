@@ -45,8 +45,10 @@ class Runner(Protocol):
     regions: ClientRegions
     clock: Clock
     rids: Iterator[int]
+    tracer: Any
+    cache: Any
 
-    def submit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> Any: ...
+    def submit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion, trace: Any = None) -> Any: ...
     def cancel_running(self, req: Req) -> None: ...
     def on_gpu(self, step: Step) -> bool: ...
     def release(self, units: Iterable[tuple[bytes, int]]) -> None: ...
@@ -102,7 +104,7 @@ class EnsembleRun:
     every lease held on intermediates."""
 
     def __init__(self, ens: Runner, reply_to: ReplyTo, msg: Infer, mv: EnsembleVersion,
-                 regions: list, now_ns: int) -> None:
+                 regions: list, now_ns: int, trace: Any = None) -> None:
         self.ens = ens
         self.reply_to = reply_to
         self.msg = msg
@@ -131,6 +133,8 @@ class EnsembleRun:
         self.error: TritonError | None = None
         self.done = False
         self.starting = False
+        self.trace = trace                    # when the request is traced: its steps' requests are too
+        self.step_traces: dict[int, Any] = {}
 
     # ---------------------------------------------------------------- progress
 
@@ -167,7 +171,15 @@ class EnsembleRun:
                     self.run_step[j] = False
                     self.by_branches.update(self.plan.steps[j].outputs.values())
         self.active[i] = None
-        handle = self.ens.submit(StepReply(self, i), infer, mv)
+        child = self.ens.tracer.child(self.trace, mv) if self.trace is not None else None
+        if child is not None:
+            self.step_traces[i] = child
+        reply: Any = StepReply(self, i)
+        if mv.view.response_cache and not isinstance(mv, EnsembleVersion) and all(o.region is None for o in outputs):
+            reply = self.ens.cache.step_lookup(reply, infer, mv)
+            if reply is None:
+                return          # answered from the response cache
+        handle = self.ens.submit(reply, infer, mv, child)
         if i in self.active:        # not answered synchronously
             self.active[i] = handle
 
@@ -190,6 +202,8 @@ class EnsembleRun:
         return all(self.ens.on_gpu(steps[j]) for j in self.plan.consumers.get(tensor, ()) if self.planned[j])
 
     def on_step_reply(self, i: int, reply: InferReply, owners: dict[str, bytes] | None) -> None:
+        if self.step_traces and not (reply.more and i in self.streaming) and i in self.step_traces:
+            self.ens.tracer.end_child(self.step_traces.pop(i))
         if i in self.streaming:
             self.on_streamed(i, reply)
             return

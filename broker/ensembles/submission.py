@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from tritond.repository.spec import ModelSpec
 from tritond.repository.ensemble import ensemble_dependencies, validate_ensemble
@@ -36,6 +37,8 @@ class Ensembles:
         self.regions = regions
         self._route_release = route_release
         self.clock = clock
+        self.tracer: Any = None         # broker/observe/tracing.py's Tracer: traces of traced runs' steps
+        self.cache: Any = None          # broker/scheduling/cache.py's ResponseCache, for steps' requests
         self.config_name = config_name
         self.rids = itertools.count(1)
         self.handovers: dict[bytes, dict[int, tuple[bytes, int]]] = {}
@@ -100,13 +103,17 @@ class Ensembles:
 
     # ---------------------------------------------------------------- requests
 
-    def submit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> "Req | EnsembleRun | None":
-        """Queue a request for `mv`, an ensemble or not; returns its handle while in flight."""
+    def submit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion, trace: Any = None) -> "Req | EnsembleRun | None":
+        """Queue a request for `mv`, an ensemble or not; returns its handle while in flight.
+        `trace`: the request's (broker/observe/tracing.py), when it is traced."""
         if isinstance(mv, EnsembleVersion):
-            return self.run(reply, msg, mv)
-        return self._admit(reply, msg, mv)
+            return self.run(reply, msg, mv, trace)
+        req = self._admit(reply, msg, mv)
+        if trace is not None and req is not None:
+            req.trace = trace
+        return req
 
-    def run(self, reply: ReplyTo, msg: Infer, mv: "EnsembleVersion") -> EnsembleRun | None:
+    def run(self, reply: ReplyTo, msg: Infer, mv: "EnsembleVersion", trace: Any = None) -> EnsembleRun | None:
         """Start an ensemble request (from a frontend, a BLS call or an enclosing ensemble);
         returns it while it is still in flight."""
         try:
@@ -114,7 +121,7 @@ class Ensembles:
         except TritonError as e:
             reply(InferReply(msg.rid, error=e))
             return None
-        run = EnsembleRun(self, reply, msg, mv, regions, self.clock.now_ns())
+        run = EnsembleRun(self, reply, msg, mv, regions, self.clock.now_ns(), trace)
         run.start()
         return None if run.done else run
 

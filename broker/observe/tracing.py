@@ -78,9 +78,10 @@ class Setting:
 
 
 class Trace:
-    __slots__ = ("id", "setting", "model", "version", "request_id", "stamps", "born_ns")
+    __slots__ = ("id", "setting", "model", "version", "request_id", "stamps", "born_ns", "parent_id")
 
-    def __init__(self, tid: int, setting: Setting, mv: ModelVersion, request_id: str, now_ns: int) -> None:
+    def __init__(self, tid: int, setting: Setting, mv: ModelVersion, request_id: str, now_ns: int,
+                 parent_id: int = 0) -> None:
         self.id = tid
         self.setting = setting
         self.model = mv.name
@@ -88,6 +89,7 @@ class Trace:
         self.request_id = request_id
         self.stamps: list[Stamp] = []
         self.born_ns = now_ns
+        self.parent_id = parent_id          # an ensemble step's request: the ensemble request's trace
 
     def compute(self, dispatch_ns: int, done: BatchDone) -> None:
         """The batch this request ran in: when it was formed, and the worker's times."""
@@ -165,6 +167,22 @@ class Tracer:
             reply(r)
         return trace, end
 
+    def child(self, parent: Trace, mv: ModelVersion) -> Trace | None:
+        """The trace of a request an ensemble makes for one of its steps, as Triton traces it:
+        with its parent (in Triton mode), neither sampled nor counted apart."""
+        if parent.setting.mode != "triton":
+            return None
+        now = self.clock.now_ns()
+        trace = Trace(next(self.ids), parent.setting, mv, parent.request_id, now, parent.id)
+        trace.stamps += [Stamp("REQUEST_START", now), Stamp("QUEUE_START", now)]
+        return trace
+
+    def end_child(self, trace: Trace) -> None:
+        """A step's request answered: its trace goes with its parent's into the file."""
+        t = self.clock.now_ns()
+        trace.stamps += [Stamp("INFER_RESPONSE_COMPLETE", t), Stamp("REQUEST_END", t)]
+        trace.setting.stream += self.records(trace)
+
     def done(self, msg: TraceDone) -> None:
         trace = self.pending.pop(msg.id, None)
         if trace is not None:
@@ -183,6 +201,8 @@ class Tracer:
         head: dict[str, Any] = {"id": trace.id, "model_name": trace.model, "model_version": trace.version}
         if trace.request_id:
             head["request_id"] = trace.request_id
+        if trace.parent_id:
+            head["parent_id"] = trace.parent_id
         return [head] + [{"id": trace.id, "timestamps": [{"name": s.name, "ns": s.ns}]} for s in trace.stamps]
 
     def _collect(self, trace: Trace) -> None:

@@ -8,19 +8,20 @@ Eviction is least recently used, by bytes; an entry still leased when evicted is
 last release.
 
 The key is Triton's (model name, version, and every input's name, datatype, shape and bytes;
-not the request id nor the requested outputs). The broker never reads request tensors: the
-frontend that already holds the bytes hashes them (`Infer.cache_key`), and the broker adds
-the model and the version it resolved. Keys from workers (BLS calls) are ignored, since a
-model's code could name another request's entry; such calls execute. On a miss the request
-asks for every output, so that the entry serves any later choice of outputs (frontends
-return only those requested), and the outputs are copied into the arena when the answer
-passes through: one memory copy, the only time the broker touches tensor bytes.
+not the request id nor the requested outputs). The frontend that already holds a request's
+bytes hashes them (`Infer.cache_key`), and the broker adds the model and the version it
+resolved. Keys from workers (BLS calls) are ignored, since a model's code could name another
+request's entry; such calls execute. On a miss the request asks for every output, so that the
+entry serves any later choice of outputs (frontends return only those requested), and the
+outputs are copied into the arena when the answer passes through.
 
 Only successful responses of cacheable models are stored: not decoupled, not sequence
 models (their configs are refused), and an ensemble only when every model it composes
-supports the cache (those need not enable it). Requests of an ensemble's steps are not looked
-up: the frontend's key is the ensemble's. Entries belong to the model version object they were made for, so a reload
-(a new version object) or an unload invalidates them.
+supports the cache (those need not enable it). The request an ensemble makes for a step whose
+model enables the cache is looked up too, as in Triton: the broker hashes that request's
+inputs (`step_lookup`; it holds them), the only time it reads request tensors. Entries belong
+to the model version object they were made for, so a reload (a new version object) or an
+unload invalidates them.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from tritond.shm.arena import Arena
+from tritond.wire.cache_key import inputs_digest
 from tritond.shm.mapping import MappingError, SegmentMaps
 from tritond.wire.replies import CacheUsage
 from tritond.wire.schema import INLINE_BUDGET, INLINE_MAX, Block, Infer, InferReply, Inline, TensorDesc
@@ -136,6 +138,25 @@ class ResponseCache:
         reply(InferReply(msg.rid, mv.version, outputs, None, OWNER if lease else b""))
         return None
 
+    def step_lookup(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> ReplyTo | None:
+        """An ensemble step's request to a model that enables the cache, looked up as Triton
+        does: keyed here from its inputs, which lie in memory the broker can map (the
+        ensemble's inputs, earlier steps' outputs); in device memory it is not cacheable."""
+        views = []
+        for d in msg.inputs:
+            loc = d.loc
+            if isinstance(loc, Inline):
+                views.append(memoryview(loc.data))
+            elif isinstance(loc, Block):
+                try:
+                    views.append(self.maps.view(loc.seg, loc.offset, loc.nbytes))
+                except MappingError:
+                    return reply
+            else:
+                return reply
+        msg.cache_key = inputs_digest((d.name, d.datatype, d.shape, v) for d, v in zip(msg.inputs, views))
+        return self.lookup(reply, msg, mv)
+
     def _outputs(self, entry: Entry) -> tuple[list[TensorDesc], int]:
         view = self.arena.segments
         if entry.inline:
@@ -173,7 +194,10 @@ class ResponseCache:
             else:
                 return              # a client region or device memory: not the cache's to copy
             total += len(sources[-1])
-        if total > self.size or key in self.entries:
+        if key in self.entries:
+            return
+        if total > self.size:
+            self._not_inserted(key, f"{total} bytes exceed the cache size of {self.size} bytes")
             return
         blocks = []
         for src in sources:
@@ -181,6 +205,7 @@ class ResponseCache:
             if block is None:
                 for seg, off in blocks:
                     self.arena.free(seg, off)
+                self._not_inserted(key, f"no room for {total} bytes in a cache of {self.size} bytes")
                 return
             block.view[:] = src
             blocks.append((block.seg, block.offset))
@@ -190,6 +215,12 @@ class ResponseCache:
         self.entries[key] = entry
         self.used += total
         self.insertions += 1
+
+    @staticmethod
+    def _not_inserted(key: tuple, why: str) -> None:
+        """Said as tritonserver says it: the response is answered, but later requests will miss."""
+        name, version, digest = key
+        log.error("Failed to insert key [%s:%s:%s] into response cache: %s", name, version, digest.hex(), why)
 
     def _alloc(self, nbytes: int):
         """A block, evicting least recently used entries until one fits."""

@@ -52,7 +52,8 @@ class ModelVersion:
     threads: dict[int, ThreadChoice] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.stats = ModelStats(self.name, self.version, latency=self.latency() if self.latency else None)
+        latency = self.latency(self.name, self.config) if self.latency else None
+        self.stats = ModelStats(self.name, self.version, latency=latency)
         if self.config is not None:
             self.view = model_view(self.config, self.model_dir)
 

@@ -35,6 +35,9 @@ _NESTED_READY = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
 
 
 log = logging.getLogger("tritond.http")
+# libevhtp's method numbers, which tritonserver's verbose request lines print
+EVHTP_METHODS = {"GET": 0, "HEAD": 1, "POST": 2, "PUT": 3, "DELETE": 4, "OPTIONS": 8, "TRACE": 13, "CONNECT": 14,
+                 "PATCH": 15}
 
 
 @dataclass
@@ -278,6 +281,8 @@ class HttpApi:
         infer = self.infer_route
 
         async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+            if log.isEnabledFor(logging.DEBUG) and scope["type"] == "http":     # --log-verbose >= 1
+                log.debug("HTTP request: %s %s", EVHTP_METHODS.get(scope["method"], scope["method"]), scope["path"])
             if scope["type"] == "http" and scope["method"] == "POST":
                 target = infer.target(scope["path"])
                 if target is not None:

@@ -96,7 +96,10 @@ async def serve_uvicorn(app, sock: socket.socket, stop: asyncio.Event, limits: H
     protocol = uvicorn_protocol(base, limits, ConnectionCap(limits, f"uvicorn on port {sock.getsockname()[1]}"))
     if api is not None:
         protocol = sink_protocol(protocol, api.dp.arena, api.infer_route.target, api.infer_route.limit)
+    # log_config=None: uvicorn's default dictConfig would close every handler this process
+    # logs through (a --log-file's stream), leaving later lines nowhere to go
     config = uvicorn.Config(app, http=protocol, loop="none", lifespan="off", access_log=False, log_level="warning",
+                            log_config=None,
                             timeout_graceful_shutdown=None, proxy_headers=False,
                             timeout_keep_alive=limits.keepalive_timeout_secs,
                             ssl_context_factory=(lambda _config, _default: tls.context) if tls else None)

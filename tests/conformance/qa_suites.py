@@ -5,6 +5,8 @@ from suites_decoupled import l0_client_timeout, l0_decoupled, l0_grpc_state_clea
 from suites_ensembles import l0_simple_ensemble
 from suites_http import l0_grpc, l0_http, l0_input_validation, l0_shared_memory
 from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
+from suites_observe import (l0_cmdline_trace, l0_iterative_sequence, l0_logging, l0_metrics, l0_rate_limiter,
+                            l0_response_cache, l0_response_statistics, l0_trace)
 from suites_python_backend import l0_backend_python
 from suites_queue import l0_model_queue
 from suites_sequence import (l0_dyna_sequence_batcher, l0_http_generate, l0_implicit_state, l0_sequence_batcher,
@@ -49,4 +51,12 @@ SUITES = {
     "L0_sequence_corrid_batcher": l0_sequence_corrid_batcher,
     "L0_grpc": l0_grpc,
     "L0_model_update": l0_model_update,
+    "L0_metrics": l0_metrics,
+    "L0_response_cache": l0_response_cache,
+    "L0_response_statistics": l0_response_statistics,
+    "L0_rate_limiter": l0_rate_limiter,
+    "L0_iterative_sequence": l0_iterative_sequence,
+    "L0_logging": l0_logging,
+    "L0_cmdline_trace": l0_cmdline_trace,
+    "L0_trace": l0_trace,
 }

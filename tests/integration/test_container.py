@@ -58,7 +58,8 @@ class Container:
         return json.loads(r.stdout)[0]["State"]
 
     def logs(self) -> str:
-        return subprocess.run(["podman", "logs", self.name], capture_output=True, text=True).stderr
+        r = subprocess.run(["podman", "logs", self.name], capture_output=True, text=True)
+        return r.stdout + r.stderr      # info lines on stdout, warnings and errors on stderr
 
     def wait_ready(self, timeout: float = 120) -> None:
         def ready() -> bool:
@@ -100,7 +101,7 @@ def test_image_serves_as_non_root_and_drains_on_stop(example_repo, tmp_path):
         assert uid == "10001"
         assert "/dev/shm is" not in c.logs()           # 256 MiB is enough: no warning
         assert c.stop() == 0, c.logs()
-        assert "stopping: draining in-flight requests" in c.logs() and "exit 0" in c.logs()
+        assert "Waiting for in-flight requests to complete." in c.logs() and "exit 0" in c.logs()
     finally:
         c.remove()
 

@@ -203,6 +203,16 @@ def test_cache_hits_never_reach_a_worker(env):
     assert value(scrape(s), "tritond_cache_evictions") > 0
 
 
+def test_a_response_larger_than_the_cache_is_answered_and_logged(env):
+    s, tmp = env["server"], env["tmp"]
+    client = httpclient.InferenceServerClient(s.http_url)
+    x = np.arange(2 * CACHE_BYTES // 4, dtype=np.float32)
+    np.testing.assert_array_equal(infer(client, CACHED, x, request_id="too-big"), x)
+    # tritonserver's words, which L0_response_cache greps for
+    wait_for(lambda: any(line["level"] == "ERROR" and line["message"].startswith(f"Failed to insert key [{CACHED}:1:")
+                         and "exceed the cache size" in line["message"] for line in log_lines(tmp)), timeout=10)
+
+
 def test_trace_files_order_timestamps_across_processes(env):
     s, tmp = env["server"], env["tmp"]
     client = httpclient.InferenceServerClient(s.http_url)
@@ -286,6 +296,21 @@ def test_log_settings_reach_workers_and_lines_carry_request_ids(env):
     assert by_id["muted"] == ["VERBOSE"]       # as Triton: verbose lines do not follow log_info
     roles = {line["role"] for line in lines}
     assert {"tritond", "broker", "http"} <= roles and any(r.startswith("worker:") for r in roles)
+
+
+def test_verbose_http_request_lines_are_tritons(env):
+    s, tmp = env["server"], env["tmp"]
+    http = httpclient.InferenceServerClient(s.http_url)
+    http.update_log_settings({"log_verbose_level": 1})
+
+    def logged() -> bool:
+        assert http_get(f"http://{s.http_url}/v2/logging")[0] == 200
+        return any(line["message"] == "HTTP request: 0 /v2/logging" for line in log_lines(tmp))
+    try:
+        # as tritonserver logs each HTTP request at verbose level 1 (its method as libevhtp's number)
+        wait_for(logged, timeout=10, every=0.2)
+    finally:
+        http.update_log_settings({"log_verbose_level": 0})
 
 
 def holds_open(pid: int, path: Path) -> bool:

@@ -87,6 +87,7 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(tmp_path, kind):
             assert not isinstance(r, InferenceServerException), r
             np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), np.ones((1, 2)))
         s.proc.wait(120)
+        assert s.log.count("Waiting for in-flight requests to complete.") == 1      # tritonserver's words
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])

@@ -3,13 +3,16 @@ observability flags, and the metrics text format."""
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
 from broker_harness import Harness, ensemble_model, python_model
 from prometheus_client.parser import text_string_to_metric_families
 
+from tritond.broker.observe.metrics import FIRST_RESPONSE_BUCKETS_MS, latency_factory
 from tritond.frontend.metrics import Families, exposition
+from tritond import logs
 from tritond.options import UsageError, server_options, start_parser
 from tritond.wire.options import ServerOptions
 from tritond.wire import replies as R
@@ -132,6 +135,39 @@ def test_an_ensemble_is_cached_as_a_whole(harness):
     assert mv(h, "pipe").stats.cache_hit.count == 1 and mv(h, "plain").stats.success.count == 1
 
 
+def test_an_ensemble_over_a_decoupled_step_cannot_enable_the_cache(tmp_path):
+    python_model(tmp_path, "stream", ["X"], ["Y"], extra="model_transaction_policy { decoupled: true }")
+    ensemble_model(tmp_path, "pipe", PIPE.replace('"plain"', '"stream"'))
+    h = Harness(tmp_path, cache_size=1 << 16).load("*")
+    try:
+        pipe = mv(h, "pipe")
+        assert pipe.state.name == "UNAVAILABLE"
+        assert ("Response Cache does not currently support model pipe with 'decoupled' transaction policy. "
+                "Please disable the response cache.") in pipe.reason
+    finally:
+        h.broker.cache.close()
+
+
+def test_an_ensemble_steps_request_uses_its_models_cache(tmp_path):
+    python_model(tmp_path, "plain", ["X"], ["Y"], extra="response_cache { enable: true }")
+    ensemble_model(tmp_path, "pipe", PIPE.replace("response_cache { enable: true }", ""))
+    h = Harness(tmp_path, cache_size=1 << 16).load("*")
+    try:
+        h.broker.publish_table()
+        assert not mv(h, "pipe").view.response_cache and mv(h, "plain").view.response_cache
+        first = ask(h, b"", model="pipe")       # the ensemble does not enable the cache: no frontend key
+        execute(h, "plain")
+        sent = len(h.to_workers(S.Exec))
+        second = ask(h, b"", model="pipe")
+        assert len(h.to_workers(S.Exec)) == sent            # answered from the step model's cache
+        assert h.replies()[second].outputs[0].name == "OUT" and h.replies()[first].error is None
+        plain = mv(h, "plain").stats
+        assert (plain.cache_miss.count, plain.cache_hit.count) == (1, 1)
+        assert mv(h, "pipe").stats.cache_hit.count == 0
+    finally:
+        h.broker.cache.close()
+
+
 def test_no_flag_means_no_cache(harness):
     h = harness()
     assert not h.broker.cache.enabled and not mv(h).view.response_cache
@@ -162,6 +198,44 @@ def test_trace_sampling_rate_count_and_files(harness, tmp_path):
     assert [r["request_id"] for r in heads] == ["r1", "r3"]      # every 2nd, 2 at most
     assert h.to_frontends(S.Observe)[-1][1].tracing[""] == ""    # count used up: frontends stop stamping
     assert h.control(S.TraceSettings("", {}), ident=b"fe").result.settings.trace_count == "0"
+
+
+def test_an_ensemble_steps_requests_are_traced_with_their_parent(harness, tmp_path):
+    trace = {"level": "TIMESTAMPS", "rate": 1, "count": -1, "mode": "triton", "file": str(tmp_path / "t.json"),
+             "log_frequency": 1}
+    h = harness(trace=trace)
+    rid = next(h.rids)
+    h.from_frontend(S.Infer(rid, "pipe", -1, [S.TensorDesc("X", "FP32", [4], S.Inline(X.tobytes()))], id="1",
+                            trace=S.TraceStart(1, 2)))
+    execute(h, "plain")
+    sent = [S.Stamp("HTTP_SEND_START", 1), S.Stamp("HTTP_SEND_END", 2)]
+    h.from_frontend(S.TraceDone(h.replies()[rid].trace.id, sent))
+    records = json.loads((tmp_path / "t.json.0").read_text())
+    heads = [r for r in records if "model_name" in r]
+    assert heads == [{"id": 2, "model_name": "plain", "model_version": 1, "request_id": "1", "parent_id": 1},
+                     {"id": 1, "model_name": "pipe", "model_version": 1, "request_id": "1"}]
+    step = [t["timestamps"][0]["name"] for t in records if t.get("id") == 2 and "timestamps" in t]
+    assert step[:2] == ["REQUEST_START", "QUEUE_START"] and "COMPUTE_INPUT_END" in step
+    assert step[-2:] == ["INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+
+
+def test_clearing_a_server_wide_trace_setting_restores_its_startup_value(harness, tmp_path):
+    trace = {"level": "TIMESTAMPS", "rate": 1, "count": -1, "mode": "triton", "file": "t.json", "log_frequency": 0}
+    h = harness(trace=trace)
+    h.control(S.TraceSettings("plain", {"trace_rate": "12"}))
+    h.control(S.TraceSettings("", {"trace_rate": "56", "trace_count": "78", "trace_level": ["OFF"]}))
+    settings = h.control(S.TraceSettings("", {"trace_rate": None, "trace_count": None})).result.settings
+    assert (settings.trace_rate, settings.trace_count, settings.trace_level) == ("1", "-1", ["OFF"])
+    model = h.control(S.TraceSettings("plain", {"trace_rate": None})).result.settings
+    assert (model.trace_rate, model.trace_level, model.trace_file) == ("1", ["OFF"], "t.json")
+
+
+def test_trace_settings_of_a_model_that_is_not_ready_are_refused_in_tritons_words(harness):
+    h = harness()
+    reply = h.control(S.TraceSettings("does-not-exist", {}))
+    assert reply.error.code.name == "INVALID_ARG"
+    assert reply.error.message == "Request for unknown model : does-not-exist"
+    assert h.control(S.TraceSettings("plain", {})).error is None
 
 
 def test_settings_api_rejects_what_tritond_does_not_do(harness):
@@ -203,6 +277,73 @@ def test_bad_flag_values_are_usage_errors(flag):
         options(flag)
 
 
+def test_file_paths_are_reported_as_given_and_logged_to_where_they_pointed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    o = options("--log-file=server.log", "--trace-config=triton,file=trace.json")
+    assert (o.log.file, o.trace.file) == ("server.log", "trace.json")      # what the settings APIs report
+    try:
+        logs.setup("test", o.log)
+        monkeypatch.chdir("/")          # a model's code may move the working directory
+        logs.reopen()
+        logging.getLogger("tritond.test").warning("still here")
+        assert "still here" in (tmp_path / "server.log").read_text()
+    finally:
+        logs.setup("test")
+
+
+def test_console_lines_go_where_tritonserver_writes_them(capsys):
+    try:
+        logs.setup("test")
+        log = logging.getLogger("tritond.test")
+        log.info("an info line")
+        log.warning("a warning line")
+        log.error("an error line")
+        out, err = capsys.readouterr()
+        assert "an info line" in out and "a warning line" not in out and "an error line" not in out
+        assert "a warning line" in err and "an error line" in err and "an info line" not in err
+    finally:
+        logs.setup("test")
+
+
+def test_batch_span_processor_settings_come_from_the_environment_as_in_tritonserver(monkeypatch):
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "250")
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "100")
+    o = options("--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,bsp_max_queue_size=3000")
+    assert (o.trace.otel.bsp_schedule_delay, o.trace.otel.bsp_max_queue_size) == (250, 3000)  # the flag wins
+    assert options().trace.otel.bsp_schedule_delay == 5000          # read in opentelemetry mode only
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "bad_value")
+    with pytest.raises(UsageError, match='Bad option: "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"'):
+        options("--trace-config=mode=opentelemetry")
+    with pytest.raises(UsageError, match='Bad option: "--trace-config opentelemetry,bsp_schedule_delay"'):
+        options("--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,bsp_schedule_delay=x")
+
+
+def test_quantiles_read_each_number_as_tritonserver_does():
+    # std::stod reads the longest number a value starts with (L0_metrics passes "0.1:0.0.1")
+    o = options("--metrics-config=summary_quantiles=0.1:0.0.1,0.7:0.01, 0.75:1e-2")
+    assert o.metrics.summary_quantiles == [(0.1, 0.0), (0.7, 0.01), (0.75, 0.01)]
+    with pytest.raises(UsageError):
+        options("--metrics-config=summary_quantiles=0.5:x")
+
+
+def test_two_caches_are_refused_before_either_is_read():
+    with pytest.raises(UsageError, match="found multiple cache configurations, but only a single cache"):
+        options("--cache-config=local,size=8192", "--cache-config=redis,key=value")
+
+
+def test_model_metrics_set_a_models_first_response_buckets():
+    make = latency_factory(options("--metrics-config=histogram_latencies=true").metrics)
+    own = {"model_metrics": {"metric_control": [{
+        "metric_identifier": {"family": "nv_inference_first_response_histogram_ms"},
+        "histogram_options": {"buckets": [-1.0, 0.0, 1.0, 2.5]}}]}}
+    latency = make("m", own)
+    latency.first_response_ms(2.0)
+    snap = latency.first_response_snapshot()
+    assert snap.bounds == [-1.0, 0.0, 1.0, 2.5] and snap.counts == [0, 0, 0, 1, 0]
+    assert make("other", {}).first_response_snapshot().bounds == list(FIRST_RESPONSE_BUCKETS_MS)
+    assert latency_factory(options().metrics) is None
+
+
 def test_exposition_is_tritons_and_parses():
     f = Families()
     f.add("nv_inference_request_success", "counter", "Number of successful requests", {"model": 'a"b', "version": "1"}, 5)
@@ -214,7 +355,9 @@ def test_exposition_is_tritons_and_parses():
     text = exposition(f.by_name.values()).decode()
     assert 'nv_inference_request_success{model="a\\"b",version="1"} 5\n' in text
     assert "# TYPE nv_inference_request_success counter\n" in text and "nv_cpu_utilization 0.25\n" in text
-    assert 'nv_inference_first_response_histogram_ms_bucket{le="+Inf",model="m",version="1"} 3\n' in text
+    # prometheus-cpp's order, which Triton's qa tests match as text: `le` and `quantile` come last
+    assert 'nv_inference_first_response_histogram_ms_bucket{model="m",version="1",le="+Inf"} 3\n' in text
+    assert 'nv_inference_queue_summary_us{model="m",version="1",quantile="0.5"} 1\n' in text
     families = {m.name: m for m in text_string_to_metric_families(text)}
     assert families["nv_inference_request_success"].type == "counter"
     assert families["nv_inference_request_success"].samples[0].labels["model"] == 'a"b'

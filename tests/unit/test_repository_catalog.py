@@ -91,3 +91,12 @@ def test_load_spec_never_raises(tmp_path):
     assert "path traversal" in load_spec(source).error
     missing = ModelSource("gone", str(tmp_path / "gone"), str(tmp_path))
     assert "Could not determine backend" in load_spec(missing).error
+
+
+def test_a_model_without_versions_says_which_directories_it_ignored(tmp_path):
+    write(tmp_path / "m" / "01" / "model.py")
+    (tmp_path / "m" / "config.pbtxt").write_text('name: "m" backend: "python"')
+    spec = load_spec(scan([str(tmp_path)])["m"])
+    assert spec.error and not spec.versions
+    # Triton warns of them while it lists the versions, before the load fails
+    assert spec.advice == ["ignore version directory '01' which contains leading zeros in its directory name"]

@@ -236,6 +236,22 @@ IO = 'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\noutput [{ name: "y" 
             "instance_group",
             "should not be specified for ensemble",
         ),
+        (
+            'backend: "python"\nmodel_metrics { metric_control [{ histogram_options { buckets: [1] } }] }',
+            "model_metrics.metric_control[0]",
+            "must specify 'metric_identifier'",
+        ),
+        (
+            'backend: "python"\nmodel_metrics { metric_control [{ metric_identifier { family: "f" } }] }',
+            "model_metrics.metric_control[0]",
+            "must specify 'histogram_options'",
+        ),
+        (
+            'backend: "python"\nmodel_metrics { metric_control [{ metric_identifier { family: "f" } '
+            "histogram_options { buckets: [2, 1] } }] }",
+            "model_metrics.metric_control[0]",
+            "strictly increasing",
+        ),
     ],
 )
 def test_validation_errors_name_the_field(tmp_path, config, field, text):

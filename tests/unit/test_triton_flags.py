@@ -140,8 +140,9 @@ def test_tritonservers_deprecated_trace_flags_are_aliases_of_trace_config():
     trace = opts.trace
     assert (trace.file, trace.level, trace.rate, trace.count, trace.log_frequency) == \
         ("/tmp/t.json", "TIMESTAMPS", 1, 5, 2)
-    assert ("WARNING", "'--trace-file' is deprecated (as in tritonserver): read as --trace-config "
-                       "triton,file=<value>") in opts.startup_notes
+    # tritonserver's words (L0_cmdline_trace greps for them)
+    assert ("WARNING", "Warning: '--trace-file' has been deprecated and will be removed in future releases. "
+                       "Please use '--trace-config triton,file=<filepath> instead.") in opts.startup_notes
     # --trace-config wins over the deprecated flag, as in tritonserver
     assert options("--trace-rate=1", "--trace-config=rate=7").trace.rate == 7
     assert options("--trace-level=OFF").trace.level == "OFF"

@@ -23,7 +23,8 @@ class Stopping:
 
     def graceful_stop(self) -> ExitCode:
         """Drain in-flight work within --exit-timeout-secs, then stop every process."""
-        log.info("stopping: draining in-flight requests (timeout %gs)", self.opts.exit_timeout_secs)
+        # tritonserver's words (scripts grep for them), then the exit timeout
+        log.info("Waiting for in-flight requests to complete. (exit timeout %gs)", self.opts.exit_timeout_secs)
         self.notify.stopping("draining in-flight requests")
         result = self.control(S.Drain(), self.opts.exit_timeout_secs + 5)
         drained = result is not None and result.drained
