@@ -42,11 +42,11 @@ def autofill_backend(
     if cfg.platform == ENSEMBLE_PLATFORM:
         return
     if not cfg.backend:
-        if cfg.platform:
-            cfg.backend = PLATFORM_BACKEND.get(cfg.platform, "")
-        elif cfg.default_model_filename:
-            cfg.backend = FILENAME_BACKEND.get(cfg.default_model_filename, "")
-        elif first_version_path is not None:
+        # Triton tries the platform, then the model file name, of each backend in turn: a platform
+        # it does not know still gets the backend its default_model_filename names
+        cfg.backend = (PLATFORM_BACKEND.get(cfg.platform, "")
+                       or FILENAME_BACKEND.get(cfg.default_model_filename, ""))
+        if not (cfg.backend or cfg.platform or cfg.default_model_filename) and first_version_path is not None:
             backend, platform, filename = _detect(first_version_path)
             cfg.backend, cfg.platform, cfg.default_model_filename = backend, platform, filename
     if not cfg.platform and cfg.backend in BACKEND_PLATFORM:

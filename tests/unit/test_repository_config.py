@@ -207,7 +207,7 @@ IO = 'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\noutput [{ name: "y" 
         (
             'backend: "python"\nmax_batch_size: 4\ndynamic_batching { preferred_batch_size: [8] }',
             "dynamic_batching.preferred_batch_size[0]",
-            "must be <= max batch size 4",
+            "must be <= max batch size for m (8 > 4)",
         ),
         (
             'backend: "python"\nmax_batch_size: 4\ndynamic_batching { priority_levels: 2 }',
@@ -270,3 +270,65 @@ def test_python_model_needs_its_model_file(tmp_path):
         load_and_validate(src)
     (tmp_path / "m" / "1" / "serve.py").write_text("")
     load_and_validate(src)
+
+
+# Triton's words, as its qa suite L0_model_config greps them in the server log
+IO16 = 'input [ { name: "in" data_type: TYPE_FP32 dims: [ 16 ] } ]\noutput [ { name: "out" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+
+
+@pytest.mark.parametrize("config, text", [
+    ('backend: "python"\nmax_batch_size: 4\ninput [ { name: "in" data_type: TYPE_FP32 dims: [ 1, 3, 2 ] '
+     'reshape { shape: [ 5 ] } } ]\noutput [ { name: "out" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+     "model input 'in' has different size for dims and reshape for m"),
+    # a variable-size dims against a fixed-size reshape: the element counts differ first
+    ('backend: "python"\ninput [ { name: "in" data_type: TYPE_FP32 dims: [ -1 ] reshape { shape: [ 2, 8 ] } } ]\n'
+     'output [ { name: "out" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+     "model input 'in' has different size for dims and reshape for m"),
+    ('backend: "python"\nmax_batch_size: -1\n' + IO16, "'max_batch_size' must be non-negative value for m"),
+    ('backend: "python"\nmax_batch_size: 8\ndynamic_batching { priority_levels: 3 }\n' + IO16,
+     r"default priority level must be in range [1, 3] for m"),
+    ('backend: "python"\nensemble_scheduling { step [ { model_name: "x" } ] }\n' + IO16,
+     "ensemble scheduling cannot be set for model 'm' whose platform is not ensemble"),
+    ('backend: "python"\ninstance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]\n' + IO16,
+     "instance group m_0 of model m has kind KIND_CPU but specifies one or more GPUs"),
+    ('backend: "python"\ninstance_group [ { kind: KIND_GPU gpus: [ 42 ] } ]\n' + IO16,
+     "instance group m_0 of model m specifies invalid or unsupported gpu id 42. GPUs with at least the minimum "
+     "required CUDA compute compatibility"),
+    ('platform: "ensemble"\noptimization { }\nensemble_scheduling { step [ { model_name: "x" } ] }\n' + IO16,
+     "optimization should not be specified for ensemble 'm'"),
+    ('platform: "ensemble"\nmodel_warmup [ { name: "w" batch_size: 1 } ]\n'
+     'ensemble_scheduling { step [ { model_name: "x" } ] }\n' + IO16,
+     "model_warmup can not be specified for ensemble 'm'"),
+])
+def test_invalid_configs_are_refused_in_tritons_words(tmp_path, config, text):
+    with pytest.raises(ConfigError) as e:
+        load_and_validate(make_model(tmp_path, "m", config))
+    assert text in str(e.value)
+
+
+def test_unknown_platform_gets_the_backend_of_its_model_file(tmp_path):
+    """Triton fills the backend from default_model_filename when the platform names none it knows,
+    and then refuses the pair, even with auto-complete off."""
+    src = make_model(tmp_path, "m", 'platform: "onnxruntim"\ndefault_model_filename: "model.onnx"\n' + IO16,
+                     files=("1/model.onnx",))
+    with pytest.raises(ConfigError) as e:
+        load_and_validate(src, autocomplete=False)
+    assert "unexpected 'platform' and 'backend' pair, got:onnxruntim, onnxruntime" in str(e.value)
+
+
+@pytest.mark.parametrize("runtime, text", [
+    ("__invalid_runtime__", "unable to find backend library '__invalid_runtime__' for model 'm'"),
+    ("../dummy/libtriton_identity.so",
+     "backend library name '../dummy/libtriton_identity.so' escapes backend directory"),
+])
+def test_runtime_other_than_the_backends_own_is_refused(tmp_path, runtime, text):
+    src = make_model(tmp_path, "m", f'backend: "identity"\nruntime: "{runtime}"\n' + IO16, files=())
+    (tmp_path / "m" / "1").mkdir()
+    with pytest.raises(ConfigError) as e:
+        load_and_validate(src)
+    assert text in str(e.value) and e.value.field == "runtime"
+
+
+def test_runtime_naming_the_backends_library_is_accepted(tmp_path):
+    src = make_model(tmp_path, "m", 'backend: "python"\nruntime: "libtriton_python.so"\n' + IO16)
+    assert load_and_validate(src).runtime == "libtriton_python.so"
