@@ -254,6 +254,12 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     default_mbs = _backend_config(args.backend_config)
     _model_loading(args)
     disable_ac = args.disable_auto_complete_config or bool(args.strict_model_config)
+    if args.strict_model_config is not None:        # tritonserver's words, which scripts grep for
+        notes.append(("WARNING", "Warning: '--strict-model-config' has been deprecated! Please use "
+                                 "'--disable-auto-complete-config' instead."))
+        if args.disable_auto_complete_config and not args.strict_model_config:
+            notes.append(("WARNING", "Warning: Overriding deprecated '--strict-model-config' from False to True in "
+                                     "favor of '--disable-auto-complete-config'!"))
     old_trace, trace_warnings = observe_options.deprecated_trace_entries(args)
     notes += [("WARNING", line) for line in trace_warnings]
     try:

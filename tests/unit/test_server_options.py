@@ -168,3 +168,15 @@ def test_an_unknown_key_or_a_wrong_type_is_refused_by_name(change, message):
         wire_options.decode(msgspec.json.encode(values))
     with pytest.raises(msgspec.ValidationError, match=message):
         wire_options.build(values)
+
+
+def test_strict_model_config_warns_as_tritonserver_does():
+    """tritonserver's deprecation warnings, word for word (L0_model_config greps for them)."""
+    deprecated = ("WARNING", "Warning: '--strict-model-config' has been deprecated! Please use "
+                             "'--disable-auto-complete-config' instead.")
+    override = ("WARNING", "Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+                           "'--disable-auto-complete-config'!")
+    assert deprecated in options("--strict-model-config=true").startup_notes
+    notes = options("--disable-auto-complete-config", "--strict-model-config=false").startup_notes
+    assert deprecated in notes and override in notes
+    assert options("--disable-auto-complete-config").startup_notes == []
