@@ -1,0 +1,253 @@
+"""Model configuration suites: L0_model_config (auto-complete, and every invalid config it
+checks, each refused at start-up with Triton's message). See qa_suites.py.
+
+A refused start-up is checked as test.sh checks it: the server must not start, and one of the
+case's `expected*` files, a grep pattern, must match an error line (`^E<MMDD>`) of its log.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from suites_decoupled import _standin
+from suites_http import _copytree, _fresh, _note, _sed
+from suites_models import _gpu_count
+
+NO_MODEL = {"tensorrt": "TensorRT plans (qa_*_model_repository/plan_*) are not generated here",
+            "openvino": "OpenVINO models (qa/openvino_models) are not generated here"}
+
+
+def _grep_pattern(bre: str) -> str:
+    """A grep basic regular expression as a Python one: in BRE, ( ) { } + ? | are literals."""
+    out, i = [], 0
+    while i < len(bre):
+        c = bre[i]
+        if c == "\\" and i + 1 < len(bre):
+            nxt = bre[i + 1]
+            out.append(nxt if nxt in "(){}+?|" else "\\" + nxt)
+            i += 2
+            continue
+        out.append("\\" + c if c in "(){}+?|" else c)
+        i += 1
+    return "".join(out)
+
+
+def _log_has(text: str, letter: str, pattern: str) -> bool:
+    rx = re.compile(f"^{letter}[0-9]{{4}}.*{_grep_pattern(pattern)}")
+    return any(rx.search(line) for line in text.splitlines())
+
+
+# Cases whose expected message needs a GPU: (what Triton says instead on a host without one, why).
+NEEDS_GPU = {
+    "negative_gpu": ("instance group negative_gpu_0 of model negative_gpu has kind KIND_CPU but specifies one or "
+                     "more GPUs", "its first instance group puts gpus [0] on KIND_AUTO, which without a GPU becomes "
+                     "KIND_CPU and is refused as such (as by Triton) before the group the case is about"),
+}
+
+
+def _expect_refused(qa, cwd: Path, args: str, log: str, case: str, expecteds: list[Path],
+                    letter: str = "E") -> None:
+    """test.sh's run_server that must fail, then its grep for one expected message."""
+    server = qa.start(cwd, args, log, timeout=60)
+    if server is not None:
+        server.stop()
+        qa.check(case, False, "unexpected success starting the server")
+        return
+    text = server_text(qa, log)
+    patterns = [p.read_text().strip() for p in expecteds]
+    instead, why = NEEDS_GPU.get(Path(case).name, ("", ""))
+    if instead and _gpu_count() == 0 and _log_has(text, letter, instead):
+        qa.record("test.sh", case, "skip", why)
+        return
+    qa.check(case, any(_log_has(text, letter, p) for p in patterns),
+             f"no {letter} line matches {patterns}; log ends: {text[-700:]}")
+
+
+def server_text(qa, log: str) -> str:
+    path = qa.results / f"{qa.suite}.{log}"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+# ====================================================================== L0_model_config
+def _mc_prepare(qa, d: Path) -> None:
+    """test.sh's copies into the test repositories, for the models generated here."""
+    qa_models = qa.data / "qa_model_repository"
+    ens_dirs = """invalid_input_map/invalid_input_map invalid_input_map/fp32_dim1_batch4
+        invalid_input_map/fp32_dim1_batch4_input4 invalid_input_map/fp32_dim1_batch4_output3
+        invalid_output_map/invalid_output_map invalid_output_map/fp32_dim1_batch4
+        invalid_output_map/fp32_dim1_batch4_input4 invalid_output_map/fp32_dim1_batch4_output3
+        invalid_batch_size/invalid_batch_size invalid_batch_size/fp32_dim1_batch2 invalid_batch_size/fp32_dim1_batch4
+        invalid_decoupled_branching/invalid_decoupled_branching invalid_decoupled_branching/int32_dim1_nobatch_output2
+        invalid_decoupled_branching_2/invalid_decoupled_branching_2 inconsistent_shape/inconsistent_shape
+        inconsistent_shape/fp32_dim1_batch4 inconsistent_shape/fp32_dim3_batch4
+        inconsistent_data_type/inconsistent_data_type inconsistent_data_type/fp32_dim1_batch2
+        inconsistent_data_type/int32_dim1_batch4 non_existing_model/non_existing_model
+        non_existing_model/fp32_dim1_batch4 non_existing_model/fp32_dim1_batch4_output3
+        self_circular_dependency/self_circular_dependency self_circular_dependency/fp32_dim1_batch4
+        self_circular_dependency/fp32_dim1_batch4_input4 self_circular_dependency/fp32_dim1_batch4_output3
+        unmapped_input/unmapped_input unmapped_input/fp32_dim1_batch4 unmapped_input/fp32_dim1_batch4_input4
+        unmapped_input/fp32_dim1_batch4_output3 circular_dependency/circular_dependency
+        circular_dependency/circular_dependency_2 no_required_version/no_required_version no_required_version/simple
+        no_required_version_2/no_required_version_2 no_required_version_2/simple
+        no_required_version_3/no_required_version_3 no_required_version_3/simple""".split()
+    for p in ens_dirs:
+        (d / "autofill_noplatform" / "ensemble" / p / "1").mkdir(parents=True, exist_ok=True)
+    for p in """embedded_ensemble/embedded_ensemble embedded_ensemble/fp32_dim1_batch4 embedded_ensemble/inner_ensemble
+        inconsistent_shape/inconsistent_shape inconsistent_shape/fp32_dim1_batch4 inconsistent_shape/fp32_dim2_nobatch
+        inconsistent_shape_2/inconsistent_shape_2 inconsistent_shape_2/fp32_dim1_batch4
+        inconsistent_shape_2/fp32_dim2_nobatch unmapped_output/unmapped_output
+        unmapped_output/fp32_dim1_batch4_output3""".split():
+        (d / "autofill_noplatform_success" / "ensemble" / p / "1").mkdir(parents=True, exist_ok=True)
+    # the C++ repeat backend: its python_backend example stands in (the qa config, backend python)
+    for case in ("invalid_decoupled_branching", "invalid_decoupled_branching_2"):
+        models = d / "autofill_noplatform" / "ensemble" / case
+        cfg = (models / "repeat_int32" / "config.pbtxt").read_text()
+        if _standin(qa, models, "repeat_int32"):
+            (models / "repeat_int32" / "config.pbtxt").write_text(cfg.replace('backend: "repeat"', 'backend: "python"'))
+    for p in ("autofill_noplatform/pytorch/too_few_inputs", "autofill_noplatform/pytorch/too_few_outputs",
+              "autofill_noplatform_success/pytorch/no_name_platform", "autofill_noplatform_success/pytorch/cpu_instance"):
+        (d / p / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copy(qa_models / "libtorch_float32_float32_float32" / "1" / "model.pt", d / p / "1")
+    auto_complete = qa.qa / "python_models" / "auto_complete" / "model.py"
+    for p in ("input_mismatch_datatype", "input_mismatch_dims", "output_mismatch_datatype", "output_mismatch_dims"):
+        (d / "autofill_noplatform" / "python" / p / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copy(auto_complete, d / "autofill_noplatform" / "python" / p / "1")
+    for p in ("incomplete_output", "unknown_input", "unknown_output", "empty_config"):
+        (d / "autofill_noplatform_success" / "python" / p / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copy(auto_complete, d / "autofill_noplatform_success" / "python" / p / "1")
+    own_model = [d / "autofill_noplatform" / "python" / p for p in (
+        "conflicting_max_batch_size", "input_missing_datatype", "input_missing_dims", "input_missing_name",
+        "output_missing_datatype", "output_missing_dims", "output_missing_name", "no_return",
+        "conflicting_scheduler_sequence", "input_wrong_property", "model_transaction_policy_invalid_args",
+        "model_transaction_policy_mismatch", "output_wrong_property")]
+    own_model += [d / "autofill_noplatform_success" / "python" / p for p in (
+        "dynamic_batching_no_op", "dynamic_batching", "incomplete_input", "model_transaction_policy",
+        "model_transaction_policy_decoupled_false", "model_transaction_policy_no_op", "optional_input")]
+    own_model += [d / "autofill_noplatform_success" / "python" / "conflicting_scheduler_ensemble" / p for p in (
+        "conflicting_scheduler_ensemble", "ensemble_first_step", "ensemble_second_step")]
+    for p in own_model:
+        (p / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copy(p / "model.py", p / "1")
+    for p in ("autofill_noplatform/custom/no_delimiter", "autofill_noplatform/custom/unknown_backend.unknown",
+              "autofill_noplatform_success/custom/empty_config.identity",
+              "autofill_noplatform_success/custom/no_backend.identity",
+              "noautofill_platform/invalid_cpu", "noautofill_platform/invalid_gpu", "noautofill_platform/negative_gpu"):
+        (d / p / "1").mkdir(parents=True, exist_ok=True)
+    (d / "special_cases" / "invalid_platform" / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copy(qa_models / "onnx_float32_float32_float32" / "1" / "model.onnx",
+                d / "special_cases" / "invalid_platform" / "1")
+    (d / "special_cases" / "runtime_escape" / "1").mkdir(parents=True, exist_ok=True)
+    (d / "special_cases" / "runtime_escape" / "dummy_runtime").mkdir(parents=True, exist_ok=True)
+    (d / "special_cases" / "runtime_escape" / "dummy_runtime" / "libtriton_identity.so").touch()
+    (d / "special_cases" / "invalid_runtime" / "1").mkdir(parents=True, exist_ok=True)
+    (d / "autofill_noplatform_success" / "onnx" / "cpu_instance" / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copy(qa.data / "qa_identity_model_repository" / "onnx_zero_1_float16" / "1" / "model.onnx",
+                d / "autofill_noplatform_success" / "onnx" / "cpu_instance" / "1")
+    src = qa.qa / "python_models" / "async_execute_decouple"
+    for mp in sorted((d / "model_metrics").glob("*/*")):
+        (mp / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / "model.py", mp / "1")
+        (mp / "config.pbtxt").write_text((src / "config.pbtxt").read_text() + (mp / "partial.pbtxt").read_text())
+
+
+def _single_case(case_dir: Path, models: Path, whole: bool = False) -> Path:
+    """test.sh copies a case that has a config.pbtxt (or is `whole`) as one model, otherwise its
+    content as the repository."""
+    _fresh(models)
+    if whole or (case_dir / "config.pbtxt").exists() or case_dir.name.startswith("no_config"):
+        _copytree(case_dir, models / case_dir.name)
+        return models / case_dir.name
+    for entry in case_dir.iterdir():
+        (_copytree if entry.is_dir() else shutil.copy)(entry, models / entry.name)
+    return models
+
+
+def l0_model_config(qa) -> None:
+    d = qa.qa / "L0_model_config"
+    _mc_prepare(qa, d)
+    models = d / "models"
+    repo = f"--model-repository={models}"
+    _note(qa, "TensorRT and OpenVINO cases (their models are not generated here), custom_parameters "
+              "(TensorRT plans only)")
+
+    for target in sorted((d / "cli_messages").iterdir()):
+        extra = {"cli_override": "--disable-auto-complete-config --strict-model-config=false",
+                 "cli_deprecation": "--strict-model-config=true"}.get(target.name, "")
+        _single_case(target, models, whole=True)
+        log = f"cli_messages_{target.name}.server.log"
+        server = qa.start(d, f"{repo} {extra}", log, timeout=60)
+        if server is not None:
+            server.stop()
+            qa.check(f"cli_messages/{target.name}", False, "unexpected success starting the server")
+        else:
+            text = server_text(qa, log)
+            pats = [p.read_text().strip() for p in sorted((models / target.name).glob("expected*"))]
+            qa.check(f"cli_messages/{target.name}",
+                     any(re.search(_grep_pattern(p), text) for p in pats), f"log lacks {pats}: {text[-600:]}")
+
+    for target in sorted((d / "special_cases").iterdir()):
+        extra = "--disable-auto-complete-config" if target.name == "invalid_platform" else ""
+        _single_case(target, models)
+        _expect_refused(qa, d, f"{repo} {extra}", f"special_case_{target.name}.server.log",
+                        f"special_cases/{target.name}", sorted((models / target.name).glob("expected*")))
+
+    for flag, tag in (("--strict-model-config=true", ""), ("--disable-auto-complete-config", "disableflag_")):
+        for trial in ("tensorrt_plan", "onnxruntime_onnx", "pytorch_libtorch"):
+            for target in sorted((d / "noautofill_platform").iterdir()):
+                _single_case(target, models)
+                cfg = models / target.name / "config.pbtxt"
+                _sed(cfg, r"(?m)^.*platform:.*\n?", "")
+                cfg.write_text(cfg.read_text() + f'platform: "{trial}"\n')
+                _expect_refused(qa, d, f"{repo} {flag}", f"noautofill_platform_{tag}{trial}_{target.name}.server.log",
+                                f"noautofill_platform[{tag}{trial}]/{target.name}",
+                                sorted((models / target.name).glob("expected*")))
+
+    for target in sorted((d / "autofill_noplatform").glob("*/*")):
+        case = f"{target.parent.name}/{target.name}"
+        if target.parent.name in NO_MODEL:
+            qa.record("test.sh", f"autofill_noplatform/{case}", "skip", NO_MODEL[target.parent.name])
+            continue
+        dest = _single_case(target, models)
+        _expect_refused(qa, d, f"{repo} --strict-model-config=false",
+                        f"autofill_noplatform.{case.replace('/', '.')}.server.log", f"autofill_noplatform/{case}",
+                        sorted(dest.glob("expected*")))
+
+    for target in sorted((d / "autofill_noplatform_success").glob("*/*")):
+        case = f"autofill_noplatform_success/{target.parent.name}/{target.name}"
+        if target.parent.name in NO_MODEL:
+            qa.record("test.sh", case, "skip", NO_MODEL[target.parent.name])
+            continue
+        _single_case(target, models)
+        s = qa.start(d, f"{repo} --strict-model-config=false", f"{case.replace('/', '.')}.server.log", timeout=120)
+        if s is None:
+            qa.check(case, False, f"server did not start: {qa.last_start_error}")
+            continue
+        r = subprocess.run([sys.executable, "compare_status.py", "--expected_dir", f"models/{target.name}",
+                            "--model", target.name], cwd=d, capture_output=True, text=True, timeout=120)
+        s.stop()
+        qa.check(case, r.returncode == 0, (r.stdout + r.stderr)[-1500:])
+
+    metrics = "--metrics-config histogram_latencies=true"
+    for target in sorted((d / "model_metrics").glob("*/*")):
+        kind, case = target.parent.name, f"model_metrics/{target.parent.name}/{target.name}"
+        _single_case(target, models)
+        log = f"model_metrics.{kind}.{target.name}.server.log"
+        if kind == "invalid_config":
+            _expect_refused(qa, d, f"{repo} {metrics}", log, case, [models / target.name / "expected"])
+            continue
+        s = qa.start(d, f"{repo} {metrics}", log, timeout=120)
+        if s is None:
+            qa.check(case, False, f"server did not start: {qa.last_start_error}")
+            continue
+        s.stop()
+        if kind == "valid_config_with_warn":
+            pat = (models / target.name / "expected").read_text().strip()
+            qa.check(case, _log_has(s.text(), "W", pat), f"no W line matches '{pat}'")
+        else:
+            qa.check(case, True)
+    for target in sorted((d / "custom_parameters").glob("*/*/*")):
+        qa.record("test.sh", f"custom_parameters/{target.parent.name}/{target.name}", "skip",
+                  "TensorRT plan models (the allocation strategy of the TensorRT backend)")
