@@ -16,6 +16,7 @@ from .config import OVERRIDE_FILE, config_path, load_model_config, validate_conf
 from .ensemble import validate_ensemble
 from .errors import ConfigError
 from .layout import ModelSource, ignored_version_dirs, scan, validate_model_name, version_dirs
+from .model_metrics import model_metrics_warnings
 from .remote import RemoteError, is_remote, mirror_model
 from .spec import ModelSpec
 from .versions import select_versions
@@ -62,7 +63,7 @@ def load_spec(
     if not versions:
         return failed(NO_VERSION)
     return ModelSpec(source.name, source.path, cfg, versions,
-                     advice=ignored_version_dirs(source.path) + config_advice(cfg))
+                     advice=ignored_version_dirs(source.path) + config_advice(cfg) + model_metrics_warnings(cfg))
 
 
 def check_repository(

@@ -24,6 +24,7 @@ from .backends import (
 from .errors import ConfigError
 from .idempotent import check_idempotent
 from .layout import version_dirs
+from .model_metrics import check_model_metrics
 from .ragged import check_ragged
 from .unsupported import check_supported
 from .sequence_config import check_sequence_batching
@@ -335,6 +336,7 @@ def validate_config(
         raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "
                                                          f"only, not '{cfg.backend}'")
     check_ragged(cfg, lambda field, message: fail(field, f"{message} for {cfg.name}"))
+    check_model_metrics(cfg, fail)
     check_idempotent(cfg, fail)
     if model_path:
         _check_label_files(cfg, model_path)

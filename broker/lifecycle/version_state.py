@@ -32,7 +32,7 @@ log = logging.getLogger("tritond.broker")
 class Lifecycle:
     def __init__(self, opts: ServerOptions, registry: ModelRegistry, instances: InstanceTable,
                  pool: WorkerProcesses, requests: RequestPath, clock: Clock, on_settle: Callable[[], None],
-                 latency: Callable[[], Any] | None = None) -> None:
+                 latency: Callable[[Any], Any] | None = None) -> None:
         self.opts = opts
         self.registry = registry
         self.instances = instances

@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable
 from tritond.wire import replies as R
 from tritond.wire.options import MetricsConfig
 
+from tritond.repository.model_metrics import first_response_buckets
+
 from tritond.broker.tables.model_version import READY, ModelVersion
 
 NS_PER_US = 1000
@@ -72,9 +74,9 @@ class Histogram:
 class Latencies:
     """One model version's summaries (µs) and first-response histogram (ms), as enabled."""
 
-    def __init__(self, summaries: bool, histogram: bool) -> None:
+    def __init__(self, summaries: bool, histogram: bool, buckets: tuple[float, ...] | None = None) -> None:
         self.summaries = {name: Summary() for name in SUMMARIES} if summaries else None
-        self.first_response = Histogram(FIRST_RESPONSE_BUCKETS_MS) if histogram else None
+        self.first_response = Histogram(buckets or FIRST_RESPONSE_BUCKETS_MS) if histogram else None
 
     def success(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int,
                 first_response: bool = True) -> None:
@@ -117,13 +119,14 @@ class Latencies:
         return self.first_response.snapshot() if self.first_response is not None else None
 
 
-def latency_factory(cfg: MetricsConfig) -> Callable[[], Latencies] | None:
-    """What broker/observe/stats.py builds per model version, or None when nothing is observed."""
+def latency_factory(cfg: MetricsConfig) -> Callable[[dict[str, Any] | None], Latencies] | None:
+    """What broker/observe/stats.py builds per model version from its config (whose model_metrics
+    may set the first-response buckets), or None when nothing is observed."""
     summaries = cfg.summary_latencies
     histogram = cfg.histogram_latencies
     if not summaries and not histogram:
         return None
-    return lambda: Latencies(summaries, histogram)
+    return lambda config: Latencies(summaries, histogram, first_response_buckets(config) if histogram else None)
 
 
 def reported(mv: ModelVersion) -> bool:
