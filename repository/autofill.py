@@ -16,6 +16,7 @@ from .backends import (
     ENSEMBLE_PLATFORM,
     FILENAME_BACKEND,
     PLATFORM_BACKEND,
+    PYTORCH,
 )
 from .errors import ConfigError
 
@@ -49,6 +50,9 @@ def autofill_backend(
         if not (cfg.backend or cfg.platform or cfg.default_model_filename) and first_version_path is not None:
             backend, platform, filename = _detect(first_version_path)
             cfg.backend, cfg.platform, cfg.default_model_filename = backend, platform, filename
+            if backend == PYTORCH:      # Triton leaves the file name unset when it found model.pt
+                cfg.default_model_filename = ""
+                return
     if not cfg.platform and cfg.backend in BACKEND_PLATFORM:
         cfg.platform = BACKEND_PLATFORM[cfg.backend]
     if not cfg.default_model_filename and cfg.backend in DEFAULT_MODEL_FILENAME:

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2
 
 from .advice import config_advice
 from .backends import ENSEMBLE_PLATFORM
-from .config import OVERRIDE_FILE, config_path, load_model_config, validate_config
+from .config import OVERRIDE_FILE, check_directory_name, config_path, load_model_config, validate_config
 from .ensemble import validate_ensemble
 from .errors import ConfigError
 from .layout import ModelSource, ignored_version_dirs, scan, validate_model_name, version_dirs
@@ -55,9 +55,16 @@ def load_spec(
             config_name=config_name,
             override=override,
         )
-        versions = select_versions(cfg, version_dirs(source.path))
         config_file = OVERRIDE_FILE if override is not None else config_path(source.path, config_name)
+        # Triton validates the config before it looks at the directory name and the versions
+        try:
+            versions, version_error = select_versions(cfg, version_dirs(source.path)), None
+        except ConfigError as e:
+            versions, version_error = [], e
         validate_config(cfg, model_path=source.path, config_file=config_file, versions=versions)
+        check_directory_name(cfg, source, config_file)
+        if version_error is not None:
+            raise version_error
     except ConfigError as e:
         return failed(str(e))
     if not versions:

@@ -22,6 +22,7 @@ from .backends import (
     TENSORRT,
 )
 from .errors import ConfigError
+from .ensemble_flow import flow_error
 from .idempotent import check_idempotent
 from .layout import version_dirs
 from .model_metrics import check_model_metrics
@@ -205,12 +206,9 @@ def _check_ensemble(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
         raise fail("optimization", f"optimization should not be specified for ensemble '{cfg.name}'")
     if cfg.model_warmup:
         raise fail("model_warmup", f"model_warmup can not be specified for ensemble '{cfg.name}'")
-    steps = cfg.ensemble_scheduling.step
-    if not steps:
-        raise fail("ensemble_scheduling.step", f"must specify 'step' for ensemble '{cfg.name}'")
-    for i, step in enumerate(steps):
-        if not step.model_name:
-            raise fail(f"ensemble_scheduling.step[{i}].model_name", f"must specify 'model_name' in step {i}")
+    problem = flow_error(cfg)
+    if problem:
+        raise fail("ensemble_scheduling", problem)
 
 
 def _check_instance_groups(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:

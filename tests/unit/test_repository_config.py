@@ -2,6 +2,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from tritond.repository import devices
+from tritond.repository.catalog import load_spec
 from tritond.repository.config import load_model_config, validate_config
 from tritond.repository.errors import ConfigError
 from tritond.repository.layout import ModelSource
@@ -71,10 +72,18 @@ def test_two_schedulers_violate_the_oneof(tmp_path):
 
 def test_name_must_match_directory(tmp_path):
     src = make_model(tmp_path, "m", 'name: "other"\nbackend: "python"\n')
-    with pytest.raises(ConfigError) as e:
-        load_model_config(src)
-    assert e.value.field == "name"
-    assert "unexpected directory name 'm' for model 'other'" in str(e.value)
+    spec = load_spec(src)
+    assert "field 'name'" in spec.error
+    assert "unexpected directory name 'm' for model 'other'" in spec.error
+
+
+def test_an_invalid_config_is_refused_for_that_before_its_name_and_versions(tmp_path):
+    """Triton validates the config first (L0_model_config's ensembles have other names, no versions)."""
+    src = make_model(tmp_path, "m", 'name: "other"\nplatform: "ensemble"\n' + IO16, files=())
+    assert "ensemble scheduling must be set for ensemble other whose platform is ensemble" in load_spec(src).error
+    src = make_model(tmp_path, "e", 'platform: "ensemble"\n' + IO16 + 'ensemble_scheduling { step [ { model_name: "x" '
+                     'input_map { key: "a" value: "in" } output_map { key: "b" value: "t" } } ] }', files=())
+    assert "ensemble output 'out' for ensemble e' is not used" in load_spec(src).error
 
 
 @pytest.mark.parametrize(
@@ -87,7 +96,9 @@ def test_name_must_match_directory(tmp_path):
 )
 def test_backend_autofilled_from_files_without_config(tmp_path, filename, backend, platform):
     cfg = load_model_config(make_model(tmp_path, "m", None, files=(f"1/{filename}",)))
-    assert (cfg.name, cfg.backend, cfg.platform, cfg.default_model_filename) == ("m", backend, platform, filename)
+    # as Triton's autofill, which leaves the file name of a model.pt it found unset
+    expected = "" if backend == "pytorch" else filename
+    assert (cfg.name, cfg.backend, cfg.platform, cfg.default_model_filename) == ("m", backend, platform, expected)
 
 
 def test_backend_autofill_looks_at_lowest_version(tmp_path):
@@ -228,8 +239,8 @@ IO = 'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\noutput [{ name: "y" 
         ('platform: "ensemble"\n' + IO, "ensemble_scheduling", "ensemble scheduling must be set"),
         (
             'platform: "ensemble"\n' + IO + 'ensemble_scheduling { step [{ input_map { key: "x" value: "x" } }] }',
-            "ensemble_scheduling.step[0].model_name",
-            "must specify 'model_name'",
+            "ensemble_scheduling",
+            "must specify 'model_name' in step 0 of ensemble 'm'",
         ),
         (
             'platform: "ensemble"\n' + IO + 'instance_group [{}]\nensemble_scheduling { step [{ model_name: "a" }] }',
@@ -304,6 +315,13 @@ def test_invalid_configs_are_refused_in_tritons_words(tmp_path, config, text):
     with pytest.raises(ConfigError) as e:
         load_and_validate(make_model(tmp_path, "m", config))
     assert text in str(e.value)
+
+
+def test_ensemble_config_shows_a_transaction_policy(tmp_path):
+    """Triton's ensemble validation sets it, so GET config shows `model_transaction_policy {}`."""
+    src = make_model(tmp_path, "e", 'platform: "ensemble"\n' + IO16 + 'ensemble_scheduling { step [ { model_name: '
+                     '"x" input_map { key: "a" value: "in" } output_map { key: "b" value: "out" } } ] }', files=())
+    assert load_model_config(src).HasField("model_transaction_policy")
 
 
 def test_unknown_platform_gets_the_backend_of_its_model_file(tmp_path):
