@@ -244,7 +244,7 @@ def test_readiness_rechecks_completed_configs(tmp_path):
     h.up("join", config=late)                 # the worker auto-completed a different type
     (mv,) = h.broker.registry.get("diamond").values()
     assert mv.state is S.ModelState.UNAVAILABLE and "inconsistent data type" in mv.reason
-    assert "tensor 'SUM'" in mv.reason
+    assert "ensemble tensor SUM:" in mv.reason
 
 
 def test_load_order_puts_ensembles_after_what_they_compose(tmp_path, h):
