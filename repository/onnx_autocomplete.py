@@ -93,7 +93,8 @@ def _complete_max_batch(cfg, tensors: list[GraphTensor], default_max_batch_size:
         if cfg.max_batch_size != 0:
             raise fail(
                 "max_batch_size",
-                "autofill failed: model does not support batching while non-zero max_batch_size is specified",
+                f"autofill failed for model '{cfg.name}': model does not support batching while non-zero "
+                "max_batch_size is specified",
             )
         return
     if cfg.max_batch_size == 0:
@@ -134,12 +135,14 @@ def _check_dims(cfg, io, kind: str, t: GraphTensor, field: str, fail: Callable) 
             f"but the model expects {_shape(t.dims)}",
         )
     ok = len(full) == len(t.dims) and all(m == -1 or m == c for m, c in zip(t.dims, full))
-    if not ok:
-        batch_note = " (batch dimension -1 included because max_batch_size > 0)" if cfg.max_batch_size > 0 else ""
+    if not ok:      # the ONNX Runtime backend's words
+        specified = (f"{len(full)} dimensions (an initial batch dimension because max_batch_size > 0 followed by "
+                     f"the explicit tensor shape, making complete shape {_shape(full)})" if cfg.max_batch_size > 0
+                     else f"{len(full)} dimensions (shape {_shape(full)})")
         raise fail(
             field,
-            f"{kind} '{io.name}': the model expects shape {_shape(t.dims)} but the configuration "
-            f"specifies {_shape(full)}{batch_note}",
+            f"model '{cfg.name}', tensor '{io.name}': the model expects {len(t.dims)} dimensions (shape "
+            f"{_shape(t.dims)}) but the model configuration specifies {specified}",
         )
 
 
@@ -192,20 +195,24 @@ def autocomplete_onnx(
             if not entries:
                 for t in tensors:
                     entries.add(name=t.name, data_type=t.data_type)
+    # As the ONNX Runtime backend: a sequence model's control inputs and implicit states are
+    # model inputs too, fed by the sequence batcher rather than listed under `input`; the counts
+    # must agree before the names are compared.
+    seq = cfg.sequence_batching
+    sequence_inputs = [ci.name for ci in seq.control_input] + [s.input_name for s in seq.state]
+    expected = len(cfg.input) + len(cfg.batch_input) + len(sequence_inputs)
+    if expected > len(inputs):
+        raise fail("input", f"unable to load model '{cfg.name}', configuration expects {expected} inputs, model "
+                            f"provides {len(inputs)}")
     _check_entries(cfg, cfg.input, inputs, "input", fail)
     _check_entries(cfg, cfg.output, outputs, "output", fail)
 
-    # As the ONNX Runtime backend: a sequence model's control inputs and implicit states are
-    # model inputs too, fed by the sequence batcher rather than listed under `input`.
-    seq = cfg.sequence_batching
-    sequence_inputs = [ci.name for ci in seq.control_input] + [s.input_name for s in seq.state]
     configured = ({io.name for io in cfg.input} | {name for b in cfg.batch_input for name in b.target_name}
                   | set(sequence_inputs))
     missing = [t.name for t in inputs if t.name not in configured]
     if missing:
-        expected = len(cfg.input) + len(cfg.batch_input) + len(sequence_inputs)
         raise fail(
             "input",
-            f"configuration expects {expected} inputs, model provides {len(inputs)}; "
-            f"not configured: {', '.join(missing)}",
+            f"unable to load model '{cfg.name}', configuration expects {expected} inputs, model provides "
+            f"{len(inputs)}; not configured: {', '.join(missing)}",
         )
