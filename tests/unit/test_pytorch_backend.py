@@ -268,6 +268,13 @@ def test_input_count_mismatch(tmp_path):
         backend.load()
 
 
+def test_config_without_inputs_is_refused_by_the_input_count(tmp_path):
+    """As Triton's PyTorch backend (L0_model_config's pytorch/too_few_inputs)."""
+    backend = make(tmp_path, AddSub(), [], [tensor("OUTPUT__0", "TYPE_FP32", [4])])
+    with pytest.raises(ValueError, match="configuration expects 0 inputs, model provides 2"):
+        backend.load()
+
+
 def test_unsupported_datatype(tmp_path):
     backend = make(tmp_path, AddSub(), [tensor("x", "TYPE_UINT32", [4]), tensor("y", "TYPE_FP32", [4])],
                    [tensor("OUTPUT__0", "TYPE_FP32", [4])])
