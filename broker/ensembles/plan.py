@@ -198,6 +198,11 @@ class EnsembleVersion(ModelVersion):
             return READY, "", max(ready, key=lambda mv: mv.version)
         if any(mv.state == LOADING for mv in candidates):
             return LOADING, "", None
+        if not candidates:      # nothing loaded for the step: Triton's words
+            if step.version >= 0 and versions:
+                return UNAVAILABLE, (f"ensemble '{self.name}' depends on '{step.model}' whose required version "
+                                     f"{step.version} is not loaded."), None
+            return UNAVAILABLE, f"ensemble '{self.name}' depends on '{step.model}' which has no loaded version.", None
         which = f"version {step.version} of model '{step.model}'" if step.version >= 0 else f"model '{step.model}'"
         why = "; ".join(sorted({mv.reason for mv in candidates if mv.reason})) or "not loaded"
         return UNAVAILABLE, f"in ensemble '{self.name}', {step.label()}: composing {which} is not available: {why}", None

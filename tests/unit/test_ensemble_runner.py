@@ -327,3 +327,15 @@ ensemble_scheduling { step [
     assert mv.reason == ("in ensemble 'nested_square', step 0 (model 'simple_repeat') is decoupled and its output "
                          "'r' feeds another step; tritond streams a decoupled step only when its outputs are "
                          "ensemble outputs")
+
+
+def test_a_step_on_a_version_not_loaded_is_refused_in_tritons_words(tmp_path):
+    """L0_model_config's no_required_version: the step asks for version 2, only 1 is loaded."""
+    for name, (ins, outs) in COMPOSING.items():
+        python_model(tmp_path, name, ins, outs)
+    ensemble_model(tmp_path, "diamond", DIAMOND.replace('model_name: "right" model_version: -1',
+                                                        'model_name: "right" model_version: 2'))
+    h = Harness(tmp_path).load("*")
+    (mv,) = h.broker.registry.get("diamond").values()
+    assert mv.state is S.ModelState.UNAVAILABLE
+    assert mv.reason == "ensemble 'diamond' depends on 'right' whose required version 2 is not loaded."
