@@ -16,6 +16,7 @@ from .backends import (
     DEFAULT_MODEL_FILENAME,
     ENSEMBLE_PLATFORM,
     GRAPHDEF_PLATFORM,
+    IDENTITY,
     KNOWN_BACKENDS,
     PYTHON,
     TENSORFLOW,
@@ -274,6 +275,8 @@ def _check_label_files(cfg: model_config_pb2.ModelConfig, model_path: str) -> No
 
 
 def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versions: list[int]) -> None:
+    if cfg.backend == IDENTITY:     # Triton's identity backend reads no model file
+        return
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME.get(cfg.backend, "")
     for v in versions:
         path = os.path.join(model_path, str(v), filename)

@@ -350,3 +350,11 @@ def test_runtime_other_than_the_backends_own_is_refused(tmp_path, runtime, text)
 def test_runtime_naming_the_backends_library_is_accepted(tmp_path):
     src = make_model(tmp_path, "m", 'backend: "python"\nruntime: "libtriton_python.so"\n' + IO16)
     assert load_and_validate(src).runtime == "libtriton_python.so"
+
+
+def test_identity_backend_needs_no_model_file(tmp_path):
+    """As Triton's identity test backend: `model.identity` is autofilled, and no such file is read."""
+    src = make_model(tmp_path, "m.identity", None, files=())
+    (tmp_path / "m.identity" / "1").mkdir()
+    cfg = load_and_validate(src)
+    assert (cfg.backend, cfg.default_model_filename) == ("identity", "model.identity")
