@@ -13,6 +13,7 @@ from tritonclient.grpc import model_config_pb2
 from .advice import config_advice
 from .backends import ENSEMBLE_PLATFORM
 from .config import OVERRIDE_FILE, check_directory_name, config_path, load_model_config, validate_config
+from .validation import completes_its_config
 from .ensemble import validate_ensemble
 from .errors import ConfigError
 from .layout import ModelSource, ignored_version_dirs, scan, validate_model_name, version_dirs
@@ -61,7 +62,9 @@ def load_spec(
             versions, version_error = select_versions(cfg, version_dirs(source.path)), None
         except ConfigError as e:
             versions, version_error = [], e
-        validate_config(cfg, model_path=source.path, config_file=config_file, versions=versions)
+        io_pending = autocomplete and bool(versions) and completes_its_config(cfg, source.path, versions[0])
+        validate_config(cfg, model_path=source.path, config_file=config_file, versions=versions,
+                        io_pending=io_pending)
         check_directory_name(cfg, source, config_file)
         if version_error is not None:
             raise version_error

@@ -5,6 +5,7 @@ and field, before any worker is started for it.
 """
 from __future__ import annotations
 
+import ast
 import os
 from typing import Callable
 
@@ -291,6 +292,21 @@ def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versi
             _check_compiles(cfg.name, path)
 
 
+def completes_its_config(cfg: model_config_pb2.ModelConfig, model_path: str, version: int) -> bool:
+    """Whether a Python model's model.py defines `auto_complete_config` (its worker completes the
+    config before the inputs and outputs can be checked)."""
+    if cfg.backend != PYTHON:
+        return False
+    path = os.path.join(model_path, str(version), cfg.default_model_filename or DEFAULT_MODEL_FILENAME[PYTHON])
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "auto_complete_config"
+               for node in ast.walk(tree))
+
+
 def _check_compiles(model: str, path: str) -> None:
     """A model.py with a syntax error fails here, with its line, rather than in its worker."""
     try:
@@ -308,11 +324,14 @@ def validate_config(
     model_path: str = "",
     config_file: str = "",
     versions: list[int] | None = None,
+    io_pending: bool = False,
 ) -> None:
     """Raise ConfigError for the first problem in a normalized config.
 
     With `model_path`, also require the model file in each of `versions`
-    (default: every version directory). `config_file` is the file errors name.
+    (default: every version directory). `config_file` is the file errors name. With `io_pending`
+    (a Python model whose auto_complete_config has yet to run) the inputs and outputs are left
+    for the completed config, as Triton checks them after the backend's auto-complete.
     """
 
     def fail(field: str, message: str) -> ConfigError:
@@ -325,7 +344,8 @@ def validate_config(
         raise fail("max_batch_size", f"'max_batch_size' must be non-negative value for {cfg.name}")
     if not cfg.HasField("version_policy"):
         raise fail("version_policy", f"must specify 'version policy' for {cfg.name}")
-    _check_io(cfg, fail)
+    if not io_pending:
+        _check_io(cfg, fail)
     if cfg.HasField("dynamic_batching"):
         _check_dynamic_batching(cfg, fail)
     if cfg.HasField("sequence_batching"):
@@ -336,7 +356,8 @@ def validate_config(
     if cfg.model_transaction_policy.decoupled and cfg.backend not in (PYTHON, ""):
         raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "
                                                          f"only, not '{cfg.backend}'")
-    check_ragged(cfg, lambda field, message: fail(field, f"{message} for {cfg.name}"))
+    if not io_pending:
+        check_ragged(cfg, lambda field, message: fail(field, f"{message} for {cfg.name}"))
     check_model_metrics(cfg, fail)
     check_idempotent(cfg, fail)
     if model_path:

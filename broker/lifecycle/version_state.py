@@ -105,7 +105,7 @@ class Lifecycle:
                                 f"(a worker from other code)")
             self.pool.kill(inst)
             return
-        if msg.config is not None and mv.state == LOADING and msg.config != mv.config:
+        if msg.config is not None and mv.state == LOADING:      # its inputs and outputs are checked here
             err = self.accept_completed_config(mv, msg.config)
             if err:
                 self.fail_load(mv, err)

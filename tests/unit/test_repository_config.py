@@ -358,3 +358,17 @@ def test_identity_backend_needs_no_model_file(tmp_path):
     (tmp_path / "m.identity" / "1").mkdir()
     cfg = load_and_validate(src)
     assert (cfg.backend, cfg.default_model_filename) == ("identity", "model.identity")
+
+
+def test_inputs_and_outputs_wait_for_a_python_models_auto_complete(tmp_path):
+    """Triton checks the inputs and outputs after the backend's auto-complete, which may fill them
+    (L0_model_config's python/incomplete_output); without the hook they are checked at once."""
+    config = 'backend: "python"\noutput [ { name: "OUTPUT0" } ]\n'
+    hook = ("class TritonPythonModel:\n    @staticmethod\n    def auto_complete_config(c):\n        return c\n")
+    src = make_model(tmp_path, "m", config)
+    (tmp_path / "m" / "1" / "model.py").write_text(hook)
+    assert load_spec(src).error == ""
+    assert "must specify 'data_type'" in load_spec(src, autocomplete=False).error
+    plain = make_model(tmp_path, "p", config)
+    (tmp_path / "p" / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    assert "model output 'OUTPUT0' must specify 'data_type' for p" in load_spec(plain).error
