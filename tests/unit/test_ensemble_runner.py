@@ -339,3 +339,23 @@ def test_a_step_on_a_version_not_loaded_is_refused_in_tritons_words(tmp_path):
     (mv,) = h.broker.registry.get("diamond").values()
     assert mv.state is S.ModelState.UNAVAILABLE
     assert mv.reason == "ensemble 'diamond' depends on 'right' whose required version 2 is not loaded."
+
+
+def test_ensembles_composing_each_other_are_refused_in_tritons_words(tmp_path):
+    """L0_model_config's circular_dependency and self_circular_dependency."""
+    python_model(tmp_path, "right", ["B"], ["R"])
+    loop = """
+name: "{name}" platform: "ensemble"
+input [{{ name: "B" data_type: TYPE_FP32 dims: [-1] }}]
+output [{{ name: "R" data_type: TYPE_FP32 dims: [-1] }}]
+ensemble_scheduling {{ step [
+  {{ model_name: "{other}" model_version: -1 input_map {{ key: "B" value: "B" }} output_map {{ key: "R" value: "R" }} }}
+] }}
+"""
+    ensemble_model(tmp_path, "a", loop.format(name="a", other="b"))
+    ensemble_model(tmp_path, "b", loop.format(name="b", other="a"))
+    ensemble_model(tmp_path, "self", loop.format(name="self", other="self"))
+    h = Harness(tmp_path).load("*")
+    reasons = {name: mv.reason for name in ("a", "b", "self") for mv in h.broker.registry.get(name).values()}
+    assert reasons["self"] == "circular dependency between ensembles: self -> ... -> self -> self"
+    assert any(r.startswith("circular dependency between ensembles: ") for r in (reasons["a"], reasons["b"]))
