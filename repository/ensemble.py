@@ -130,6 +130,66 @@ def _composing_error(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelSp
     return None
 
 
+class _Flow:
+    """A tensor in Triton's decoupled-label walk: who produced it, what it was produced from."""
+    __slots__ = ("model", "decoupled", "label", "visited", "prev", "next", "sibling")
+
+    def __init__(self, model: str, decoupled: bool = False) -> None:
+        self.model, self.decoupled, self.label, self.visited = model, decoupled, 0, False
+        self.prev: list[_Flow] = []
+        self.next: list[_Flow] = []
+        self.sibling: _Flow | None = None
+
+
+def decoupled_branching_error(cfg: model_config_pb2.ModelConfig, decoupled: set[str]) -> str | None:
+    """Triton's rule for decoupled steps: every step (and the ensemble's outputs together) must
+    take its inputs from responses of one decoupled model at most, since responses of different
+    decoupled models cannot be paired. `decoupled` names the decoupled composing models."""
+    name = cfg.name
+    tensors: dict[str, _Flow] = {io.name: _Flow(name) for io in cfg.input}
+    sink = _Flow(name)
+    for io in cfg.output:
+        node = tensors.setdefault(io.name, _Flow(name))
+        sink.prev.append(node)
+        node.next.append(sink)
+    for step in cfg.ensemble_scheduling.step:
+        is_decoupled = step.model_name in decoupled
+        sibling = _Flow(step.model_name)
+        for tensor in step.input_map.values():
+            tensors.setdefault(tensor, _Flow(step.model_name))
+        for tensor in step.output_map.values():
+            node = tensors.setdefault(tensor, _Flow(step.model_name))
+            node.sibling, node.decoupled = sibling, is_decoupled
+            for read in step.input_map.values():
+                node.prev.append(tensors[read])
+                tensors[read].next.append(node)
+    label = 0
+    queue = []
+    for io in cfg.input:
+        tensors[io.name].visited = True
+        queue.append(tensors[io.name])
+    while queue:
+        current = queue.pop(0)
+        for nxt in current.next:
+            if nxt.visited or not all(p.visited for p in nxt.prev):
+                continue
+            first = nxt.prev[0].label
+            if any(p.label != first for p in nxt.prev):
+                return (f"in ensemble {name}, step of model '{nxt.model}' receives inputs originated from different "
+                        "decoupled models")
+            if nxt.sibling is not None and nxt.sibling.visited:
+                nxt.label = nxt.sibling.label
+            else:
+                if nxt.decoupled:
+                    label += 1
+                nxt.label = label if nxt.decoupled else first
+                if nxt.sibling is not None:
+                    nxt.sibling.label, nxt.sibling.visited = nxt.label, True
+            nxt.visited = True
+            queue.append(nxt)
+    return None
+
+
 def validate_ensemble(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelSpec]) -> str | None:
     """Why the ensemble `cfg` cannot run over the models in `specs`, or None.
 

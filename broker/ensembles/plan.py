@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from tritond.repository.spec import ModelSpec
-from tritond.repository.ensemble import validate_ensemble
+from tritond.repository.ensemble import decoupled_branching_error, validate_ensemble
 from tritond.repository.render import config_from_json
 from tritond.wire.schema import ModelState, TensorDesc
 
@@ -216,7 +216,8 @@ class EnsembleVersion(ModelVersion):
                  for mv in composing}
         decoupled = {mv.name for mv in composing
                      if mv.view.decoupled or (isinstance(mv, EnsembleVersion) and mv.streams)}
-        error = validate_ensemble(self.proto, specs) or self._decoupled_steps(decoupled)
+        error = (validate_ensemble(self.proto, specs) or decoupled_branching_error(self.proto, decoupled)
+                 or self._decoupled_steps(decoupled))
         self._checked = (key, error, bool(decoupled))
         return error
 

@@ -3,7 +3,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritond.repository.spec import ModelSpec
-from tritond.repository.ensemble import validate_ensemble
+from tritond.repository.ensemble import decoupled_branching_error, validate_ensemble
 
 
 def parse(text):
@@ -138,3 +138,22 @@ def test_ensemble_batch_size_bounded_by_composing_models():
         "ensemble ens allows maximum batch size 8, but it contains model post "
         "which only allows maximum batch size to be 2" in error
     )
+
+
+def _fanout(name, steps, outputs):
+    text = (f'name: "{name}" platform: "ensemble" input [{{ name: "IN" data_type: TYPE_INT32 dims: [-1] }}] '
+            + " ".join(f'output [{{ name: "{o}" data_type: TYPE_INT32 dims: [1] }}]' for o in outputs)
+            + " ensemble_scheduling { step [ "
+            + ", ".join(f'{{ model_name: "{m}" input_map {{ key: "IN" value: "{i}" }} output_map {{ key: "OUT" '
+                        f'value: "{o}" }} }}' for m, i, o in steps) + " ] }")
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def test_responses_of_different_decoupled_steps_cannot_meet():
+    """Triton's decoupled-label rule (L0_model_config's invalid_decoupled_branching cases)."""
+    both_out = _fanout("two", [("rep", "IN", "A"), ("rep", "IN", "B")], ["A", "B"])
+    assert decoupled_branching_error(both_out, {"rep"}) == (
+        "in ensemble two, step of model 'two' receives inputs originated from different decoupled models")
+    assert decoupled_branching_error(both_out, set()) is None
+    one = _fanout("one", [("rep", "IN", "A"), ("plain", "A", "B")], ["B"])
+    assert decoupled_branching_error(one, {"rep"}) is None
