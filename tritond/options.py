@@ -128,8 +128,8 @@ def start_parser() -> argparse.ArgumentParser:
                    help="execution_count: instances run only while their rate_limiter resources are free")
     p.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append", default=[],
                    metavar="NAME:COUNT[:DEVICE]", help="how much of a rate limiter resource there is (repeatable)")
-    p.add_argument("--model-config-name", default=_D.model_config_name, metavar="NAME",
-                   help="read configs/<NAME>.pbtxt instead of config.pbtxt where it exists ('': config.pbtxt)")
+    p.add_argument("--model-config-name", default=None, metavar="NAME",
+                   help="read configs/<NAME>.pbtxt instead of config.pbtxt where it exists")
     _flag(p, "--disable-auto-complete-config", _D.disable_auto_complete, "do not auto-complete model configs")
     p.add_argument("--strict-model-config", type=parse_bool, nargs="?", const=True, default=None,
                    metavar="BOOL", help="deprecated: true disables auto-complete (default: false)")
@@ -241,6 +241,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         raise UsageError("; ".join(refused))
     if args.http_max_input_size <= 0:
         raise UsageError("Error: --http-max-input-size must be greater than 0.")
+    if args.model_config_name == "":        # given, empty (not given is None)
+        raise UsageError("Error: empty argument for --model-config-name")
     for repo in args.model_repositories:
         if "://" in repo:
             try:
@@ -318,7 +320,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         "model_file_override_max_bytes": args.model_file_override_max_bytes,
         "rate_limit": args.rate_limit,
         "rate_limit_resources": args.rate_limit_resources,
-        "model_config_name": args.model_config_name,
+        "model_config_name": args.model_config_name or _D.model_config_name,
         "disable_auto_complete": disable_ac,
         "default_max_batch_size": default_mbs,
         "mps": args.mps,

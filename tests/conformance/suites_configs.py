@@ -287,3 +287,116 @@ def l0_model_config(qa) -> None:
     for target in _cases(d, "custom_parameters/*/*/*"):
         qa.record("test.sh", f"custom_parameters/{target.parent.name}/{target.name}", "skip",
                   "TensorRT plan models (the allocation strategy of the TensorRT backend)")
+
+
+# ====================================================================== L0_config_json
+def _config_json(model: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://localhost:8000/v2/models/{model}/config", timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def _onnx_nobatch(qa, models: Path, append: str = "", sub: tuple[str, str] | None = None) -> None:
+    name = "onnx_nobatch_float32_float32_float32"
+    _copytree(qa.data / "qa_model_repository" / name, models / name)
+    cfg = models / name / "config.pbtxt"
+    if sub:
+        _sed(cfg, *sub)
+    if append:
+        cfg.write_text(cfg.read_text() + append + "\n")
+
+
+_WARMUP = "".join(f'''model_warmup [{{ name: "warmup {i}" batch_size: 1 inputs [{{ key: "INPUT0" value: {{
+  data_type: TYPE_FP32 dims: 16 zero_data: true }} }}, {{ key: "INPUT1" value: {{ data_type: TYPE_FP32 dims: 16
+  random_data: true }} }}] }}]
+''' for i in (1, 2))
+
+MAX_UINT64, MAX_UINT32 = 18446744073709551615, 4294967295
+
+
+def l0_config_json(qa) -> None:
+    """test.sh's trials: each starts a server, GETs the config and counts fragments of its JSON."""
+    d = qa.qa / "L0_config_json"
+    models = d / "models"
+    nobatch = "onnx_nobatch_float32_float32_float32"
+    policy = (f'{{"timeout_action":"REJECT","default_timeout_microseconds":{MAX_UINT64},'
+              f'"allow_timeout_override":true,"max_queue_size":10}}')
+    trials = [
+        ("ios", lambda: _onnx_nobatch(qa, models), nobatch, [('"dims":[16]', 4)]),
+        ("reshape", lambda: _onnx_nobatch(qa, models, sub=(r"data_type:.*TYPE_FP32",
+                                                           "data_type: TYPE_FP32\nreshape: { shape: [ 16 ]}")),
+         nobatch, [('"reshape":{"shape":[16]}', 4)]),
+        ("specific", lambda: _onnx_nobatch(qa, models, sub=(r"(?m)^version_policy:.*",
+                                                            "version_policy: { specific: { versions: [1] }}")),
+         nobatch, [('"version_policy":{"specific":{"versions":[1]}}', 1)]),
+        ("dbatch", lambda: _onnx_nobatch(qa, models, append=(
+            "dynamic_batching: { max_queue_delay_microseconds: 42 default_queue_policy: { "
+            "default_timeout_microseconds: 123 } priority_queue_policy: { key: 1  value: { "
+            "default_timeout_microseconds: 123 }} priority_queue_policy: { key: 2  value: { "
+            "default_timeout_microseconds: 123 }}}")),
+         nobatch, [('"dynamic_batching":{', 1), ('"max_queue_delay_microseconds":42', 1),
+                   ('"default_timeout_microseconds":123', 3)]),
+        ("sbatch", lambda: _onnx_nobatch(qa, models, append=(
+            "sequence_batching: { max_sequence_idle_microseconds: 42 oldest: { max_queue_delay_microseconds: 987 }}")),
+         nobatch, [('"sequence_batching":{', 1), ('"max_sequence_idle_microseconds":42', 1), ('"oldest":{', 1),
+                   ('"max_queue_delay_microseconds":987', 1)]),
+        ("ensemble", lambda: (_onnx_nobatch(qa, models), (models / "simple_ensemble" / "1").mkdir(parents=True),
+                              shutil.copy(d / "ensemble_config.pbtxt", models / "simple_ensemble" / "config.pbtxt")),
+         "simple_ensemble", [('"model_version":1', 1), ('"model_version":-1', 1)]),
+        ("warmup", lambda: _onnx_nobatch(qa, models, append=_WARMUP), nobatch, [('"dims":[16]', 8)]),
+        ("max_priority_level", lambda: ((models / "max_priority_level" / "1").mkdir(parents=True),
+                                        shutil.copy(d / "max_priority_level.pbtxt",
+                                                    models / "max_priority_level" / "config.pbtxt")),
+         "max_priority_level", [(f'"priority_levels":{MAX_UINT64}', 1), (f'"default_priority_level":{MAX_UINT32}', 1),
+                                (f'"{MAX_UINT32 + 1}":{policy}', 1), (f'"default_timeout_microseconds":{MAX_UINT64}', 1)]),
+    ]
+    for trial, build, model, counts in trials:
+        _fresh(models)
+        build()
+        s = qa.start(d, f"--model-repository={models}", f"{trial}.server.log")
+        if s is None:
+            qa.check(trial, False, f"server did not start: {qa.last_start_error}")
+            continue
+        code, body = _config_json(model)
+        s.stop()
+        wrong = [f"{frag} x{body.count(frag)} (expected {n})" for frag, n in counts if body.count(frag) != n]
+        qa.check(trial, code == 200 and not wrong, f"HTTP {code}; {wrong}; {body[:1500]}")
+
+
+# ====================================================================== L0_custom_model_config
+def l0_custom_model_config(qa) -> None:
+    """--model-config-name picks configs/<name>.pbtxt where it exists; an empty name is refused."""
+    d = qa.qa / "L0_custom_model_config"
+    models = _fresh(d / "models")
+    name = "onnx_nobatch_float32_float32_float32"
+    _onnx_nobatch(qa, models)
+    cfg = models / name / "config.pbtxt"
+    (models / name / "configs").mkdir()
+    versions = {"": "1,3", "h100": "1", "v100": "2", "config": "3"}
+
+    def policy(path: Path, v: str) -> None:
+        _sed(path, r"(?m)^version_policy:.*", f"version_policy: {{ specific: {{ versions: [{v}] }}}}")
+
+    policy(cfg, versions[""])
+    for custom in ("h100", "v100", "config"):
+        shutil.copy(cfg, models / name / "configs" / f"{custom}.pbtxt")
+        policy(models / name / "configs" / f"{custom}.pbtxt", versions[custom])
+    for flag, expect in (("", "1,3"), ("h100", "1"), ("v100", "2"), ("config", "3"), ("h200", "1,3")):
+        args = f"--model-repository={models}" + (f" --model-config-name={flag}" if flag else "")
+        s = qa.start(d, args, f"{flag or 'default'}.server.log")
+        case = f"--model-config-name={flag}" if flag else "no --model-config-name"
+        if s is None:
+            qa.check(case, False, f"server did not start: {qa.last_start_error}")
+            continue
+        code, body = _config_json(name)
+        s.stop()
+        frag = f'"version_policy":{{"specific":{{"versions":[{expect}]}}}}'
+        qa.check(case, code == 200 and body.count(frag) == 1, f"HTTP {code}; {frag} not once in {body[:800]}")
+    s = qa.start(d, f"--model-repository={models} --model-config-name=", "empty.server.log", timeout=60)
+    if s is not None:
+        s.stop()
+    qa.check("--model-config-name= (empty) refused", s is None, "server started with an empty --model-config-name")

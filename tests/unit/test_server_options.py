@@ -180,3 +180,12 @@ def test_strict_model_config_warns_as_tritonserver_does():
     notes = options("--disable-auto-complete-config", "--strict-model-config=false").startup_notes
     assert deprecated in notes and override in notes
     assert options("--disable-auto-complete-config").startup_notes == []
+
+
+def test_model_config_name_given_empty_is_refused():
+    """As tritonserver: '--model-config-name=' is an error, not the default config.pbtxt."""
+    from tritond.options import UsageError
+    assert options("--model-config-name=h100").model_config_name == "h100"
+    assert options().model_config_name == ""
+    with pytest.raises(UsageError, match="Error: empty argument for --model-config-name"):
+        options("--model-config-name=")
