@@ -109,7 +109,8 @@ def start_parser() -> argparse.ArgumentParser:
     _flag(p, "--exit-on-error", _D.exit_on_error, "exit when a model fails to load at startup")
     _flag(p, "--strict-readiness", _D.strict_readiness, "ready only when every model is ready")
     _flag(p, "--allow-client-shm", _D.allow_client_shm, "allow client shared-memory registration")
-    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=_D.model_control_mode,
+    p.add_argument("--model-control-mode", type=str.lower, choices=["none", "poll", "explicit"],
+                   default=_D.model_control_mode,
                    help="none: load the repository at startup; poll: follow its changes; explicit: load and "
                         "unload through the repository API")
     p.add_argument("--load-model", dest="load_models", action="append", default=[], metavar="NAME",

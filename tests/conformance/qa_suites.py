@@ -1,7 +1,7 @@
 """The suites qa_run.py knows, in the order it runs them."""
 from __future__ import annotations
 
-from suites_configs import l0_config_json, l0_custom_model_config, l0_model_config
+from suites_configs import l0_config_json, l0_custom_model_config, l0_model_config, l0_model_namespacing
 from suites_decoupled import l0_client_timeout, l0_decoupled, l0_grpc_state_cleanup, l0_request_cancellation
 from suites_ensembles import l0_simple_ensemble
 from suites_http import l0_grpc, l0_http, l0_input_validation, l0_shared_memory
@@ -53,4 +53,5 @@ SUITES = {
     "L0_model_config": l0_model_config,
     "L0_config_json": l0_config_json,
     "L0_custom_model_config": l0_custom_model_config,
+    "L0_model_namespacing": l0_model_namespacing,
 }

@@ -189,3 +189,9 @@ def test_model_config_name_given_empty_is_refused():
     assert options().model_config_name == ""
     with pytest.raises(UsageError, match="Error: empty argument for --model-config-name"):
         options("--model-config-name=")
+
+
+def test_model_control_mode_is_case_insensitive():
+    """tritonserver lowercases it (L0_model_namespacing passes POLL and EXPLICIT)."""
+    assert options("--model-control-mode=EXPLICIT").model_control_mode == "explicit"
+    assert options("--model-control-mode=Poll").model_control_mode == "poll"
