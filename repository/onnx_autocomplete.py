@@ -44,8 +44,9 @@ def _config_type(elem_type_name: str) -> int:
     return DataType.TYPE_INVALID
 
 
-def read_graph_io(path: str) -> tuple[list[GraphTensor], list[GraphTensor]]:
-    """Inputs (initializers excluded) and outputs of an ONNX file, or of `<dir>/model.onnx`."""
+def read_graph_io(path: str) -> tuple[list[GraphTensor], list[GraphTensor], list[GraphTensor]]:
+    """Inputs (initializers excluded), outputs and overridable initializers (graph inputs that have
+    an initializer, which a request may feed) of an ONNX file, or of `<dir>/model.onnx`."""
     import onnx
 
     if os.path.isdir(path):
@@ -63,7 +64,8 @@ def read_graph_io(path: str) -> tuple[list[GraphTensor], list[GraphTensor]]:
         return GraphTensor(value.name, dtype, [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim])
 
     inputs = [tensor(v) for v in graph.input if v.name not in initializers]
-    return inputs, [tensor(v) for v in graph.output]
+    overridable = [tensor(v) for v in graph.input if v.name in initializers]
+    return inputs, [tensor(v) for v in graph.output], overridable
 
 
 def _shape(dims) -> str:
@@ -185,7 +187,7 @@ def autocomplete_onnx(
     if cfg.max_batch_size < 0:
         raise fail("max_batch_size", "'max_batch_size' must be non-negative value")
     try:
-        inputs, outputs = read_graph_io(model_file)
+        inputs, outputs, overridable = read_graph_io(model_file)
     except Exception as e:  # onnx raises DecodeError, ValueError, OSError... for a bad file
         raise ConfigError(cfg.name, model_file, "default_model_filename", f"cannot read ONNX model: {e}") from e
 
@@ -201,10 +203,11 @@ def autocomplete_onnx(
     seq = cfg.sequence_batching
     sequence_inputs = [ci.name for ci in seq.control_input] + [s.input_name for s in seq.state]
     expected = len(cfg.input) + len(cfg.batch_input) + len(sequence_inputs)
-    if expected > len(inputs):
+    # As the ONNX Runtime backend: the overridable initializers count as inputs the config may list
+    if expected > len(inputs) + len(overridable):
         raise fail("input", f"unable to load model '{cfg.name}', configuration expects {expected} inputs, model "
-                            f"provides {len(inputs)}")
-    _check_entries(cfg, cfg.input, inputs, "input", fail)
+                            f"provides {len(inputs) + len(overridable)}")
+    _check_entries(cfg, cfg.input, inputs + overridable, "input", fail)
     _check_entries(cfg, cfg.output, outputs, "output", fail)
 
     configured = ({io.name for io in cfg.input} | {name for b in cfg.batch_input for name in b.target_name}
