@@ -16,7 +16,7 @@ from pathlib import Path
 
 from suites_decoupled import _standin
 from suites_http import _copytree, _fresh, _note, _sed
-from suites_models import _gpu_count
+from suites_models import _cpu_kind, _gpu_count
 
 NO_MODEL = {"tensorrt": "TensorRT plans (qa_*_model_repository/plan_*) are not generated here",
             "openvino": "OpenVINO models (qa/openvino_models) are not generated here"}
@@ -429,3 +429,117 @@ def l0_model_namespacing(qa) -> None:
             qa.unittest(d, "test.py", [f"{suite}.{test}"], env=env, server=s)
             if s:
                 s.stop()
+
+
+# ====================================================================== ONNX Runtime suites
+def l0_initializer_as_input(qa) -> None:
+    """An ONNX model whose initializer is also a graph input (its own repository in qa/)."""
+    d = qa.qa / "L0_initializer_as_input"
+    s = qa.start(d, f"--model-repository={d / 'models'}", "server.log")
+    qa.unittest(d, "test.py", server=s)
+    if s:
+        s.stop()
+
+
+def l0_backend_onnxruntime(qa) -> None:
+    """The BF16 ONNX model over HTTP and gRPC."""
+    d = qa.qa / "L0_backend_onnxruntime"
+    models = _fresh(d / "models")
+    _copytree(qa.data / "qa_model_repository" / "onnx_bf16_bf16_bf16", models / "onnx_bf16_bf16_bf16")
+    s = qa.start(d, f"--model-repository={models}", "server.log")
+    missing = [ln for ln in server_text(qa, "server.log").splitlines() if "NOT_IMPLEMENTED" in ln]
+    if s is None and missing:
+        for client in ("http", "grpc"):
+            qa.record("test.py", f"BFloat16Test[{client}]", "skip", "ONNX Runtime's CPU execution provider has no "
+                      "BF16 kernels (Triton runs this model on a GPU): " + missing[0].split("] ", 1)[-1])
+        return
+    for client in ("http", "grpc"):
+        qa.unittest(d, "test.py", variant=client, env={"CLIENT_TYPE": client}, server=s)
+    if s:
+        s.stop()
+
+
+def l0_backend_output_detail(qa) -> None:
+    qa.record("test.sh", "backend_output_detail_test", "skip",
+              "a C++ program over Triton's in-process API (backend_output_detail_test), no client to run here")
+
+
+# ====================================================================== PyTorch suites
+def _libtorch_copy(qa, models: Path, src: str, name: str, subs: list[tuple[str, str]] = (),
+                   repo: str = "qa_model_repository") -> Path:
+    _copytree(qa.data / repo / src, models / name)
+    cfg = models / name / "config.pbtxt"
+    _sed(cfg, re.escape(src), name)
+    for pattern, repl in subs:
+        _sed(cfg, pattern, repl, count=1 if pattern.startswith("^") else 0, flags=re.M)
+    return cfg
+
+
+def l0_libtorch_io_names(qa) -> None:
+    """Input and output naming conventions of TorchScript models (index, argument names, mixed)."""
+    d = qa.qa / "L0_libtorch_io_names"
+    models = _fresh(d / "models")
+    src = "libtorch_float32_float32_float32"
+    variants = {
+        "libtorch_output_index": [],
+        "libtorch_io_index": [("INPUT0", "INPUT__0"), ("INPUT1", "INPUT__1")],
+        "libtorch_no_output_index": [("OUTPUT__0", "OUTPUT0"), ("OUTPUT__1", "OUTPUT1")],
+        "libtorch_no_arguments_output_index": [("INPUT0", "INPUTA"), ("INPUT1", "INPUTB"), ("OUTPUT__0", "OUTPUTA"),
+                                               ("OUTPUT__1", "OUTPUTB")],
+        "libtorch_mix_index": [("INPUT0", "INPUTA"), ("INPUT1", "INPUT__1"), ("OUTPUT__0", "OUTPUTA")],
+        "libtorch_mix_arguments": [("INPUT1", "INPUTB"), ("OUTPUT__0", "OUTPUTA")],
+        "libtorch_mix_arguments_index": [("INPUT1", "INPUT__1"), ("OUTPUT__0", "OUTPUT0")],
+        "libtorch_unordered_index": [("INPUT0", "INPUT_TMP1"), ("INPUT1", "INPUT0"), ("INPUT_TMP1", "INPUT1"),
+                                     ("OUTPUT__0", "OUT__1"), ("OUTPUT__1", "OUT__0")],
+    }
+    for name, subs in variants.items():
+        cfg = _libtorch_copy(qa, models, src, name)
+        for old, new in subs:           # sed 's/old/new/': the first match on each line
+            cfg.write_text("\n".join(line.replace(old, new, 1) for line in cfg.read_text().split("\n")))
+    s = qa.start(d, "--model-repository=models", "server.log")
+    qa.unittest(d, "io_names_client.py", server=s)
+    if s:
+        s.stop()
+
+
+def l0_libtorch_io_types(qa) -> None:
+    """Types the PyTorch backend refuses, each a start-up that fails with the backend's message."""
+    d = qa.qa / "L0_libtorch_io_types"
+    cases = [
+        ("libtorch_invalid_input_type", "libtorch_int32_int8_int8", "qa_model_repository",
+         [("TYPE_INT32", "TYPE_UINT32")],
+         "unsupported datatype TYPE_UINT32 for input 'INPUT0' for model 'libtorch_invalid_input_type'"),
+        ("libtorch_invalid_output_type", "libtorch_int32_int8_int8", "qa_model_repository",
+         [("TYPE_INT8", "TYPE_UINT64")],
+         "unsupported datatype TYPE_UINT64 for output 'OUTPUT__0' for model 'libtorch_invalid_output_type'"),
+        ("libtorch_invalid_sequence_int32", "libtorch_sequence_int32", "qa_variable_sequence_model_repository",
+         [("READY__2", "CORRID__2"), ("CONTROL_SEQUENCE_READY", "CONTROL_SEQUENCE_CORRID"),
+          (r"CORRID\n(.*)int32_false_true: \[ 0, 1 \]", "CORRID\ndata_type: TYPE_UINT32")],
+         "input 'CORRID__2' type 'TYPE_UINT32' is not supported by PyTorch."),
+    ]
+    for name, src, repo, subs, expect in cases:
+        models = _fresh(d / "models")
+        cfg = _libtorch_copy(qa, models, src, name, repo=repo)
+        for old, new in subs:
+            if old.startswith("CORRID\\n"):      # test.sh's multi-line sed, over line pairs
+                _sed(cfg, old, new, count=1)
+            else:
+                cfg.write_text("\n".join(line.replace(old, new, 1) for line in cfg.read_text().split("\n")))
+        _cpu_kind(qa, cfg)
+        qa.refused(d, "--model-repository=models", f"{name}.server.log", expect, name)
+
+
+def l0_libtorch_inference_mode(qa) -> None:
+    """INFERENCE_MODE true and false: inference works, and the server log says which mode ran."""
+    d = qa.qa / "L0_libtorch_inference_mode"
+    for flag in ("true", "false"):
+        models = _fresh(d / "models")
+        cfg = _libtorch_copy(qa, models, "libtorch_int32_int32_int32", "libtorch_int32_int32_int32")
+        cfg.write_text(cfg.read_text() + f'parameters: {{ key: "INFERENCE_MODE" value: {{ string_value: "{flag}" }} }}\n')
+        s = qa.start(d, "--model-repository=models --log-verbose=1", f"{flag}.server.log")
+        qa.unittest(d, "../common/libtorch_infer_client.py", variant=flag, server=s)
+        if s:
+            s.stop()
+            line = "Inference Mode is " + ("enabled" if flag == "true" else "disabled")
+            n = s.text().count(line)
+            qa.check(f"'{line}' logged 3 times", n == 3, f"logged {n} times")
