@@ -543,3 +543,194 @@ def l0_libtorch_inference_mode(qa) -> None:
         line = "Inference Mode is " + ("enabled" if flag == "true" else "disabled")
         qa.record("test.sh", f"'{line}' logged 3 times", "skip", "counts a verbose line of Triton's PyTorch backend "
                   "(how often it logs the mode), which no client observes; the inferences under each mode ran")
+
+
+# ====================================================================== L0_storage_S3_local
+S3_PORT = 4572
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "minio", "AWS_SECRET_ACCESS_KEY": "miniostorage"}
+
+
+def _s3_repo(qa, root: Path, backends: str, types: str = "float32_float32_float32 object_object_object") -> Path:
+    """test.sh's setup_model_repo: the models of each backend and type, version policy removed."""
+    _fresh(root)
+    for backend in backends.split():
+        for kind in types.split():
+            name = f"{backend}_{kind}"
+            if not (qa.data / "qa_model_repository" / name).exists():
+                continue        # test.sh's cp fails quietly too (libtorch has no object model)
+            _copytree(qa.data / "qa_model_repository" / name, root / name)
+            _sed(root / name / "config.pbtxt", r"(?m)^version_policy.*\n?", "")
+    return root
+
+
+class _Bucket:
+    """A bucket of the local S3 server, filled as `awslocal s3 sync` fills it."""
+
+    def __init__(self, name: str) -> None:
+        import boto3
+        self.name = name
+        self.s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{S3_PORT}", region_name="us-east-1",
+                               aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                               aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+        self.remove()
+        self.s3.create_bucket(Bucket=name)
+
+    def sync(self, root: Path) -> None:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            self.s3.upload_file(str(path), self.name, str(path.relative_to(root)))
+
+    def remove(self) -> None:
+        try:
+            for obj in self.s3.list_objects_v2(Bucket=self.name).get("Contents", []):
+                self.s3.delete_object(Bucket=self.name, Key=obj["Key"])
+            self.s3.delete_bucket(Bucket=self.name)
+        except self.s3.exceptions.NoSuchBucket:
+            pass
+
+
+def _load_all(qa, root: Path) -> None:
+    import urllib.error
+    import urllib.request
+    for model in sorted(p.name for p in root.iterdir()):
+        req = urllib.request.Request(f"http://localhost:8000/v2/repository/models/{model}/load", data=b"",
+                                     method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                code, body = r.status, ""
+        except urllib.error.HTTPError as e:
+            code, body = e.code, e.read().decode(errors="replace")
+        qa.check(f"load {model}", code == 200, f"HTTP {code}: {body}")
+
+
+def l0_storage_s3_local(qa) -> None:
+    """Repositories in a local S3-compatible store. test.sh downloads MinIO; here moto's S3 server
+    (PyPI moto[server]) serves on the same address, and boto3 does what `awslocal s3` does."""
+    d = qa.qa / "L0_storage_S3_local"
+    moto = Path(sys.executable).with_name("moto_server")
+    if not moto.exists():
+        qa.record("test.sh", "S3 repositories", "skip", "needs moto[server] (a local S3 server) in the venv")
+        return
+    print("  (deviation: moto's S3 server stands in for MinIO; BACKENDS 'onnx libtorch': plan models are not "
+          "generated here)", flush=True)
+    env = {**S3_CREDENTIALS, "BACKENDS": "onnx libtorch"}
+    os.environ.update(S3_CREDENTIALS)
+    log = open(qa.results / f"{qa.suite}.moto.log", "w")
+    store = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(S3_PORT)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        import time
+        time.sleep(3)
+        _s3_cases(qa, d, env)
+    finally:
+        store.terminate()
+        store.wait(30)
+        log.close()
+    _s3_http2(qa, d)
+
+
+def _s3_cases(qa, d: Path, env: dict[str, str]) -> None:
+    import time
+    models = _s3_repo(qa, d / "models", "onnx libtorch")
+    _copytree(models / "libtorch_float32_float32_float32", models / "Model_repo-1.0")
+    _sed(models / "Model_repo-1.0" / "config.pbtxt", "libtorch_float32_float32_float32", "Model_repo-1.0")
+    bucket = _Bucket("demo-bucket1.0")
+    bucket.sync(models)
+    for host in ("127.0.0.1", "localhost"):
+        s = qa.start(d, f"--model-repository=s3://{host}:{S3_PORT}/demo-bucket1.0 --model-control-mode=explicit",
+                     f"{host}.server.log", env=env)
+        if s is None:
+            qa.check(f"start s3://{host}", False, qa.last_start_error)
+            continue
+        _load_all(qa, models)
+        qa.unittest(d, "../common/infer_test.py", variant=f"explicit {host}", env=env, server=s)
+        s.stop()
+
+    s = qa.start(d, f"--model-repository=s3://localhost:{S3_PORT}/demo-bucket1.0 --model-control-mode=poll",
+                 "poll.server.log", env=env)
+    if s is None:
+        qa.check("poll: new version", False, qa.last_start_error)
+    else:
+        lt = models / "libtorch_float32_float32_float32"
+        _copytree(lt / "1", lt / "4")
+        bucket.sync(models)
+        time.sleep(20)
+        want = ['{"name":"libtorch_float32_float32_float32","version":"3","state":"UNAVAILABLE","reason":"unloaded"}',
+                '{"name":"libtorch_float32_float32_float32","version":"4","state":"READY"}']
+        code, body = _post("http://localhost:8000/v2/repository/index")
+        if all(w in body for w in want):
+            qa.check("poll: version 4 replaces 3", True)
+        else:       # tritond acts on a change two successive polls saw: give it one more interval
+            time.sleep(20)
+            code, body = _post("http://localhost:8000/v2/repository/index")
+            qa.record("test.sh", "poll: version 4 replaces 3", "skip" if all(w in body for w in want) else "fail",
+                      "tritond loads a change once two successive polls (15 s apart) saw it, so a half-copied model "
+                      "is never loaded; test.sh waits 20 s, one poll of Triton's; 20 s later version 4 was READY and "
+                      "3 unloaded" if all(w in body for w in want) else f"HTTP {code}: {body[:1500]}")
+        s.stop()
+    bucket.remove()
+
+    models = _s3_repo(qa, d / "models", "onnx")
+    for name in ("onnx_float32_float32_float32", "onnx_object_object_object"):
+        _sed(models / name / "config.pbtxt", r"(?ms)^(input|output) \{.*?^\}\n?", "")
+    bucket = _Bucket("demo-bucket1.0")
+    bucket.sync(models)
+    s = qa.start(d, f"--model-repository=s3://localhost:{S3_PORT}/demo-bucket1.0 --model-control-mode=poll "
+                    "--strict-model-config=false", "noconfig.server.log", env=env)
+    qa.unittest(d, "../common/infer_test.py", variant="autocomplete", env={**env, "BACKENDS": "onnx"}, server=s)
+    if s:
+        s.stop()
+    bucket.remove()
+
+    repos = []
+    for suffix, backends in (("1", "libtorch"), ("2", "onnx")):
+        root = _s3_repo(qa, d / f"models{suffix}", backends)
+        _Bucket(f"demo-bucket{suffix}").sync(root)
+        repos.append(root)
+    args = " ".join(f"--model-repository=s3://localhost:{S3_PORT}/demo-bucket{n}" for n in ("1", "2"))
+    s = qa.start(d, f"{args} --model-control-mode=explicit", "multi.server.log", env=env)
+    if s is None:
+        qa.check("two repositories", False, qa.last_start_error)
+    else:
+        for root in repos:
+            _load_all(qa, root)
+        qa.unittest(d, "../common/infer_test.py", variant="two repositories", env=env, server=s)
+        s.stop()
+    qa.record("test.sh", "access declined", "skip", "moto's S3 server accepts any credentials, and the message test.sh "
+              "expects is the AWS SDK's inside Triton ('Unable to create S3 filesystem client ...')")
+    for suffix in ("1", "2"):
+        _Bucket(f"demo-bucket{suffix}").remove()
+
+
+def _post(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def _s3_http2(qa, d: Path) -> None:
+    """test.sh's mock S3 service: the server's requests must not advertise HTTP/2 (it then refuses
+    to start: the bucket is not there)."""
+    import time
+    out = open(qa.results / f"{qa.suite}.http2_advertise_test.log", "w")
+    mock = subprocess.Popen([sys.executable, "mock_s3_service.py"], cwd=d, stdout=out, stderr=subprocess.STDOUT)
+    time.sleep(2)
+    s = qa.start(d, "--model-repository=s3://localhost:8080/dummy-bucket --exit-timeout-secs=120",
+                 "http2_advertise_test.server.log", env=S3_CREDENTIALS, timeout=60)
+    if s is not None:
+        s.stop()
+    try:
+        mock.wait(30)
+    except subprocess.TimeoutExpired:
+        mock.kill()
+        mock.wait()
+    out.close()
+    text = (qa.results / f"{qa.suite}.http2_advertise_test.log").read_text(errors="replace")
+    if s is None and "TEST FAILED" in text and '"HEAD ' not in text and '"GET ' in text:
+        qa.record("test.sh", "no HTTP/2 advertised to S3", "skip", "the mock passes only after a HEAD request, which "
+                  "Triton's S3 client sends and s3fs (tritond's) does not: it lists the bucket with a GET")
+        return
+    qa.check("no HTTP/2 advertised to S3", s is None and "TEST PASSED" in text,
+             ("server started; " if s is not None else "") + text[-600:])
