@@ -734,3 +734,21 @@ def _s3_http2(qa, d: Path) -> None:
         return
     qa.check("no HTTP/2 advertised to S3", s is None and "TEST PASSED" in text,
              ("server started; " if s is not None else "") + text[-600:])
+
+
+# ====================================================================== L0_passive_instance
+def l0_passive_instance(qa) -> None:
+    """A model with a passive KIND_GPU instance group on the C++ `distributed_addsub` test backend:
+    tritond has neither (it refuses both), so a refused start-up records the cases skipped."""
+    d = qa.qa / "L0_passive_instance"
+    (d / "models" / "distributed_int32_int32_int32" / "1").mkdir(parents=True, exist_ok=True)
+    s = qa.start(d, "--model-repository=models --exit-timeout-secs=120", "server.log", timeout=60)
+    if s is None:
+        why = (f"the C++ test backend 'distributed_addsub' has no stand-in, and tritond refuses passive instances; "
+               f"tritond: {qa.last_start_error}")
+        for case in ("passive_instance_test.py PassiveInstanceTest.test_inference", "perf_analyzer --concurrency-range 4",
+                     "no request sent to the GPU instance"):
+            qa.record("test.sh", case, "skip", why)
+        return
+    s.stop()
+    qa.check("refused: distributed_addsub backend with a passive instance", False, "server started")
