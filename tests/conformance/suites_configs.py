@@ -752,3 +752,93 @@ def l0_passive_instance(qa) -> None:
         return
     s.stop()
     qa.check("refused: distributed_addsub backend with a passive instance", False, "server started")
+
+
+# ====================================================================== L0_warmup
+def _warmup_sample(name: str, inputs: list[tuple[str, str, int, str]], batch: int = 1, count: int = 0) -> str:
+    """One model_warmup entry: inputs as (key, data type, dims, data: zero_data | random_data | a file)."""
+    ins = " ".join(f'inputs {{ key: "{k}" value: {{ data_type: {t} dims: {n} '
+                   + (f'input_data_file: "{data}"' if data.startswith("raw") else f"{data}: true") + " } }"
+                   for k, t, n, data in inputs)
+    return f'{{ name: "{name}" batch_size: {batch} ' + (f"count: {count} " if count else "") + ins + " }"
+
+
+def _warmup_append(cfg: Path, *samples: str) -> None:
+    cfg.write_text(cfg.read_text() + "\nmodel_warmup [" + ", ".join(samples) + "]\n")
+
+
+def _warmup_checks(qa, s, trial: str, expects: list[str]) -> None:
+    text = s.text()
+    for line in expects:
+        qa.check(f"{trial}: '{line}'", line in text, "not in the server log")
+    qa.check(f"{trial}: no 'failed to run warmup'", "failed to run warmup" not in text, "a warmup failed")
+
+
+def l0_warmup(qa) -> None:
+    d = qa.qa / "L0_warmup"
+    models = d / "models"
+    args = f"--model-repository={models} --log-verbose=1 --exit-timeout-secs=120"
+    print("  (deviation: BACKENDS 'onnx libtorch': plan models are not generated here)", flush=True)
+    for backend in ("onnx", "libtorch"):
+        lt = backend == "libtorch"
+        _fresh(models)
+        addsub = f"{backend}_float32_float32_float32"
+        seq = f"{backend}_sequence_int32"
+        _copytree(qa.data / "qa_model_repository" / addsub, models / addsub)
+        _copytree(qa.data / "qa_sequence_model_repository" / seq, models / seq)
+        _warmup_append(models / addsub / "config.pbtxt", _warmup_sample(
+            "regular sample", [("INPUT0", "TYPE_FP32", 16, "zero_data"), ("INPUT1", "TYPE_FP32", 16, "random_data")]))
+        _warmup_append(models / seq / "config.pbtxt", _warmup_sample(
+            "sequence sample", [("INPUT__0" if lt else "INPUT", "TYPE_INT32", 1, "zero_data"),
+                                ("START__1" if lt else "START", "TYPE_INT32", 1, "zero_data"),
+                                ("READY__2" if lt else "READY", "TYPE_INT32", 1, "zero_data")], batch=8, count=2))
+        for cfg in models.glob("*/config.pbtxt"):
+            _cpu_kind(qa, cfg)
+        s = qa.start(d, args, f"{backend}.fixed.server.log")
+        if s is None:
+            qa.check(f"{backend} fixed-size samples", False, f"server did not start: {qa.last_start_error}")
+        else:
+            s.stop()
+            _warmup_checks(qa, s, f"{backend} fixed-size", [
+                "is running warmup sample 'regular sample'",
+                "is running warmup sample 'sequence sample' for iteration 1",
+                "is running warmup sample 'sequence sample' for iteration 2"])
+        if lt:
+            continue
+        _fresh(models)
+        ident, sobj = "onnx_zero_1_object", "onnx_sequence_object"
+        _copytree(qa.data / "qa_sequence_model_repository" / sobj, models / sobj)
+        _copytree(qa.data / "qa_identity_model_repository" / ident, models / ident)
+        _warmup_append(models / ident / "config.pbtxt",
+                       _warmup_sample("zero string stateless", [("INPUT0", "TYPE_STRING", 16, "zero_data")]),
+                       _warmup_sample("random string stateless", [("INPUT0", "TYPE_STRING", 16, "random_data")]))
+        _warmup_append(models / sobj / "config.pbtxt", _warmup_sample(
+            "string statefull", [("INPUT", "TYPE_STRING", 1, "raw_string_data"), ("START", "TYPE_INT32", 1, "zero_data"),
+                                 ("READY", "TYPE_INT32", 1, "zero_data")], batch=8))
+        (models / sobj / "warmup").mkdir()
+        (models / sobj / "warmup" / "raw_string_data").write_bytes(b"\x03\x00\x00\x00\x32\x33\x33")
+        for cfg in models.glob("*/config.pbtxt"):
+            _cpu_kind(qa, cfg)
+        s = qa.start(d, args, "onnx.string.server.log")
+        if s is None:
+            qa.check("onnx string samples", False, f"server did not start: {qa.last_start_error}")
+        else:
+            s.stop()
+            _warmup_checks(qa, s, "onnx string", ["is running warmup sample 'zero string stateless'",
+                                                   "is running warmup sample 'random string stateless'",
+                                                   "is running warmup sample 'string statefull'"])
+    _fresh(models)
+    _copytree(d / "failing_infer", models / "failing_infer")
+    qa.refused(d, args, "failing_infer.server.log", "failed to run warmup sample 'zero sample': An Error Occurred;",
+               "failing_infer refused with its warmup error")
+    _fresh(models)
+    _copytree(d / "decoupled", models / "decoupled")
+    s = qa.start(d, args, "decoupled.server.log")
+    if s is None:
+        qa.check("decoupled sample", False, f"server did not start: {qa.last_start_error}")
+    else:
+        s.stop()
+        _warmup_checks(qa, s, "decoupled", ["is running warmup sample 'decoupled sample'"])
+    qa.record("test.sh", "bls_onnx_warmup", "skip", "a KIND_GPU ONNX model warmed up through a BLS model with "
+              "torch reinstalled for CUDA 13 (pip, downloads), and the python backend's shm leak probe (Triton "
+              "internals)")
