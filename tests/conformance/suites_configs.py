@@ -843,3 +843,40 @@ def l0_warmup(qa) -> None:
     qa.record("test.sh", "bls_onnx_warmup", "skip", "a KIND_GPU ONNX model warmed up through a BLS model with "
               "torch reinstalled for CUDA 13 (pip, downloads), and the python backend's shm leak probe (Triton "
               "internals)")
+
+
+# ====================================================================== L0_libtorch_shared_weights
+REUSE_MSG = "Reusing TorchScript model for instance"
+
+
+def l0_libtorch_shared_weights(qa) -> None:
+    """16 instances of a TorchScript identity model, without and with ENABLE_WEIGHT_SHARING; tritond
+    refuses that parameter (its instances are processes), so those starts record their cases skipped."""
+    d = qa.qa / "L0_libtorch_shared_weights"
+    name = "libtorch_nobatch_zero_1_float32"
+    args = f"--model-repository={d / 'models'} --exit-on-error=false --exit-timeout-secs=10"
+    for trial, kind, sharing in (("0", "KIND_GPU", False), ("1", "KIND_CPU", True), ("2", "KIND_GPU", True)):
+        models = _fresh(d / "models")
+        _copytree(qa.data / "qa_identity_model_repository" / name, models / name)
+        cfg = models / name / "config.pbtxt"
+        extra = f"instance_group [ {{ count: 16 kind: {kind} }}]\n"
+        if sharing:
+            extra += 'parameters: { key: "ENABLE_WEIGHT_SHARING" value: { string_value: "true" } }\n'
+        cfg.write_text(cfg.read_text() + extra)
+        _cpu_kind(qa, cfg)
+        # a refused model leaves the server live but not ready (--exit-on-error=false)
+        s = qa.start(d, args, f"server_{trial}.log", wait="live" if sharing else "ready")
+        text = server_text(qa, f"server_{trial}.log")
+        case = f"SharedWeightsTest.test_pytorch_identity_model[{trial}]"
+        if sharing and "ENABLE_WEIGHT_SHARING" in text and "is not supported by tritond" in text:
+            if s:
+                s.stop()
+            why = "tritond refuses ENABLE_WEIGHT_SHARING (its instances are processes, which share no weights)"
+            qa.record("libtorch_shared_weights_test.py", case, "skip", why)
+            qa.record("test.sh", f"'{REUSE_MSG}' logged 15 times [{trial}]", "skip", why)
+            continue
+        qa.unittest(d, "libtorch_shared_weights_test.py", ["SharedWeightsTest.test_pytorch_identity_model"],
+                    variant=trial, server=s)
+        if s:
+            s.stop()
+            qa.check(f"no '{REUSE_MSG}' [{trial}]", REUSE_MSG not in s.text(), "weights reused without the parameter")
