@@ -375,13 +375,17 @@ def _backend_config(entries: list[str]) -> dict[str, int]:
     For the backends added with their whole settings (openvino, tensorflow) a setting tritond
     does not apply is refused rather than ignored."""
     defaults = {"": 4}
+    form = "--backend-config option format is '<backend name>,<setting>=<value>'. Got "   # tritonserver's words
     for entry in entries:
         backend, sep, setting = entry.partition(",")
         if not sep:
             backend, setting = "", entry
+        elif not backend:
+            raise UsageError("No backend specified. --backend-config option format is <backend name>,<setting>=<value> "
+                             f"or <setting>=<value>. Got {entry}")
         key, eq, value = setting.partition("=")
-        if not eq:
-            raise UsageError(f"--backend-config '{entry}': expected [<backend>,]<setting>=<value>")
+        if not eq or not key or not value:
+            raise UsageError(form + entry)
         if key == "default-max-batch-size":
             if not value.strip().isdigit():
                 raise UsageError(f"--backend-config '{entry}': default-max-batch-size must be a non-negative integer")

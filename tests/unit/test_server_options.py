@@ -195,3 +195,19 @@ def test_model_control_mode_is_case_insensitive():
     """tritonserver lowercases it (L0_model_namespacing passes POLL and EXPLICIT)."""
     assert options("--model-control-mode=EXPLICIT").model_control_mode == "explicit"
     assert options("--model-control-mode=Poll").model_control_mode == "poll"
+
+
+@pytest.mark.parametrize("setting, message", [
+    (",default-max-batch-size=3", "No backend specified. --backend-config option format is <backend name>,<setting>="
+                                  "<value> or <setting>=<value>. Got ,default-max-batch-size=3"),
+    ("default-max-batch-size=", "--backend-config option format is '<backend name>,<setting>=<value>'. Got "
+                                "default-max-batch-size="),
+    ("default-max-batch-size", "--backend-config option format is '<backend name>,<setting>=<value>'. Got "
+                               "default-max-batch-size"),
+])
+def test_malformed_backend_config_is_refused_in_tritonservers_words(setting, message):
+    """L0_backend_config greps for these."""
+    from tritond.options import UsageError
+    with pytest.raises(UsageError) as e:
+        options(f"--backend-config={setting}")
+    assert str(e.value) == message
