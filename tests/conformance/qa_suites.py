@@ -1,7 +1,7 @@
 """The suites qa_run.py knows, in the order it runs them."""
 from __future__ import annotations
 
-from suites_configs import (l0_backend_onnxruntime, l0_backend_output_detail, l0_config_json, l0_custom_model_config,
+from suites_configs import (l0_backend_config, l0_backend_onnxruntime, l0_backend_output_detail, l0_config_json, l0_custom_model_config,
                             l0_initializer_as_input, l0_libtorch_inference_mode, l0_libtorch_io_names,
                             l0_libtorch_io_types, l0_model_config, l0_model_namespacing, l0_passive_instance,
                             l0_libtorch_shared_weights, l0_storage_s3_local, l0_warmup)
@@ -67,4 +67,5 @@ SUITES = {
     "L0_storage_S3_local": l0_storage_s3_local,
     "L0_warmup": l0_warmup,
     "L0_libtorch_shared_weights": l0_libtorch_shared_weights,
+    "L0_backend_config": l0_backend_config,
 }

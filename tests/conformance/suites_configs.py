@@ -880,3 +880,44 @@ def l0_libtorch_shared_weights(qa) -> None:
         if s:
             s.stop()
             qa.check(f"no '{REUSE_MSG}' [{trial}]", REUSE_MSG not in s.text(), "weights reused without the parameter")
+
+
+# ====================================================================== L0_backend_config
+def l0_backend_config(qa) -> None:
+    """--backend-config: malformed settings refused in tritonserver's words, default-max-batch-size
+    (global and per backend) seen in an auto-completed ONNX config. What test.sh reads in Triton's
+    log about its backend-config map is recorded skipped."""
+    d = qa.qa / "L0_backend_config"
+    models = _fresh(d / "models")
+    (models / "no_config").mkdir()
+    _copytree(qa.data / "qa_model_repository" / "onnx_float32_float32_float32" / "1", models / "no_config" / "1")
+    common = f"--model-repository={models} --strict-model-config=false --log-verbose=1"
+    internals = "reads Triton's log of its backend-config map ('Adding default backend config setting', " \
+                "'Found overwritten default setting', the cmdline map), which no client observes"
+    for i, setting in enumerate(("", "default-max-batch-size=5", "default-max-batch-size=6",
+                                 "default-max-batch-size=7 --backend-config=default-max-batch-size=8")):
+        args = (f"--backend-config={setting} " if setting else "") + common
+        s = qa.start(d, args, f"positive_{i}.server.log")
+        want = (4, 5, 6, 8)[i]
+        if s is None:
+            qa.check(f"default-max-batch-size {want}", False, f"server did not start: {qa.last_start_error}")
+            continue
+        code, body = _config_json("no_config")
+        s.stop()
+        qa.check(f"default-max-batch-size {want}", f'"max_batch_size":{want}' in body, f"HTTP {code}: {body[:600]}")
+    for i, setting in enumerate((",default-max-batch-size=3", "default-max-batch-size=", "default-max-batch-size")):
+        qa.refused(d, f"--backend-config={setting} {common}", f"negative_parse{i}.server.log",
+                   "--backend-config option format is", f"--backend-config={setting} refused")
+    for value, batching in ((5, True), (0, False)):
+        s = qa.start(d, f"--backend-config=onnxruntime,default-max-batch-size={value} {common}",
+                     f"onnxruntime_batch_{value}.server.log")
+        if s is None:
+            qa.check(f"onnxruntime,default-max-batch-size={value}", False, qa.last_start_error)
+            continue
+        code, body = _config_json("no_config")
+        s.stop()
+        ok = f'"max_batch_size":{value}' in body and ('"dynamic_batching":{' in body) == batching
+        qa.check(f"onnxruntime,default-max-batch-size={value}", ok, f"HTTP {code}: {body[:600]}")
+    for case in ("default backend configs counted", "min-compute-capability in the cmdline map",
+                 "backend-specific settings counted"):
+        qa.record("test.sh", case, "skip", internals)
