@@ -226,9 +226,10 @@ def _check_instance_groups(cfg: model_config_pb2.ModelConfig, fail: Fail) -> Non
             bad = [g for g in group.gpus if not 0 <= g < gpus]
             if bad:
                 # tritond does not filter GPUs by compute capability: every GPU qualifies
+                listed = ", ".join(str(g) for g in range(gpus)) or "none; it has kind KIND_GPU but no GPUs are available"
                 raise fail(f"{where}.gpus", f"{label} specifies invalid or unsupported gpu id {bad[0]}. GPUs with at "
                                             f"least the minimum required CUDA compute compatibility of {0.0:f} are: "
-                                            + ", ".join(str(g) for g in range(gpus)))
+                                            + listed)
         elif group.kind in (Kind.KIND_CPU, Kind.KIND_MODEL):
             if group.gpus:
                 raise fail(f"{where}.gpus", f"{label} has kind {Kind.Name(group.kind)} but specifies one or more GPUs")

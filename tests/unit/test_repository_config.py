@@ -304,7 +304,7 @@ IO16 = 'input [ { name: "in" data_type: TYPE_FP32 dims: [ 16 ] } ]\noutput [ { n
      "instance group m_0 of model m has kind KIND_CPU but specifies one or more GPUs"),
     ('backend: "python"\ninstance_group [ { kind: KIND_GPU gpus: [ 42 ] } ]\n' + IO16,
      "instance group m_0 of model m specifies invalid or unsupported gpu id 42. GPUs with at least the minimum "
-     "required CUDA compute compatibility"),
+     "required CUDA compute compatibility of 0.000000 are: none; it has kind KIND_GPU but no GPUs are available"),
     ('platform: "ensemble"\noptimization { }\nensemble_scheduling { step [ { model_name: "x" } ] }\n' + IO16,
      "optimization should not be specified for ensemble 'm'"),
     ('platform: "ensemble"\nmodel_warmup [ { name: "w" batch_size: 1 } ]\n'
