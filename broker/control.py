@@ -22,7 +22,7 @@ from tritond.broker.tables.client_regions import ClientRegions
 from tritond.broker.drain import Drain
 from tritond.broker.ensembles.submission import Ensembles
 from tritond.broker.lifecycle.operations import ModelControl
-from tritond.broker.tables.model_version import READY
+from tritond.broker.tables.model_version import READY, UNAVAILABLE
 from tritond.broker.tables.registry import ModelRegistry
 from tritond.broker.settings import Settings
 
@@ -86,7 +86,12 @@ class ControlHandler:
                 if not op.ready:
                     out.append(R.ModelIndex(name))
                 continue
-            for v, mv in sorted(versions.items()):
+            dropped = () if op.ready else self.registry.dropped.get(name, ())
+            for v in sorted({*versions, *dropped}):
+                mv = versions.get(v)
+                if mv is None:
+                    out.append(R.ModelIndex(name, str(v), UNAVAILABLE.value, "unloaded"))
+                    continue
                 if op.ready and mv.state != READY:
                     continue
                 reason = mv.reason or (mv.reload_error if mv.state == READY else "")

@@ -16,6 +16,7 @@ from .backends import (
     ENSEMBLE_PLATFORM,
     FILENAME_BACKEND,
     PLATFORM_BACKEND,
+    PYTORCH,
 )
 from .errors import ConfigError
 
@@ -42,13 +43,16 @@ def autofill_backend(
     if cfg.platform == ENSEMBLE_PLATFORM:
         return
     if not cfg.backend:
-        if cfg.platform:
-            cfg.backend = PLATFORM_BACKEND.get(cfg.platform, "")
-        elif cfg.default_model_filename:
-            cfg.backend = FILENAME_BACKEND.get(cfg.default_model_filename, "")
-        elif first_version_path is not None:
+        # Triton tries the platform, then the model file name, of each backend in turn: a platform
+        # it does not know still gets the backend its default_model_filename names
+        cfg.backend = (PLATFORM_BACKEND.get(cfg.platform, "")
+                       or FILENAME_BACKEND.get(cfg.default_model_filename, ""))
+        if not (cfg.backend or cfg.platform or cfg.default_model_filename) and first_version_path is not None:
             backend, platform, filename = _detect(first_version_path)
             cfg.backend, cfg.platform, cfg.default_model_filename = backend, platform, filename
+            if backend == PYTORCH:      # Triton leaves the file name unset when it found model.pt
+                cfg.default_model_filename = ""
+                return
     if not cfg.platform and cfg.backend in BACKEND_PLATFORM:
         cfg.platform = BACKEND_PLATFORM[cfg.backend]
     if not cfg.default_model_filename and cfg.backend in DEFAULT_MODEL_FILENAME:

@@ -12,10 +12,12 @@ from tritonclient.grpc import model_config_pb2
 
 from .advice import config_advice
 from .backends import ENSEMBLE_PLATFORM
-from .config import OVERRIDE_FILE, config_path, load_model_config, validate_config
+from .config import OVERRIDE_FILE, check_directory_name, config_path, load_model_config, validate_config
+from .validation import completes_its_config
 from .ensemble import validate_ensemble
 from .errors import ConfigError
 from .layout import ModelSource, ignored_version_dirs, scan, validate_model_name, version_dirs
+from .model_metrics import model_metrics_warnings
 from .remote import RemoteError, is_remote, mirror_model
 from .spec import ModelSpec
 from .versions import select_versions
@@ -54,15 +56,24 @@ def load_spec(
             config_name=config_name,
             override=override,
         )
-        versions = select_versions(cfg, version_dirs(source.path))
         config_file = OVERRIDE_FILE if override is not None else config_path(source.path, config_name)
-        validate_config(cfg, model_path=source.path, config_file=config_file, versions=versions)
+        # Triton validates the config before it looks at the directory name and the versions
+        try:
+            versions, version_error = select_versions(cfg, version_dirs(source.path)), None
+        except ConfigError as e:
+            versions, version_error = [], e
+        io_pending = autocomplete and bool(versions) and completes_its_config(cfg, source.path, versions[0])
+        validate_config(cfg, model_path=source.path, config_file=config_file, versions=versions,
+                        io_pending=io_pending)
+        check_directory_name(cfg, source, config_file)
+        if version_error is not None:
+            raise version_error
     except ConfigError as e:
         return failed(str(e))
     if not versions:    # the directories it ignored say why, as Triton's warnings do
         return ModelSpec(source.name, source.path, None, [], NO_VERSION, advice=ignored_version_dirs(source.path))
     return ModelSpec(source.name, source.path, cfg, versions,
-                     advice=ignored_version_dirs(source.path) + config_advice(cfg))
+                     advice=ignored_version_dirs(source.path) + config_advice(cfg) + model_metrics_warnings(cfg))
 
 
 def check_repository(

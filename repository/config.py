@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from .autofill import autofill_backend
-from .backends import ONNXRUNTIME, OPENVINO, SAVEDMODEL_PLATFORM, TENSORFLOW
+from .backends import DEFAULT_MODEL_FILENAME, ONNXRUNTIME, OPENVINO, SAVEDMODEL_PLATFORM, TENSORFLOW
 from .devices import gpu_count
 from .errors import ConfigError
 from .layout import ModelSource, version_dirs
@@ -27,6 +27,7 @@ from .validation import check_model_filenames, validate_config
 
 __all__ = [
     "CONFIG_FILE",
+    "check_directory_name",
     "OVERRIDE_FILE",
     "config_path",
     "gpu_count",
@@ -140,19 +141,13 @@ def load_model_config(
 
     if not cfg.name:
         cfg.name = source.name
-    elif cfg.name != source.name:
-        raise ConfigError(
-            source.name,
-            file,
-            "name",
-            f"unexpected directory name '{source.name}' for model '{cfg.name}', directory name must equal model name",
-        )
 
     versions = version_dirs(source.path)
     first_version = os.path.join(source.path, str(versions[0])) if versions else None
     autofill_backend(cfg, source.name, first_version, file)
     check_model_filenames(cfg, file)
-    model_file = os.path.join(first_version, cfg.default_model_filename) if first_version is not None else ""
+    filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME.get(cfg.backend, "")
+    model_file = os.path.join(first_version, filename) if first_version is not None else ""
     if model_file and os.path.exists(model_file):
         max_batch = backend_default(default_max_batch_size, cfg.backend)
         if autocomplete and cfg.backend == ONNXRUNTIME:
@@ -163,6 +158,18 @@ def load_model_config(
             autocomplete_savedmodel(cfg, model_file, file, max_batch, fill=autocomplete)
     normalize_config(cfg)
     return cfg
+
+
+def check_directory_name(cfg: ModelConfig, source: ModelSource, file: str) -> None:
+    """A config names the directory it is in. Triton checks this after validating the config,
+    so a config that is also invalid is refused for that first."""
+    if cfg.name != source.name:
+        raise ConfigError(
+            source.name,
+            file,
+            "name",
+            f"unexpected directory name '{source.name}' for model '{cfg.name}', directory name must equal model name",
+        )
 
 
 def backend_default(value: int | Mapping[str, int], backend: str) -> int:

@@ -14,95 +14,20 @@ from tritonclient.grpc import model_config_pb2
 
 from .backends import ENSEMBLE_PLATFORM, PYTHON
 from .config import config_path, parse_config_text
+from .ensemble_flow import flow_error
 from .errors import ConfigError
 from .spec import ModelSpec
 
 DataType = model_config_pb2.DataType
 
 
-def _structure_error(cfg: model_config_pb2.ModelConfig) -> str | None:
-    name = cfg.name
-    steps = cfg.ensemble_scheduling.step
-    if not steps:
-        return f"must specify 'step' for ensemble '{name}'"
-    for i, step in enumerate(steps):
-        for field in ("model_name", "input_map", "output_map"):
-            if not getattr(step, field):
-                return f"must specify '{field}' in step {i} of ensemble '{name}'"
-    return None
-
-
-def _flow_error(cfg: model_config_pb2.ModelConfig) -> str | None:
-    """Every tensor written once, read only after it is written, and ensemble inputs/outputs used."""
-    name = cfg.name
-    steps = cfg.ensemble_scheduling.step
+def _writes_input(cfg: model_config_pb2.ModelConfig) -> str | None:
+    """A step may not overwrite an ensemble input (Triton's graph would treat it as given)."""
     inputs = {io.name for io in cfg.input}
-    producer: dict[str, int] = {}
-    for i, step in enumerate(steps):
+    for i, step in enumerate(cfg.ensemble_scheduling.step):
         for tensor in step.output_map.values():
             if tensor in inputs:
-                return f"in ensemble '{name}', step {i} (model '{step.model_name}') writes ensemble input '{tensor}'"
-            if tensor in producer:
-                return (
-                    f"ensemble tensor '{tensor}' can appear in an output map only once for ensemble '{name}' step {i}"
-                )
-            producer[tensor] = i
-    consumed = {tensor for step in steps for tensor in step.input_map.values()}
-    for io in cfg.input:
-        if io.name not in consumed:
-            return f"ensemble input '{io.name}' for ensemble '{name}' is not used"
-    for i, step in enumerate(steps):
-        for model_input, tensor in sorted(step.input_map.items()):
-            if tensor not in inputs and tensor not in producer:
-                return (
-                    f"in ensemble '{name}', step {i} (model '{step.model_name}'): input '{model_input}' reads "
-                    f"ensemble tensor '{tensor}', which is neither an ensemble input nor produced by any step"
-                )
-    for io in cfg.output:
-        if io.name not in producer:
-            return f"ensemble output '{io.name}' for ensemble '{name}' is not produced by any step"
-    return _cycle_error(cfg, producer)
-
-
-def _cycle_error(cfg: model_config_pb2.ModelConfig, producer: dict[str, int]) -> str | None:
-    steps = cfg.ensemble_scheduling.step
-    feeds: list[list[tuple[int, str]]] = [[] for _ in steps]
-    for i, step in enumerate(steps):
-        for tensor in sorted(set(step.input_map.values())):
-            if tensor in producer:
-                feeds[producer[tensor]].append((i, tensor))
-    state = [0] * len(steps)
-    path: list[int] = []
-    via: list[str] = []
-
-    def label(i: int) -> str:
-        return f"step {i} (model '{steps[i].model_name}')"
-
-    def visit(u: int) -> str | None:
-        state[u] = 1
-        path.append(u)
-        for v, tensor in feeds[u]:
-            if state[v] == 1:
-                k = path.index(v)
-                parts = [label(v)]
-                for node, read in zip(path[k + 1:] + [v], via[k:] + [tensor]):
-                    parts += [f"tensor '{read}'", label(node)]
-                return f"in ensemble '{cfg.name}', steps form a cycle: " + " -> ".join(parts)
-            if state[v] == 0:
-                via.append(tensor)
-                found = visit(v)
-                if found:
-                    return found
-                via.pop()
-        path.pop()
-        state[u] = 2
-        return None
-
-    for i in range(len(steps)):
-        if state[i] == 0:
-            found = visit(i)
-            if found:
-                return found
+                return f"in ensemble '{cfg.name}', step {i} (model '{step.model_name}') writes ensemble input '{tensor}'"
     return None
 
 
@@ -149,65 +74,119 @@ def _not_autocompleted(cfg: model_config_pb2.ModelConfig) -> bool:
 
 
 def _composing_error(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelSpec]) -> str | None:
+    """Triton's checks of the steps against their models, in its order and words: missing models
+    first, then step by step its batch size, input mapping and output mapping."""
     name = cfg.name
     steps = cfg.ensemble_scheduling.step
+    missing = sorted({step.model_name for step in steps if step.model_name not in specs})
+    if missing:
+        return f"ensemble {name} contains models that are not available or ambiguous: {', '.join(missing)}"
     # Data type and shape of each ensemble tensor, and the model they were inferred from.
     tensors: dict[str, _Tensor] = {}
     for io in (*cfg.input, *cfg.output):
-        tensors[io.name] = _Tensor.of(io, cfg.max_batch_size > 0, name, ensemble_io=True)
+        tensors.setdefault(io.name, _Tensor.of(io, cfg.max_batch_size > 0, name, ensemble_io=True))
 
     def agree(tensor: str, seen: _Tensor) -> str | None:
         known = tensors.setdefault(tensor, seen)
         problem = known.conflict(seen)
-        return f"in ensemble '{name}', ensemble tensor '{tensor}': {problem}" if problem else None
+        return f"in ensemble {name}, ensemble tensor {tensor}: {problem}" if problem else None
 
-    configs = []
-    for i, step in enumerate(steps):
-        spec = specs.get(step.model_name)
-        if spec is None:
-            return f"in ensemble '{name}', step {i}: model '{step.model_name}' is not in the model repository"
+    for step in steps:
+        spec = specs[step.model_name]
         if spec.error or spec.config is None:
-            return f"in ensemble '{name}', step {i}: composing model '{step.model_name}' is not available: {spec.error}"
+            return (f"ensemble '{name}' depends on '{step.model_name}' which has no loaded version. Model "
+                    f"'{step.model_name}' loading failed with error: {spec.error}")
         sub = spec.config
         if sub.max_batch_size != 0 and sub.max_batch_size < cfg.max_batch_size:
             return (
                 f"ensemble {name} allows maximum batch size {cfg.max_batch_size}, but it contains model "
                 f"{step.model_name} which only allows maximum batch size to be {sub.max_batch_size}"
             )
-        configs.append(None if _not_autocompleted(sub) else sub)
-
-    for step, sub in zip(steps, configs):
-        if sub is None:
+        if _not_autocompleted(sub):
             continue
-        outputs = {io.name: io for io in sub.output}
-        for model_output, tensor in sorted(step.output_map.items()):
-            if model_output not in outputs:
-                return (
-                    f"in ensemble '{name}', ensemble tensor '{tensor}' is mapped from non-existing output "
-                    f"'{model_output}' in model '{step.model_name}'"
-                )
-            err = agree(tensor, _Tensor.of(outputs[model_output], sub.max_batch_size > 0, step.model_name))
-            if err:
-                return err
-    for step, sub in zip(steps, configs):
-        if sub is None:
-            continue
+        batching = sub.max_batch_size > 0
         inputs = {io.name: io for io in sub.input}
-        for model_input, tensor in sorted(step.input_map.items()):
+        for model_input, tensor in step.input_map.items():
             if model_input not in inputs:
-                return (
-                    f"in ensemble '{name}', ensemble tensor '{tensor}' is mapping to non-existing input "
-                    f"'{model_input}' in model '{step.model_name}'"
-                )
-            err = agree(tensor, _Tensor.of(inputs[model_input], sub.max_batch_size > 0, step.model_name))
+                return (f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing input "
+                        f"{model_input} in model {step.model_name}")
+        for io in sub.input:
+            if io.name in step.input_map:
+                err = agree(step.input_map[io.name], _Tensor.of(io, batching, step.model_name))
+                if err:
+                    return err
+            elif not io.optional:
+                return (f"in ensemble {name}, input {io.name} in model {step.model_name} is not mapped to any "
+                        "ensemble tensors")
+        outputs = {io.name: io for io in sub.output}
+        for model_output, tensor in step.output_map.items():
+            if model_output not in outputs:
+                return (f"in ensemble {name}, ensemble tensor {tensor} is mapped from non-existing output "
+                        f"{model_output} in model {step.model_name}")
+        for model_output, tensor in step.output_map.items():
+            err = agree(tensor, _Tensor.of(outputs[model_output], batching, step.model_name))
             if err:
                 return err
-        for io in sub.input:
-            if io.name not in step.input_map and not io.optional:
-                return (
-                    f"in ensemble '{name}', input '{io.name}' in model '{step.model_name}' "
-                    "is not mapped to any ensemble tensors"
-                )
+    return None
+
+
+class _Flow:
+    """A tensor in Triton's decoupled-label walk: who produced it, what it was produced from."""
+    __slots__ = ("model", "decoupled", "label", "visited", "prev", "next", "sibling")
+
+    def __init__(self, model: str, decoupled: bool = False) -> None:
+        self.model, self.decoupled, self.label, self.visited = model, decoupled, 0, False
+        self.prev: list[_Flow] = []
+        self.next: list[_Flow] = []
+        self.sibling: _Flow | None = None
+
+
+def decoupled_branching_error(cfg: model_config_pb2.ModelConfig, decoupled: set[str]) -> str | None:
+    """Triton's rule for decoupled steps: every step (and the ensemble's outputs together) must
+    take its inputs from responses of one decoupled model at most, since responses of different
+    decoupled models cannot be paired. `decoupled` names the decoupled composing models."""
+    name = cfg.name
+    tensors: dict[str, _Flow] = {io.name: _Flow(name) for io in cfg.input}
+    sink = _Flow(name)
+    for io in cfg.output:
+        node = tensors.setdefault(io.name, _Flow(name))
+        sink.prev.append(node)
+        node.next.append(sink)
+    for step in cfg.ensemble_scheduling.step:
+        is_decoupled = step.model_name in decoupled
+        sibling = _Flow(step.model_name)
+        for tensor in step.input_map.values():
+            tensors.setdefault(tensor, _Flow(step.model_name))
+        for tensor in step.output_map.values():
+            node = tensors.setdefault(tensor, _Flow(step.model_name))
+            node.sibling, node.decoupled = sibling, is_decoupled
+            for read in step.input_map.values():
+                node.prev.append(tensors[read])
+                tensors[read].next.append(node)
+    label = 0
+    queue = []
+    for io in cfg.input:
+        tensors[io.name].visited = True
+        queue.append(tensors[io.name])
+    while queue:
+        current = queue.pop(0)
+        for nxt in current.next:
+            if nxt.visited or not all(p.visited for p in nxt.prev):
+                continue
+            first = nxt.prev[0].label
+            if any(p.label != first for p in nxt.prev):
+                return (f"in ensemble {name}, step of model '{nxt.model}' receives inputs originated from different "
+                        "decoupled models")
+            if nxt.sibling is not None and nxt.sibling.visited:
+                nxt.label = nxt.sibling.label
+            else:
+                if nxt.decoupled:
+                    label += 1
+                nxt.label = label if nxt.decoupled else first
+                if nxt.sibling is not None:
+                    nxt.sibling.label, nxt.sibling.visited = nxt.label, True
+            nxt.visited = True
+            queue.append(nxt)
     return None
 
 
@@ -219,7 +198,7 @@ def validate_ensemble(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelS
     disagree between a composing model's config and the ensemble tensor.
     Python composing models not yet auto-completed are checked by name only.
     """
-    return _structure_error(cfg) or _flow_error(cfg) or _composing_error(cfg, specs)
+    return flow_error(cfg) or _writes_input(cfg) or _composing_error(cfg, specs)
 
 
 def ensemble_dependencies(model_path: str, config_name: str = "") -> list[str] | None:

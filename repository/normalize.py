@@ -53,6 +53,8 @@ def normalize_config(cfg: model_config_pb2.ModelConfig) -> None:
         if seq.HasField("oldest") and not seq.oldest.preferred_batch_size and cfg.max_batch_size > 0:
             seq.oldest.preferred_batch_size.append(cfg.max_batch_size)
     if cfg.platform == ENSEMBLE_PLATFORM or cfg.HasField("ensemble_scheduling"):
+        # Triton's ensemble validation always sets the policy (decoupled when a step is)
+        cfg.model_transaction_policy.SetInParent()
         return
     for pinned in ("input_pinned_memory", "output_pinned_memory"):
         if not cfg.optimization.HasField(pinned):

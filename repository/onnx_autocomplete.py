@@ -44,8 +44,9 @@ def _config_type(elem_type_name: str) -> int:
     return DataType.TYPE_INVALID
 
 
-def read_graph_io(path: str) -> tuple[list[GraphTensor], list[GraphTensor]]:
-    """Inputs (initializers excluded) and outputs of an ONNX file, or of `<dir>/model.onnx`."""
+def read_graph_io(path: str) -> tuple[list[GraphTensor], list[GraphTensor], list[GraphTensor]]:
+    """Inputs (initializers excluded), outputs and overridable initializers (graph inputs that have
+    an initializer, which a request may feed) of an ONNX file, or of `<dir>/model.onnx`."""
     import onnx
 
     if os.path.isdir(path):
@@ -63,7 +64,8 @@ def read_graph_io(path: str) -> tuple[list[GraphTensor], list[GraphTensor]]:
         return GraphTensor(value.name, dtype, [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim])
 
     inputs = [tensor(v) for v in graph.input if v.name not in initializers]
-    return inputs, [tensor(v) for v in graph.output]
+    overridable = [tensor(v) for v in graph.input if v.name in initializers]
+    return inputs, [tensor(v) for v in graph.output], overridable
 
 
 def _shape(dims) -> str:
@@ -93,7 +95,8 @@ def _complete_max_batch(cfg, tensors: list[GraphTensor], default_max_batch_size:
         if cfg.max_batch_size != 0:
             raise fail(
                 "max_batch_size",
-                "autofill failed: model does not support batching while non-zero max_batch_size is specified",
+                f"autofill failed for model '{cfg.name}': model does not support batching while non-zero "
+                "max_batch_size is specified",
             )
         return
     if cfg.max_batch_size == 0:
@@ -134,12 +137,14 @@ def _check_dims(cfg, io, kind: str, t: GraphTensor, field: str, fail: Callable) 
             f"but the model expects {_shape(t.dims)}",
         )
     ok = len(full) == len(t.dims) and all(m == -1 or m == c for m, c in zip(t.dims, full))
-    if not ok:
-        batch_note = " (batch dimension -1 included because max_batch_size > 0)" if cfg.max_batch_size > 0 else ""
+    if not ok:      # the ONNX Runtime backend's words
+        specified = (f"{len(full)} dimensions (an initial batch dimension because max_batch_size > 0 followed by "
+                     f"the explicit tensor shape, making complete shape {_shape(full)})" if cfg.max_batch_size > 0
+                     else f"{len(full)} dimensions (shape {_shape(full)})")
         raise fail(
             field,
-            f"{kind} '{io.name}': the model expects shape {_shape(t.dims)} but the configuration "
-            f"specifies {_shape(full)}{batch_note}",
+            f"model '{cfg.name}', tensor '{io.name}': the model expects {len(t.dims)} dimensions (shape "
+            f"{_shape(t.dims)}) but the model configuration specifies {specified}",
         )
 
 
@@ -182,7 +187,7 @@ def autocomplete_onnx(
     if cfg.max_batch_size < 0:
         raise fail("max_batch_size", "'max_batch_size' must be non-negative value")
     try:
-        inputs, outputs = read_graph_io(model_file)
+        inputs, outputs, overridable = read_graph_io(model_file)
     except Exception as e:  # onnx raises DecodeError, ValueError, OSError... for a bad file
         raise ConfigError(cfg.name, model_file, "default_model_filename", f"cannot read ONNX model: {e}") from e
 
@@ -192,20 +197,25 @@ def autocomplete_onnx(
             if not entries:
                 for t in tensors:
                     entries.add(name=t.name, data_type=t.data_type)
-    _check_entries(cfg, cfg.input, inputs, "input", fail)
-    _check_entries(cfg, cfg.output, outputs, "output", fail)
-
     # As the ONNX Runtime backend: a sequence model's control inputs and implicit states are
-    # model inputs too, fed by the sequence batcher rather than listed under `input`.
+    # model inputs too, fed by the sequence batcher rather than listed under `input`; the counts
+    # must agree before the names are compared.
     seq = cfg.sequence_batching
     sequence_inputs = [ci.name for ci in seq.control_input] + [s.input_name for s in seq.state]
+    expected = len(cfg.input) + len(cfg.batch_input) + len(sequence_inputs)
+    # As the ONNX Runtime backend: the overridable initializers count as inputs the config may list
+    if expected > len(inputs) + len(overridable):
+        raise fail("input", f"unable to load model '{cfg.name}', configuration expects {expected} inputs, model "
+                            f"provides {len(inputs) + len(overridable)}")
+    _check_entries(cfg, cfg.input, inputs + overridable, "input", fail)
+    _check_entries(cfg, cfg.output, outputs, "output", fail)
+
     configured = ({io.name for io in cfg.input} | {name for b in cfg.batch_input for name in b.target_name}
                   | set(sequence_inputs))
     missing = [t.name for t in inputs if t.name not in configured]
     if missing:
-        expected = len(cfg.input) + len(cfg.batch_input) + len(sequence_inputs)
         raise fail(
             "input",
-            f"configuration expects {expected} inputs, model provides {len(inputs)}; "
-            f"not configured: {', '.join(missing)}",
+            f"unable to load model '{cfg.name}', configuration expects {expected} inputs, model provides "
+            f"{len(inputs)}; not configured: {', '.join(missing)}",
         )

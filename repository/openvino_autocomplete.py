@@ -128,7 +128,7 @@ def read_ir_io(xml_path: str) -> tuple[list[ModelTensor], list[ModelTensor], boo
 
 def read_onnx_io(path: str) -> tuple[list[ModelTensor], list[ModelTensor]]:
     """Inputs and outputs of an ONNX file as OpenVINO sees them (ONNX graphs carry no layout)."""
-    inputs, outputs = read_graph_io(path)
+    inputs, outputs, _ = read_graph_io(path)
     return tuple([ModelTensor(t.name, frozenset([t.name]), DataType.Name(t.data_type), t.dims)
                   for t in tensors] for tensors in (inputs, outputs))
 

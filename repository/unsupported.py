@@ -29,6 +29,12 @@ PARAMETERS: dict[str, str] = {
     "EXECUTION_ENV_PATH": "custom Python execution environments (conda-pack archives)",
 }
 
+# Parameters that mean something to one backend only (others ignore them, as Triton's do).
+BACKEND_PARAMETERS: dict[str, dict[str, str]] = {
+    "pytorch": {"ENABLE_WEIGHT_SHARING": "weights shared between the instances of a model (each tritond instance "
+                                         "is its own process)"},
+}
+
 
 def _repeated(field: FieldDescriptor) -> bool:
     flag = getattr(field, "is_repeated", None)      # protobuf >= 6; `label` is deprecated there
@@ -51,7 +57,7 @@ def unsupported(cfg: Message) -> tuple[str, str] | None:
     for path, what in FIELDS.items():
         if _is_set(cfg, path.split(".")):
             return path, f"'{path}' ({what}) is not supported by tritond yet"
-    for key, what in PARAMETERS.items():
+    for key, what in (PARAMETERS | BACKEND_PARAMETERS.get(getattr(cfg, "backend", ""), {})).items():
         if key in cfg.parameters:
             return f"parameters.{key}", f"parameter '{key}' ({what}) is not supported by tritond yet"
     return None

@@ -5,6 +5,7 @@ and field, before any worker is started for it.
 """
 from __future__ import annotations
 
+import ast
 import os
 from typing import Callable
 
@@ -16,14 +17,17 @@ from .backends import (
     DEFAULT_MODEL_FILENAME,
     ENSEMBLE_PLATFORM,
     GRAPHDEF_PLATFORM,
+    IDENTITY,
     KNOWN_BACKENDS,
     PYTHON,
     TENSORFLOW,
     TENSORRT,
 )
 from .errors import ConfigError
+from .ensemble_flow import flow_error
 from .idempotent import check_idempotent
 from .layout import version_dirs
+from .model_metrics import check_model_metrics
 from .ragged import check_ragged
 from .unsupported import check_supported
 from .sequence_config import check_sequence_batching
@@ -44,12 +48,13 @@ def _check_identity(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
         raise fail("name", "model configuration must specify 'name'")
     if cfg.platform == ENSEMBLE_PLATFORM:
         if cfg.backend:
-            raise fail("backend", f"ensemble model '{cfg.name}' must have platform 'ensemble' and an empty backend")
+            raise fail("backend", f"Ensemble model '{cfg.name}' must have platform type '{ENSEMBLE_PLATFORM}' and "
+                                  "empty backend type")
         return
     if cfg.HasField("ensemble_scheduling"):
         raise fail(
             "ensemble_scheduling",
-            f"ensemble scheduling cannot be set for a model whose platform is not '{ENSEMBLE_PLATFORM}'",
+            f"ensemble scheduling cannot be set for model '{cfg.name}' whose platform is not {ENSEMBLE_PLATFORM}",
         )
     if not cfg.backend:
         what = f"platform '{cfg.platform}'" if cfg.platform else "no platform or model file"
@@ -64,21 +69,52 @@ def _check_identity(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
         raise fail("platform", f"unexpected 'platform' and 'backend' pair, got:{cfg.platform}, {cfg.backend}")
 
 
+def _check_runtime(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
+    """`runtime` names the library that runs the model. tritond runs its own backends, so the one
+    name it takes is the library Triton would load for the backend anyway; any other would make
+    the model run on code it did not ask for."""
+    runtime = cfg.runtime
+    if not runtime or cfg.platform == ENSEMBLE_PLATFORM or runtime == f"libtriton_{cfg.backend}.so":
+        return
+    if _escapes(runtime):
+        raise fail("runtime", f"backend library name '{runtime}' escapes backend directory, for model "
+                              f"'{cfg.name}', check model config runtime field")
+    raise fail("runtime", f"unable to find backend library '{runtime}' for model '{cfg.name}': tritond runs its "
+                          f"own '{cfg.backend}' backend, whose library is 'libtriton_{cfg.backend}.so'")
+
+
 def _check_shape(io, where: str, label: str, fail: Fail, max_batch_size: int) -> None:
     if not io.dims:
         raise fail(f"{where}.dims", f"{label} must specify 'dims'")
+    if io.HasField("reshape") and not io.reshape.shape and max_batch_size == 0:
+        raise fail(
+            f"{where}.reshape",
+            f"{label} cannot have empty reshape for non-batching model as scalar tensors are not supported",
+        )
     if any(d < 1 and d != -1 for d in io.dims):
         raise fail(f"{where}.dims", f"{label} dimension must be integer >= 1, or -1 {_VARIABLE}")
     if not io.HasField("reshape"):
         return
     shape = list(io.reshape.shape)
-    if not shape and max_batch_size == 0:
-        raise fail(
-            f"{where}.reshape",
-            f"{label} cannot have empty reshape for non-batching model as scalar tensors are not supported",
-        )
     if any(d < 1 and d != -1 for d in shape):
         raise fail(f"{where}.reshape", f"{label} reshape dimensions must be integer >= 1, or -1 {_VARIABLE}")
+
+    def count(dims: list[int]) -> int:
+        """Triton's element count: -1 when any dimension is variable, 0 for no dimensions."""
+        if not dims:
+            return 0
+        n = 1
+        for d in dims:
+            if d == -1:
+                return -1
+            n *= d
+        return n
+
+    dims_size, reshape_size = count(list(io.dims)), count(shape)
+    if dims_size != reshape_size and (reshape_size != 0 or dims_size != 1):
+        raise fail(f"{where}.reshape", f"{label} has different size for dims and reshape")
+    if dims_size != -1:
+        return
 
     def segments(dims: list[int]) -> list[int]:
         counts, n = [], 1
@@ -97,7 +133,10 @@ def _check_shape(io, where: str, label: str, fail: Fail, max_batch_size: int) ->
         raise fail(f"{where}.reshape", f"{label} has different size for dims and reshape")
 
 
-def _check_io(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
+def _check_io(cfg: model_config_pb2.ModelConfig, model_fail: Fail) -> None:
+    def fail(field: str, message: str) -> ConfigError:       # Triton names the model after an I/O error
+        return model_fail(field, f"{message} for {cfg.name}")
+
     for kind, entries in (("input", cfg.input), ("output", cfg.output)):
         seen: set[str] = set()
         for i, io in enumerate(entries):
@@ -114,7 +153,7 @@ def _check_io(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
             if io.is_shape_tensor and cfg.backend != TENSORRT:
                 raise fail(f"{where}.is_shape_tensor", "shape tensors are only supported for TensorRT platform")
             if kind == "input" and io.format in (Format.FORMAT_NHWC, Format.FORMAT_NCHW) and len(io.dims) != 3:
-                raise fail(f"{where}.format", f"{label}: NHWC/NCHW require 3 dims")
+                raise fail(f"{where}.format", "model input NHWC/NCHW require 3 dims")
 
 
 def _check_dynamic_batching(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
@@ -122,36 +161,38 @@ def _check_dynamic_batching(cfg: model_config_pb2.ModelConfig, fail: Fail) -> No
     for i, size in enumerate(db.preferred_batch_size):
         if size <= 0:
             raise fail(
-                f"dynamic_batching.preferred_batch_size[{i}]", "dynamic batching preferred size must be positive"
+                f"dynamic_batching.preferred_batch_size[{i}]",
+                f"dynamic batching preferred size must be positive for {cfg.name}",
             )
         if size > cfg.max_batch_size:
             raise fail(
                 f"dynamic_batching.preferred_batch_size[{i}]",
-                f"dynamic batching preferred size {size} must be <= max batch size {cfg.max_batch_size}",
+                f"dynamic batching preferred size must be <= max batch size for {cfg.name} "
+                f"({size} > {cfg.max_batch_size})",
             )
     levels = db.priority_levels
     if levels:
         if not 1 <= db.default_priority_level <= levels:
             raise fail(
-                "dynamic_batching.default_priority_level", f"default priority level must be in range [1, {levels}]"
+                "dynamic_batching.default_priority_level", f"default priority level must be in range [1, {levels}] for {cfg.name}",
             )
         for level in db.priority_queue_policy:
             if not 1 <= level <= levels:
                 raise fail(
                     f"dynamic_batching.priority_queue_policy[{level}]",
-                    f"priority queue policy must have priority level in range [1, {levels}]",
+                    f"priority queue policy must have priority level in range [1, {levels}] for {cfg.name}",
                 )
     if db.preserve_ordering:
         if levels > 1:
             raise fail(
                 "dynamic_batching.preserve_ordering",
-                "Only one priority level is allowed when 'preserve_ordering' is true",
+                f"Only one priority level is allowed when 'preserve_ordering' is true for {cfg.name}",
             )
         policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
         if any(p.default_timeout_microseconds and p.timeout_action == TimeoutAction.DELAY for p in policies):
             raise fail(
                 "dynamic_batching.preserve_ordering",
-                "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true",
+                f"Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for {cfg.name}",
             )
 
 
@@ -163,29 +204,32 @@ def _check_ensemble(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
         )
     if cfg.instance_group:
         raise fail("instance_group", f"instance group should not be specified for ensemble '{cfg.name}'")
-    steps = cfg.ensemble_scheduling.step
-    if not steps:
-        raise fail("ensemble_scheduling.step", f"must specify 'step' for ensemble '{cfg.name}'")
-    for i, step in enumerate(steps):
-        if not step.model_name:
-            raise fail(f"ensemble_scheduling.step[{i}].model_name", f"must specify 'model_name' in step {i}")
+    if cfg.HasField("optimization"):
+        raise fail("optimization", f"optimization should not be specified for ensemble '{cfg.name}'")
+    if cfg.model_warmup:
+        raise fail("model_warmup", f"model_warmup can not be specified for ensemble '{cfg.name}'")
+    problem = flow_error(cfg)
+    if problem:
+        raise fail("ensemble_scheduling", problem)
 
 
 def _check_instance_groups(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
     if not cfg.instance_group:
-        raise fail("instance_group", "must specify one or more 'instance group's")
+        raise fail("instance_group", f"must specify one or more 'instance group's for {cfg.name}")
     gpus = devices.gpu_count()
     for i, group in enumerate(cfg.instance_group):
         where = f"instance_group[{i}]"
-        label = f"instance group {group.name}"
+        label = f"instance group {group.name} of model {cfg.name}"
         if group.kind == Kind.KIND_GPU:
-            if gpus == 0:
+            if not group.gpus:
                 raise fail(f"{where}.kind", f"{label} has kind KIND_GPU but no GPUs are available")
             bad = [g for g in group.gpus if not 0 <= g < gpus]
             if bad:
-                raise fail(
-                    f"{where}.gpus", f"{label} specifies invalid gpu id {bad[0]}; available GPUs are 0..{gpus - 1}"
-                )
+                # tritond does not filter GPUs by compute capability: every GPU qualifies
+                listed = ", ".join(str(g) for g in range(gpus)) or "none; it has kind KIND_GPU but no GPUs are available"
+                raise fail(f"{where}.gpus", f"{label} specifies invalid or unsupported gpu id {bad[0]}. GPUs with at "
+                                            f"least the minimum required CUDA compute compatibility of {0.0:f} are: "
+                                            + listed)
         elif group.kind in (Kind.KIND_CPU, Kind.KIND_MODEL):
             if group.gpus:
                 raise fail(f"{where}.gpus", f"{label} has kind {Kind.Name(group.kind)} but specifies one or more GPUs")
@@ -233,6 +277,8 @@ def _check_label_files(cfg: model_config_pb2.ModelConfig, model_path: str) -> No
 
 
 def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versions: list[int]) -> None:
+    if cfg.backend == IDENTITY:     # Triton's identity backend reads no model file
+        return
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME.get(cfg.backend, "")
     for v in versions:
         path = os.path.join(model_path, str(v), filename)
@@ -247,6 +293,21 @@ def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versi
             _check_compiles(cfg.name, path)
 
 
+def completes_its_config(cfg: model_config_pb2.ModelConfig, model_path: str, version: int) -> bool:
+    """Whether a Python model's model.py defines `auto_complete_config` (its worker completes the
+    config before the inputs and outputs can be checked)."""
+    if cfg.backend != PYTHON:
+        return False
+    path = os.path.join(model_path, str(version), cfg.default_model_filename or DEFAULT_MODEL_FILENAME[PYTHON])
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "auto_complete_config"
+               for node in ast.walk(tree))
+
+
 def _check_compiles(model: str, path: str) -> None:
     """A model.py with a syntax error fails here, with its line, rather than in its worker."""
     try:
@@ -258,47 +319,34 @@ def _check_compiles(model: str, path: str) -> None:
         raise ConfigError(model, path, "", f"cannot be read: {e}") from None
 
 
-def _check_model_metrics(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
-    """Triton's checks of `model_metrics` (core ValidateModelMetrics), and bucket bounds in
-    increasing order, which a Prometheus histogram needs."""
-    for i, control in enumerate(cfg.model_metrics.metric_control):
-        where = f"model_metrics.metric_control[{i}]"
-        if not control.HasField("metric_identifier"):
-            raise fail(where, "metric control must specify 'metric_identifier'")
-        if not control.metric_identifier.family:
-            raise fail(where, "metric identifier must specify non-empty 'family'")
-        if not control.HasField("histogram_options"):
-            raise fail(where, "metric control must specify 'histogram_options'")
-        buckets = list(control.histogram_options.buckets)
-        if not buckets:
-            raise fail(where, "histogram options must specify non-empty 'buckets'")
-        if any(b >= a for b, a in zip(buckets, buckets[1:])):
-            raise fail(where, f"histogram options 'buckets' must be strictly increasing, got {buckets}")
-
-
 def validate_config(
     cfg: model_config_pb2.ModelConfig,
     *,
     model_path: str = "",
     config_file: str = "",
     versions: list[int] | None = None,
+    io_pending: bool = False,
 ) -> None:
     """Raise ConfigError for the first problem in a normalized config.
 
     With `model_path`, also require the model file in each of `versions`
-    (default: every version directory). `config_file` is the file errors name.
+    (default: every version directory). `config_file` is the file errors name. With `io_pending`
+    (a Python model whose auto_complete_config has yet to run) the inputs and outputs are left
+    for the completed config, as Triton checks them after the backend's auto-complete.
     """
 
     def fail(field: str, message: str) -> ConfigError:
         return ConfigError(cfg.name, config_file, field, message)
 
     _check_identity(cfg, fail)
+    _check_runtime(cfg, fail)
     check_model_filenames(cfg, config_file)
     if cfg.max_batch_size < 0:
-        raise fail("max_batch_size", "'max_batch_size' must be non-negative value")
+        raise fail("max_batch_size", f"'max_batch_size' must be non-negative value for {cfg.name}")
     if not cfg.HasField("version_policy"):
-        raise fail("version_policy", "must specify 'version policy'")
-    _check_io(cfg, fail)
+        raise fail("version_policy", f"must specify 'version policy' for {cfg.name}")
+    if not io_pending:
+        _check_io(cfg, fail)
     if cfg.HasField("dynamic_batching"):
         _check_dynamic_batching(cfg, fail)
     if cfg.HasField("sequence_batching"):
@@ -306,13 +354,13 @@ def validate_config(
     if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
         raise fail("response_cache", f"Response Cache does not currently support model {cfg.name} with 'decoupled' "
                                      "transaction policy. Please disable the response cache.")
-    if cfg.HasField("model_metrics"):
-        _check_model_metrics(cfg, fail)
     check_supported(cfg, config_file)
     if cfg.model_transaction_policy.decoupled and cfg.backend not in (PYTHON, ""):
         raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "
                                                          f"only, not '{cfg.backend}'")
-    check_ragged(cfg, fail)
+    if not io_pending:
+        check_ragged(cfg, lambda field, message: fail(field, f"{message} for {cfg.name}"))
+    check_model_metrics(cfg, fail)
     check_idempotent(cfg, fail)
     if model_path:
         _check_label_files(cfg, model_path)

@@ -4,7 +4,7 @@ Each sample is `batch_size` requests executed together, `count` times (at least 
 sample of batch size 0 is skipped. Every input needs fixed dims and one data kind:
 `zero_data`, `random_data` (zeros for strings, as in Triton) or `input_data_file`, a raw
 file in the model's `warmup/` directory (strings in Triton's length-prefixed form). A batching
-model's inputs get a batch dimension of 1. Errors name the sample, since a bad sample fails
+model's inputs, control inputs included, get a batch dimension of 1. Errors name the sample, since a bad sample fails
 the load.
 """
 from __future__ import annotations
@@ -82,7 +82,6 @@ def _array(spec: dict[str, Any], datatype: str, shape: list[int], model_dir: str
 def warmup_samples(config: dict[str, Any], model_dir: str, seed: int | None = None) -> list[Sample]:
     """The samples of a config (as GET /config renders it); raises WarmupError."""
     batching = int(config.get("max_batch_size", 0) or 0) > 0
-    model_inputs = {t["name"] for t in config.get("input") or []}
     rng = np.random.default_rng(seed)
     samples = []
     for i, w in enumerate(config.get("model_warmup") or []):
@@ -102,7 +101,9 @@ def warmup_samples(config: dict[str, Any], model_dir: str, seed: int | None = No
             if any(d < 0 for d in dims):
                 raise WarmupError(f"warmup sample '{name}': warmup setting expects all variable-size "
                                   f"dimensions are specified for input '{input_name}'")
-            shape = [1] + dims if batching and input_name in model_inputs else dims
+            # a batching model's backend sees a batch dimension on every input, a control input
+            # (Triton's override input of batch size 1) included
+            shape = [1] + dims if batching else dims
             inputs[input_name] = (datatype, _array(spec, datatype, shape, model_dir, name, input_name, rng))
         samples.append(Sample(name, batch, max(1, int(w.get("count", 0) or 0)), inputs))
     return samples

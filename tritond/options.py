@@ -109,7 +109,8 @@ def start_parser() -> argparse.ArgumentParser:
     _flag(p, "--exit-on-error", _D.exit_on_error, "exit when a model fails to load at startup")
     _flag(p, "--strict-readiness", _D.strict_readiness, "ready only when every model is ready")
     _flag(p, "--allow-client-shm", _D.allow_client_shm, "allow client shared-memory registration")
-    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=_D.model_control_mode,
+    p.add_argument("--model-control-mode", type=str.lower, choices=["none", "poll", "explicit"],
+                   default=_D.model_control_mode,
                    help="none: load the repository at startup; poll: follow its changes; explicit: load and "
                         "unload through the repository API")
     p.add_argument("--load-model", dest="load_models", action="append", default=[], metavar="NAME",
@@ -128,8 +129,8 @@ def start_parser() -> argparse.ArgumentParser:
                    help="execution_count: instances run only while their rate_limiter resources are free")
     p.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append", default=[],
                    metavar="NAME:COUNT[:DEVICE]", help="how much of a rate limiter resource there is (repeatable)")
-    p.add_argument("--model-config-name", default=_D.model_config_name, metavar="NAME",
-                   help="read configs/<NAME>.pbtxt instead of config.pbtxt where it exists ('': config.pbtxt)")
+    p.add_argument("--model-config-name", default=None, metavar="NAME",
+                   help="read configs/<NAME>.pbtxt instead of config.pbtxt where it exists")
     _flag(p, "--disable-auto-complete-config", _D.disable_auto_complete, "do not auto-complete model configs")
     p.add_argument("--strict-model-config", type=parse_bool, nargs="?", const=True, default=None,
                    metavar="BOOL", help="deprecated: true disables auto-complete (default: false)")
@@ -241,6 +242,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         raise UsageError("; ".join(refused))
     if args.http_max_input_size <= 0:
         raise UsageError("Error: --http-max-input-size must be greater than 0.")
+    if args.model_config_name == "":        # given, empty (not given is None)
+        raise UsageError("Error: empty argument for --model-config-name")
     for repo in args.model_repositories:
         if "://" in repo:
             try:
@@ -254,6 +257,12 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     default_mbs = _backend_config(args.backend_config)
     _model_loading(args)
     disable_ac = args.disable_auto_complete_config or bool(args.strict_model_config)
+    if args.strict_model_config is not None:        # tritonserver's words, which scripts grep for
+        notes.append(("WARNING", "Warning: '--strict-model-config' has been deprecated! Please use "
+                                 "'--disable-auto-complete-config' instead."))
+        if args.disable_auto_complete_config and not args.strict_model_config:
+            notes.append(("WARNING", "Warning: Overriding deprecated '--strict-model-config' from False to True in "
+                                     "favor of '--disable-auto-complete-config'!"))
     old_trace, trace_warnings = observe_options.deprecated_trace_entries(args)
     notes += [("WARNING", line) for line in trace_warnings]
     try:
@@ -312,7 +321,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         "model_file_override_max_bytes": args.model_file_override_max_bytes,
         "rate_limit": args.rate_limit,
         "rate_limit_resources": args.rate_limit_resources,
-        "model_config_name": args.model_config_name,
+        "model_config_name": args.model_config_name or _D.model_config_name,
         "disable_auto_complete": disable_ac,
         "default_max_batch_size": default_mbs,
         "mps": args.mps,
@@ -366,13 +375,17 @@ def _backend_config(entries: list[str]) -> dict[str, int]:
     For the backends added with their whole settings (openvino, tensorflow) a setting tritond
     does not apply is refused rather than ignored."""
     defaults = {"": 4}
+    form = "--backend-config option format is '<backend name>,<setting>=<value>'. Got "   # tritonserver's words
     for entry in entries:
         backend, sep, setting = entry.partition(",")
         if not sep:
             backend, setting = "", entry
+        elif not backend:
+            raise UsageError("No backend specified. --backend-config option format is <backend name>,<setting>=<value> "
+                             f"or <setting>=<value>. Got {entry}")
         key, eq, value = setting.partition("=")
-        if not eq:
-            raise UsageError(f"--backend-config '{entry}': expected [<backend>,]<setting>=<value>")
+        if not eq or not key or not value:
+            raise UsageError(form + entry)
         if key == "default-max-batch-size":
             if not value.strip().isdigit():
                 raise UsageError(f"--backend-config '{entry}': default-max-batch-size must be a non-negative integer")

@@ -29,7 +29,9 @@ def warm_up(execute: Callable[[Exec], BatchDone], release: Callable[[int], None]
         inputs = [TensorDesc(name, dtype, list(a.shape), Inline(bytes(array_to_bytes(a, dtype))))
                   for name, (dtype, a) in sample.inputs.items()]
         msg = Exec(WARMUP_BID, [ExecRequest(inputs, [], f"warmup:{sample.name}") for _ in range(sample.batch_size)])
-        for _ in range(sample.count):
+        for iteration in range(1, sample.count + 1):
+            log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d",
+                      config.get("name", ""), instance, sample.name, iteration)
             done = execute(msg)
             for result in done.results:
                 for desc in result.outputs:
@@ -38,6 +40,7 @@ def warm_up(execute: Callable[[Exec], BatchDone], release: Callable[[int], None]
                         release(lease)
             errors = [r.error.message for r in done.results if r.error is not None]
             if errors:
-                raise WarmupError(f"failed to run warmup sample '{sample.name}': " + "; ".join(dict.fromkeys(errors)))
+                # Triton's words: each failed request's error, each followed by "; "
+                raise WarmupError(f"failed to run warmup sample '{sample.name}': " + "".join(f"{e}; " for e in errors))
         log.info("instance '%s' ran warmup sample '%s' (batch %d, %d time(s)) in %.3f s",
                  instance, sample.name, sample.batch_size, sample.count, time.monotonic() - t0)

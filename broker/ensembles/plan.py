@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from tritond.repository.spec import ModelSpec
-from tritond.repository.ensemble import validate_ensemble
+from tritond.repository.ensemble import decoupled_branching_error, validate_ensemble
 from tritond.repository.render import config_from_json
 from tritond.wire.schema import ModelState, TensorDesc
 
@@ -210,6 +210,11 @@ class EnsembleVersion(ModelVersion):
             return READY, "", max(ready, key=lambda mv: mv.version)
         if any(mv.state == LOADING for mv in candidates):
             return LOADING, "", None
+        if not candidates:      # nothing loaded for the step: Triton's words
+            if step.version >= 0 and versions:
+                return UNAVAILABLE, (f"ensemble '{self.name}' depends on '{step.model}' whose required version "
+                                     f"{step.version} is not loaded."), None
+            return UNAVAILABLE, f"ensemble '{self.name}' depends on '{step.model}' which has no loaded version.", None
         which = f"version {step.version} of model '{step.model}'" if step.version >= 0 else f"model '{step.model}'"
         why = "; ".join(sorted({mv.reason for mv in candidates if mv.reason})) or "not loaded"
         return UNAVAILABLE, f"in ensemble '{self.name}', {step.label()}: composing {which} is not available: {why}", None
@@ -223,7 +228,8 @@ class EnsembleVersion(ModelVersion):
                  for mv in composing}
         decoupled = {mv.name for mv in composing
                      if mv.view.decoupled or (isinstance(mv, EnsembleVersion) and mv.streams)}
-        error = validate_ensemble(self.proto, specs) or self._cached_stream(decoupled)
+        error = (validate_ensemble(self.proto, specs) or decoupled_branching_error(self.proto, decoupled)
+                 or self._cached_stream(decoupled))
         self._checked = (key, error, bool(decoupled))
         return error
 

@@ -43,6 +43,7 @@ class Ensembles:
         self.rids = itertools.count(1)
         self.handovers: dict[bytes, dict[int, tuple[bytes, int]]] = {}
         self.handover_ids = itertools.count(1)
+        self.composes: dict[str, list[str] | None] = {}    # the steps' models of each model load_order saw
 
     # ---------------------------------------------------------------- loading
 
@@ -57,6 +58,7 @@ class Ensembles:
                 continue
             deps[name] = ensemble_dependencies(sources[name].path, self.config_name)
             todo.extend(reversed(deps[name] or []))
+        self.composes.update(deps)
         order = [n for n in sorted(deps) if deps[n] is None]
         placed = set(order)
 
@@ -87,12 +89,39 @@ class Ensembles:
 
     def setup(self, spec: ModelSpec, version: int, config: dict) -> EnsembleVersion:
         """The table entry of one ensemble version, checked against the composing models' specs."""
-        error = validate_ensemble(spec.config, self.registry.specs)
+        error = self._cycle(spec) or validate_ensemble(spec.config, self.registry.specs)
         if error:
             log.error("ensemble '%s' is UNAVAILABLE: %s", spec.name, error)
         mv = EnsembleVersion(self.registry, spec, version, config, error)
         self.registry.dirty = True
         return mv
+
+    def _cycle(self, spec: ModelSpec) -> str:
+        """Triton's check for an ensemble that composes itself, directly or through others."""
+        start = spec.name
+
+        def composes(name: str) -> list[str]:
+            if name == start:
+                return [step.model_name for step in spec.config.ensemble_scheduling.step]
+            known = self.composes.get(name)
+            if known is not None:
+                return known
+            other = self.registry.specs.get(name)
+            config = other.config if other is not None else None
+            return [step.model_name for step in config.ensemble_scheduling.step] if config is not None else []
+
+        def visit(name: str, seen: set[str]) -> str:
+            for up in composes(name):
+                if up == start:
+                    return f"circular dependency between ensembles: {start} -> ... -> {name} -> {start}"
+                if up not in seen:
+                    seen.add(up)
+                    found = visit(up, seen)
+                    if found:
+                        return found
+            return ""
+
+        return visit(start, {start})
 
     def settle(self) -> None:
         """Before the table is published: each ensemble applies what its composing models'

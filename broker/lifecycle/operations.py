@@ -444,6 +444,9 @@ class ModelControl:
     def _replace(self, name: str, table: dict[int, ModelVersion], old: dict[int, ModelVersion]) -> None:
         """Put `table` in for the model; what of `old` it leaves out retires."""
         self.registry.replace(name, table)
+        dropped = self.registry.dropped.setdefault(name, set())
+        dropped.difference_update(table)
+        dropped.update(v for v in old if v not in table)
         kept = {id(mv) for mv in table.values()}
         for mv in old.values():
             if id(mv) not in kept:
@@ -512,6 +515,7 @@ class ModelControl:
             for mv in self.registry.get(name).values():
                 self.retirement.retire(mv)
             self.registry.models.pop(name, None)
+            self.registry.dropped.pop(name, None)
             self.registry.specs.pop(name, None)
             self.loaded_from.pop(name, None)
             self.fingerprints.pop(name, None)

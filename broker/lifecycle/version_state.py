@@ -32,7 +32,7 @@ log = logging.getLogger("tritond.broker")
 class Lifecycle:
     def __init__(self, opts: ServerOptions, registry: ModelRegistry, instances: InstanceTable,
                  pool: WorkerProcesses, requests: RequestPath, clock: Clock, on_settle: Callable[[], None],
-                 latency: Callable[[], Any] | None = None) -> None:
+                 latency: Callable[[Any], Any] | None = None) -> None:
         self.opts = opts
         self.registry = registry
         self.instances = instances
@@ -105,7 +105,7 @@ class Lifecycle:
                                 f"(a worker from other code)")
             self.pool.kill(inst)
             return
-        if msg.config is not None and mv.state == LOADING and msg.config != mv.config:
+        if msg.config is not None and mv.state == LOADING:      # its inputs and outputs are checked here
             err = self.accept_completed_config(mv, msg.config)
             if err:
                 self.fail_load(mv, err)

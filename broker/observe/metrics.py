@@ -14,7 +14,6 @@ summaries slide over: recent requests, not all time).
 """
 from __future__ import annotations
 
-import logging
 import os
 from collections import deque
 from typing import Any, Callable, Iterable
@@ -22,13 +21,12 @@ from typing import Any, Callable, Iterable
 from tritond.wire import replies as R
 from tritond.wire.options import MetricsConfig
 
-from tritond.broker.tables.model_version import READY, ModelVersion
+from tritond.repository.model_metrics import first_response_buckets
 
-log = logging.getLogger("tritond.broker")
+from tritond.broker.tables.model_version import READY, ModelVersion
 
 NS_PER_US = 1000
 SUMMARY_WINDOW = 4096
-FIRST_RESPONSE_FAMILY = "nv_inference_first_response_histogram_ms"
 FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 SUMMARIES = ("request", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
@@ -76,10 +74,9 @@ class Histogram:
 class Latencies:
     """One model version's summaries (µs) and first-response histogram (ms), as enabled."""
 
-    def __init__(self, summaries: bool, histogram: bool,
-                 buckets: tuple[float, ...] = FIRST_RESPONSE_BUCKETS_MS) -> None:
+    def __init__(self, summaries: bool, histogram: bool, buckets: tuple[float, ...] | None = None) -> None:
         self.summaries = {name: Summary() for name in SUMMARIES} if summaries else None
-        self.first_response = Histogram(buckets) if histogram else None
+        self.first_response = Histogram(buckets or FIRST_RESPONSE_BUCKETS_MS) if histogram else None
 
     def success(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int,
                 first_response: bool = True) -> None:
@@ -122,31 +119,14 @@ class Latencies:
         return self.first_response.snapshot() if self.first_response is not None else None
 
 
-def first_response_buckets(name: str, config: dict[str, Any] | None) -> tuple[float, ...]:
-    """The first-response histogram's bucket bounds: the model config's `model_metrics` override
-    (validated at load), else Triton's defaults. Other families are not customizable, which
-    Triton says with a warning."""
-    buckets = FIRST_RESPONSE_BUCKETS_MS
-    for control in ((config or {}).get("model_metrics") or {}).get("metric_control") or []:
-        family = (control.get("metric_identifier") or {}).get("family", "")
-        if family == FIRST_RESPONSE_FAMILY:
-            buckets = tuple(float(b) for b in control["histogram_options"]["buckets"])
-        else:
-            log.warning("model '%s': metric family '%s' in 'metric_identifier' is not a customizable metric",
-                        name, family)
-    return buckets
-
-
-def latency_factory(cfg: MetricsConfig) -> Callable[[str, dict[str, Any] | None], Latencies] | None:
-    """What broker/observe/stats.py builds per model version (from its name and config), or
-    None when nothing is observed."""
+def latency_factory(cfg: MetricsConfig) -> Callable[[dict[str, Any] | None], Latencies] | None:
+    """What broker/observe/stats.py builds per model version from its config (whose model_metrics
+    may set the first-response buckets), or None when nothing is observed."""
     summaries = cfg.summary_latencies
     histogram = cfg.histogram_latencies
     if not summaries and not histogram:
         return None
-    if not histogram:
-        return lambda name, config: Latencies(summaries, False)
-    return lambda name, config: Latencies(summaries, True, first_response_buckets(name, config))
+    return lambda config: Latencies(summaries, histogram, first_response_buckets(config) if histogram else None)
 
 
 def reported(mv: ModelVersion) -> bool:

@@ -47,13 +47,12 @@ class ModelVersion:
     reload_error: str = ""           # why a reload of this version failed while it kept serving
     retiring: bool = False           # left service: drains, then its workers stop (retire.py)
     retire_started: float = 0.0
-    latency: "Callable[[], Any] | None" = field(default=None, repr=False)   # --metrics-config observers
+    latency: "Callable[[Any], Any] | None" = field(default=None, repr=False)   # --metrics-config observers
     # Each instance's thread budget (by index), decided when the version loads (lifecycle/threads.py)
     threads: dict[int, ThreadChoice] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        latency = self.latency(self.name, self.config) if self.latency else None
-        self.stats = ModelStats(self.name, self.version, latency=latency)
+        self.stats = ModelStats(self.name, self.version, latency=self.latency(self.config) if self.latency else None)
         if self.config is not None:
             self.view = model_view(self.config, self.model_dir)
 

@@ -24,6 +24,9 @@ class ModelRegistry:
         self.startup_done = False
         self.loading: list[ModelVersion] = []      # staged by a reload, not in the table yet
         self.retiring: list[ModelVersion] = []     # left service, draining (retire.py)
+        # versions a reload dropped from a model's entry: the repository index lists them
+        # UNAVAILABLE "unloaded", as Triton does, until they come back
+        self.dropped: dict[str, set[int]] = {}
 
     def get(self, name: str) -> dict[int, ModelVersion]:
         return self.models.get(name) or {}

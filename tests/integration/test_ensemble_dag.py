@@ -150,18 +150,22 @@ ENSEMBLES = {
 
 # ensemble -> what its UNAVAILABLE reason must say (naming the step, model and tensor)
 INVALID = {
-    "bad_cycle": ["steps form a cycle", "step 1 (model 'left')", "tensor 't1'", "step 2 (model 'left')", "tensor 't2'"],
-    "bad_unproduced": ["step 1 (model 'left')", "input 'A'", "ensemble tensor 'nowhere'", "neither an ensemble input"],
-    "bad_unknown": ["step 1", "model 'no_such_model' is not in the model repository"],
-    "bad_broken_config": ["step 0", "composing model 'broken_config' is not available"],
+    "bad_cycle": ["output 'OUT' for ensemble 'bad_cycle' is not written: at least one of its depending tensors, "
+                  "'t2', is not connected"],
+    "bad_unproduced": ["output 'OUT' for ensemble 'bad_unproduced' is not written: at least one of its depending "
+                       "tensors, 'nowhere', is not connected"],
+    "bad_unknown": ["ensemble bad_unknown contains models that are not available or ambiguous: no_such_model"],
+    "bad_broken_config": ["ensemble 'bad_broken_config' depends on 'broken_config' which has no loaded version. "
+                          "Model 'broken_config' loading failed with error"],
     "bad_broken_init": ["step 0 (model 'broken_init')", "composing model 'broken_init' is not available",
                         "broken_init cannot start"],
-    "bad_dtype": ["ensemble tensor 'IN'", "inconsistent data type", "TYPE_INT32", "TYPE_FP32", "model split"],
-    "bad_shape": ["ensemble tensor 'IN'", "inconsistent shape", "[2,2]", "[-1]", "model split"],
-    "bad_output": ["ensemble output 'NEVER'", "not produced by any step"],
+    "bad_dtype": ["in ensemble bad_dtype, ensemble tensor IN: inconsistent data type", "TYPE_INT32", "TYPE_FP32",
+                  "model split"],
+    "bad_shape": ["in ensemble bad_shape, ensemble tensor IN: inconsistent shape", "[2,2]", "[-1]", "model split"],
+    "bad_output": ["ensemble output 'NEVER' for ensemble bad_output' is not used"],
     "bad_batch": ["ensemble bad_batch allows maximum batch size 8, but it contains model slow which only "
                   "allows maximum batch size to be 1"],
-    "bad_late_types": ["ensemble tensor 'OUT'", "inconsistent data type", "TYPE_INT32", "model late_types"],
+    "bad_late_types": ["ensemble tensor IN: inconsistent data type", "TYPE_INT32", "model late_types"],
 }
 COMPOSING = ["split", "left", "right", "join", "slow"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import struct
 from pathlib import Path
@@ -47,7 +48,7 @@ def server(tmp_path_factory, markers):
     add_fault_model(repo, "vague", extra=sample("open_ended", "-1"))
     add_fault_model(repo, "falsy", pid_outputs=True, params={"marker_dir": markers},
                     extra=sample("unset", "2").replace("zero_data: true", "zero_data: false"))
-    with serving(TritondServer(repo, ["--model-control-mode=explicit", "--load-model=warm"])) as s:
+    with serving(TritondServer(repo, ["--model-control-mode=explicit", "--load-model=warm", "--log-verbose=1"])) as s:
         yield s
 
 
@@ -80,6 +81,8 @@ def test_every_sample_runs_before_the_model_is_ready_and_is_not_counted(server, 
     (line,) = [ln for ln in body.decode().splitlines() if ln.startswith('nv_model_load_duration_secs{model="warm"')]
     assert status == 200 and float(line.split()[-1]) > 0
     assert "loaded model 'warm' version 1 in " in server.log
+    # Triton's verbose line per iteration (L0_warmup greps for it)
+    assert re.search(r"model 'warm' instance \S+ is running warmup sample 'zeros' for iteration 2", server.log)
 
 
 def test_a_failing_sample_fails_the_load_with_its_name(client):
@@ -88,6 +91,7 @@ def test_a_failing_sample_fails_the_load_with_its_name(client):
     assert e.value.status() == "400"
     message = e.value.message()     # the model's exception as Triton's stub words it: type, text, frames
     assert "failed to run warmup sample 'first_contact': " in message
+    assert message.rstrip().endswith(";")      # Triton's form: each request's error followed by '; '
     assert "this model refuses its warmup input\n\nAt:\n" in message and "model.py(" in message
     with pytest.raises(InferenceServerException) as e:
         client.load_model("vague")

@@ -244,7 +244,7 @@ def test_readiness_rechecks_completed_configs(tmp_path):
     h.up("join", config=late)                 # the worker auto-completed a different type
     (mv,) = h.broker.registry.get("diamond").values()
     assert mv.state is S.ModelState.UNAVAILABLE and "inconsistent data type" in mv.reason
-    assert "tensor 'SUM'" in mv.reason
+    assert "ensemble tensor SUM:" in mv.reason
 
 
 def test_load_order_puts_ensembles_after_what_they_compose(tmp_path, h):
@@ -301,11 +301,10 @@ def test_bls_calls_are_answered_to_the_caller_and_refused_when_they_would_deadlo
 REPEAT_SQUARE = """
 name: "repeat_square" platform: "ensemble"
 input [{ name: "IN" data_type: TYPE_FP32 dims: [-1] }]
-output [{ name: "OUT" data_type: TYPE_FP32 dims: [-1] }, { name: "ECHO" data_type: TYPE_FP32 dims: [-1] }]
+output [{ name: "OUT" data_type: TYPE_FP32 dims: [-1] }]
 ensemble_scheduling { step [
   { model_name: "repeat" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "r" } },
-  { model_name: "square" model_version: -1 input_map { key: "IN" value: "r" } output_map { key: "OUT" value: "OUT" } },
-  { model_name: "echo" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "ECHO" } }
+  { model_name: "square" model_version: -1 input_map { key: "IN" value: "r" } output_map { key: "OUT" value: "OUT" } }
 ] }"""
 
 
@@ -316,7 +315,6 @@ def fp32(v: float) -> S.Inline:
 def streaming_repo(tmp_path) -> Harness:
     python_model(tmp_path, "repeat", ["IN"], ["OUT"], extra="model_transaction_policy { decoupled: true }")
     python_model(tmp_path, "square", ["IN"], ["OUT"])
-    python_model(tmp_path, "echo", ["IN"], ["OUT"])
     ensemble_model(tmp_path, "repeat_square", REPEAT_SQUARE)
     return Harness(tmp_path).load("*")
 
@@ -334,8 +332,8 @@ def respond(h: Harness, *values: float, final: bool = False, lease: int = 0) -> 
 
 def test_each_response_of_a_decoupled_step_runs_the_steps_it_feeds(tmp_path):
     """L0_decoupled's repeat_square: every response of the decoupled step runs the step it feeds
-    with that response, and each result is one more response of the ensemble; outputs of steps
-    it does not feed come in the last response."""
+    with that response, and each result is one more response of the ensemble; the last response
+    only ends the request."""
     h = streaming_repo(tmp_path)
     (mv,) = h.broker.registry.get("repeat_square").values()
     assert mv.state is S.ModelState.READY
@@ -354,9 +352,8 @@ def test_each_response_of_a_decoupled_step_runs_the_steps_it_feeds(tmp_path):
     assert [(m.more, [(d.name, d.loc) for d in m.outputs]) for m in got] == [
         (True, [("OUT", fp32(4.0))]), (True, [("OUT", fp32(9.0))])]
     respond(h, final=True)
-    h.answer(*h.executing("echo")[0], {"OUT": fp32(7.0)})
     last = [m for m in h.frontend_replies() if m.rid == rid][-1]
-    assert not last.more and last.error is None and [(d.name, d.loc) for d in last.outputs] == [("ECHO", fp32(7.0))]
+    assert not last.more and last.error is None and last.empty
     assert mv.stats.inference_count == 1 and sum(mv.stats.failures.values()) == 0
 
 
@@ -375,3 +372,35 @@ def test_a_branch_holds_its_response_until_its_result_leaves_and_a_failure_ends_
     (last,) = [m for m in h.frontend_replies() if m.rid == rid]
     assert last.error.message == "in ensemble 'repeat_square', step 1 (model 'square') failed: boom"
     assert sum(h.broker.registry.get("repeat_square")[1].stats.failures.values()) >= 1
+
+
+def test_a_step_on_a_version_not_loaded_is_refused_in_tritons_words(tmp_path):
+    """L0_model_config's no_required_version: the step asks for version 2, only 1 is loaded."""
+    for name, (ins, outs) in COMPOSING.items():
+        python_model(tmp_path, name, ins, outs)
+    ensemble_model(tmp_path, "diamond", DIAMOND.replace('model_name: "right" model_version: -1',
+                                                        'model_name: "right" model_version: 2'))
+    h = Harness(tmp_path).load("*")
+    (mv,) = h.broker.registry.get("diamond").values()
+    assert mv.state is S.ModelState.UNAVAILABLE
+    assert mv.reason == "ensemble 'diamond' depends on 'right' whose required version 2 is not loaded."
+
+
+def test_ensembles_composing_each_other_are_refused_in_tritons_words(tmp_path):
+    """L0_model_config's circular_dependency and self_circular_dependency."""
+    python_model(tmp_path, "right", ["B"], ["R"])
+    loop = """
+name: "{name}" platform: "ensemble"
+input [{{ name: "B" data_type: TYPE_FP32 dims: [-1] }}]
+output [{{ name: "R" data_type: TYPE_FP32 dims: [-1] }}]
+ensemble_scheduling {{ step [
+  {{ model_name: "{other}" model_version: -1 input_map {{ key: "B" value: "B" }} output_map {{ key: "R" value: "R" }} }}
+] }}
+"""
+    ensemble_model(tmp_path, "a", loop.format(name="a", other="b"))
+    ensemble_model(tmp_path, "b", loop.format(name="b", other="a"))
+    ensemble_model(tmp_path, "self", loop.format(name="self", other="self"))
+    h = Harness(tmp_path).load("*")
+    reasons = {name: mv.reason for name in ("a", "b", "self") for mv in h.broker.registry.get(name).values()}
+    assert reasons["self"] == "circular dependency between ensembles: self -> ... -> self -> self"
+    assert any(r.startswith("circular dependency between ensembles: ") for r in (reasons["a"], reasons["b"]))

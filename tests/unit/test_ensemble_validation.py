@@ -35,9 +35,9 @@ def chain(mbs, in_dims, out_dims, specs):
     (model("a", 4, "[3]", "[-1]"), model("b", 4, "[8]", "[2]"), None),               # -1 matches anything
     (model("a", 4, "[3]", "[8]"), model("b", 0, "[-1, 8]", "[-1, 2]"), None),         # non-batching, batch dim explicit
     (model("a", 4, "[3]", "[8]"), model("b", 4, "[4, 2]", "[2]"),
-     "ensemble tensor 'mid': inconsistent shape: [-1,8] is inferred from model a while [-1,4,2] is inferred from model b"),
+     "in ensemble e, ensemble tensor mid: inconsistent shape: [-1,8] is inferred from model a while [-1,4,2] is inferred from model b"),
     (model("a", 4, "[3]", "[8]"), model("b", 4, "[8]", "[3]"),
-     "ensemble tensor 'OUT': inconsistent shape: [-1,2] is inferred from model e while [-1,3] is inferred from model b"),
+     "in ensemble e, ensemble tensor OUT: inconsistent shape: [-1,2] is inferred from model e while [-1,3] is inferred from model b"),
 ])
 def test_shapes_must_agree(a, b, error):
     result = chain(4, "[3]", "[2]", {"a": a, "b": b})

@@ -123,7 +123,7 @@ def test_warmup_samples_follow_tritons_rules(tmp_path):
     dtype, x = samples[0].inputs["X"]
     assert dtype == "FP32" and x.shape == (1, 3) and not x.any()
     assert samples[1].inputs["X"][1].tolist() == [[1.0, 2.0, 3.0]]
-    assert samples[1].inputs["S"][1].tolist() == [b"hi"]                  # not a model input: no batch dim
+    assert samples[1].inputs["S"][1].tolist() == [[b"hi"]]    # not a model input (a control): batched too
     assert samples[2].inputs["X"][1].tolist() == [[b"", b""]]             # random strings are empty, as in Triton
 
 

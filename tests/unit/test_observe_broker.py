@@ -336,11 +336,11 @@ def test_model_metrics_set_a_models_first_response_buckets():
     own = {"model_metrics": {"metric_control": [{
         "metric_identifier": {"family": "nv_inference_first_response_histogram_ms"},
         "histogram_options": {"buckets": [-1.0, 0.0, 1.0, 2.5]}}]}}
-    latency = make("m", own)
+    latency = make(own)
     latency.first_response_ms(2.0)
     snap = latency.first_response_snapshot()
     assert snap.bounds == [-1.0, 0.0, 1.0, 2.5] and snap.counts == [0, 0, 0, 1, 0]
-    assert make("other", {}).first_response_snapshot().bounds == list(FIRST_RESPONSE_BUCKETS_MS)
+    assert make({}).first_response_snapshot().bounds == list(FIRST_RESPONSE_BUCKETS_MS)
     assert latency_factory(options().metrics) is None
 
 

@@ -268,6 +268,23 @@ def test_input_count_mismatch(tmp_path):
         backend.load()
 
 
+def test_config_without_inputs_is_refused_by_the_input_count(tmp_path):
+    """As Triton's PyTorch backend (L0_model_config's pytorch/too_few_inputs)."""
+    backend = make(tmp_path, AddSub(), [], [tensor("OUTPUT__0", "TYPE_FP32", [4])])
+    with pytest.raises(ValueError, match="configuration expects 0 inputs, model provides 2"):
+        backend.load()
+
+
+def test_unsupported_correlation_id_type(tmp_path):
+    """A CORRID control is a model input, so its type must be one PyTorch has (L0_libtorch_io_types)."""
+    corrid = {"name": "CORRID__2", "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT32"}]}
+    backend = make(tmp_path, AddSub(), [tensor("x", "TYPE_FP32", [4]), tensor("y", "TYPE_FP32", [4])],
+                   [tensor("OUTPUT__0", "TYPE_FP32", [4])],
+                   extra={"sequence_batching": {"direct": {}, "control_input": [corrid]}})
+    with pytest.raises(ValueError, match="input 'CORRID__2' type 'TYPE_UINT32' is not supported by PyTorch."):
+        backend.load()
+
+
 def test_unsupported_datatype(tmp_path):
     backend = make(tmp_path, AddSub(), [tensor("x", "TYPE_UINT32", [4]), tensor("y", "TYPE_FP32", [4])],
                    [tensor("OUTPUT__0", "TYPE_FP32", [4])])

@@ -73,7 +73,7 @@ def test_check_repository_reports_bad_models_beside_good_ones(repo):
     assert bad.config is None and bad.versions == []
     assert bad.error.startswith(f"model 'bad', file '{repo}/bad/config.pbtxt', field 'max_batch_size': line 2")
     assert specs["empty"].error == "no version is available"
-    assert "composing model 'bad' is not available" in specs["ens_bad"].error
+    assert "ensemble 'ens_bad' depends on 'bad' which has no loaded version" in specs["ens_bad"].error
 
 
 def test_duplicate_model_across_repositories(tmp_path):

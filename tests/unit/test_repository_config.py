@@ -2,6 +2,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from tritond.repository import devices
+from tritond.repository.catalog import load_spec
 from tritond.repository.config import load_model_config, validate_config
 from tritond.repository.errors import ConfigError
 from tritond.repository.layout import ModelSource
@@ -71,10 +72,18 @@ def test_two_schedulers_violate_the_oneof(tmp_path):
 
 def test_name_must_match_directory(tmp_path):
     src = make_model(tmp_path, "m", 'name: "other"\nbackend: "python"\n')
-    with pytest.raises(ConfigError) as e:
-        load_model_config(src)
-    assert e.value.field == "name"
-    assert "unexpected directory name 'm' for model 'other'" in str(e.value)
+    spec = load_spec(src)
+    assert "field 'name'" in spec.error
+    assert "unexpected directory name 'm' for model 'other'" in spec.error
+
+
+def test_an_invalid_config_is_refused_for_that_before_its_name_and_versions(tmp_path):
+    """Triton validates the config first (L0_model_config's ensembles have other names, no versions)."""
+    src = make_model(tmp_path, "m", 'name: "other"\nplatform: "ensemble"\n' + IO16, files=())
+    assert "ensemble scheduling must be set for ensemble other whose platform is ensemble" in load_spec(src).error
+    src = make_model(tmp_path, "e", 'platform: "ensemble"\n' + IO16 + 'ensemble_scheduling { step [ { model_name: "x" '
+                     'input_map { key: "a" value: "in" } output_map { key: "b" value: "t" } } ] }', files=())
+    assert "ensemble output 'out' for ensemble e' is not used" in load_spec(src).error
 
 
 @pytest.mark.parametrize(
@@ -87,7 +96,9 @@ def test_name_must_match_directory(tmp_path):
 )
 def test_backend_autofilled_from_files_without_config(tmp_path, filename, backend, platform):
     cfg = load_model_config(make_model(tmp_path, "m", None, files=(f"1/{filename}",)))
-    assert (cfg.name, cfg.backend, cfg.platform, cfg.default_model_filename) == ("m", backend, platform, filename)
+    # as Triton's autofill, which leaves the file name of a model.pt it found unset
+    expected = "" if backend == "pytorch" else filename
+    assert (cfg.name, cfg.backend, cfg.platform, cfg.default_model_filename) == ("m", backend, platform, expected)
 
 
 def test_backend_autofill_looks_at_lowest_version(tmp_path):
@@ -207,7 +218,7 @@ IO = 'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\noutput [{ name: "y" 
         (
             'backend: "python"\nmax_batch_size: 4\ndynamic_batching { preferred_batch_size: [8] }',
             "dynamic_batching.preferred_batch_size[0]",
-            "must be <= max batch size 4",
+            "must be <= max batch size for m (8 > 4)",
         ),
         (
             'backend: "python"\nmax_batch_size: 4\ndynamic_batching { priority_levels: 2 }',
@@ -228,8 +239,8 @@ IO = 'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\noutput [{ name: "y" 
         ('platform: "ensemble"\n' + IO, "ensemble_scheduling", "ensemble scheduling must be set"),
         (
             'platform: "ensemble"\n' + IO + 'ensemble_scheduling { step [{ input_map { key: "x" value: "x" } }] }',
-            "ensemble_scheduling.step[0].model_name",
-            "must specify 'model_name'",
+            "ensemble_scheduling",
+            "must specify 'model_name' in step 0 of ensemble 'm'",
         ),
         (
             'platform: "ensemble"\n' + IO + 'instance_group [{}]\nensemble_scheduling { step [{ model_name: "a" }] }',
@@ -249,7 +260,7 @@ IO = 'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\noutput [{ name: "y" 
         (
             'backend: "python"\nmodel_metrics { metric_control [{ metric_identifier { family: "f" } '
             "histogram_options { buckets: [2, 1] } }] }",
-            "model_metrics.metric_control[0]",
+            "model_metrics.metric_control[0].histogram_options",
             "strictly increasing",
         ),
     ],
@@ -286,3 +297,94 @@ def test_python_model_needs_its_model_file(tmp_path):
         load_and_validate(src)
     (tmp_path / "m" / "1" / "serve.py").write_text("")
     load_and_validate(src)
+
+
+# Triton's words, as its qa suite L0_model_config greps them in the server log
+IO16 = 'input [ { name: "in" data_type: TYPE_FP32 dims: [ 16 ] } ]\noutput [ { name: "out" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+
+
+@pytest.mark.parametrize("config, text", [
+    ('backend: "python"\nmax_batch_size: 4\ninput [ { name: "in" data_type: TYPE_FP32 dims: [ 1, 3, 2 ] '
+     'reshape { shape: [ 5 ] } } ]\noutput [ { name: "out" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+     "model input 'in' has different size for dims and reshape for m"),
+    # a variable-size dims against a fixed-size reshape: the element counts differ first
+    ('backend: "python"\ninput [ { name: "in" data_type: TYPE_FP32 dims: [ -1 ] reshape { shape: [ 2, 8 ] } } ]\n'
+     'output [ { name: "out" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+     "model input 'in' has different size for dims and reshape for m"),
+    ('backend: "python"\nmax_batch_size: -1\n' + IO16, "'max_batch_size' must be non-negative value for m"),
+    ('backend: "python"\nmax_batch_size: 8\ndynamic_batching { priority_levels: 3 }\n' + IO16,
+     r"default priority level must be in range [1, 3] for m"),
+    ('backend: "python"\nensemble_scheduling { step [ { model_name: "x" } ] }\n' + IO16,
+     "ensemble scheduling cannot be set for model 'm' whose platform is not ensemble"),
+    ('backend: "python"\ninstance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]\n' + IO16,
+     "instance group m_0 of model m has kind KIND_CPU but specifies one or more GPUs"),
+    ('backend: "python"\ninstance_group [ { kind: KIND_GPU gpus: [ 42 ] } ]\n' + IO16,
+     "instance group m_0 of model m specifies invalid or unsupported gpu id 42. GPUs with at least the minimum "
+     "required CUDA compute compatibility of 0.000000 are: none; it has kind KIND_GPU but no GPUs are available"),
+    ('platform: "ensemble"\noptimization { }\nensemble_scheduling { step [ { model_name: "x" } ] }\n' + IO16,
+     "optimization should not be specified for ensemble 'm'"),
+    ('platform: "ensemble"\nmodel_warmup [ { name: "w" batch_size: 1 } ]\n'
+     'ensemble_scheduling { step [ { model_name: "x" } ] }\n' + IO16,
+     "model_warmup can not be specified for ensemble 'm'"),
+])
+def test_invalid_configs_are_refused_in_tritons_words(tmp_path, config, text):
+    with pytest.raises(ConfigError) as e:
+        load_and_validate(make_model(tmp_path, "m", config))
+    assert text in str(e.value)
+
+
+def test_ensemble_config_shows_a_transaction_policy(tmp_path):
+    """Triton's ensemble validation sets it, so GET config shows `model_transaction_policy {}`."""
+    src = make_model(tmp_path, "e", 'platform: "ensemble"\n' + IO16 + 'ensemble_scheduling { step [ { model_name: '
+                     '"x" input_map { key: "a" value: "in" } output_map { key: "b" value: "out" } } ] }', files=())
+    assert load_model_config(src).HasField("model_transaction_policy")
+
+
+def test_unknown_platform_gets_the_backend_of_its_model_file(tmp_path):
+    """Triton fills the backend from default_model_filename when the platform names none it knows,
+    and then refuses the pair, even with auto-complete off."""
+    src = make_model(tmp_path, "m", 'platform: "onnxruntim"\ndefault_model_filename: "model.onnx"\n' + IO16,
+                     files=("1/model.onnx",))
+    with pytest.raises(ConfigError) as e:
+        load_and_validate(src, autocomplete=False)
+    assert "unexpected 'platform' and 'backend' pair, got:onnxruntim, onnxruntime" in str(e.value)
+
+
+@pytest.mark.parametrize("runtime, text", [
+    ("__invalid_runtime__", "unable to find backend library '__invalid_runtime__' for model 'm'"),
+    ("../dummy/libtriton_identity.so",
+     "backend library name '../dummy/libtriton_identity.so' escapes backend directory"),
+])
+def test_runtime_other_than_the_backends_own_is_refused(tmp_path, runtime, text):
+    src = make_model(tmp_path, "m", f'backend: "identity"\nruntime: "{runtime}"\n' + IO16, files=())
+    (tmp_path / "m" / "1").mkdir()
+    with pytest.raises(ConfigError) as e:
+        load_and_validate(src)
+    assert text in str(e.value) and e.value.field == "runtime"
+
+
+def test_runtime_naming_the_backends_library_is_accepted(tmp_path):
+    src = make_model(tmp_path, "m", 'backend: "python"\nruntime: "libtriton_python.so"\n' + IO16)
+    assert load_and_validate(src).runtime == "libtriton_python.so"
+
+
+def test_identity_backend_needs_no_model_file(tmp_path):
+    """As Triton's identity test backend: `model.identity` is autofilled, and no such file is read."""
+    src = make_model(tmp_path, "m.identity", None, files=())
+    (tmp_path / "m.identity" / "1").mkdir()
+    cfg = load_and_validate(src)
+    assert (cfg.backend, cfg.default_model_filename) == ("identity", "model.identity")
+
+
+def test_inputs_and_outputs_wait_for_a_python_models_auto_complete(tmp_path):
+    """Triton checks the inputs and outputs after the backend's auto-complete, which may fill them
+    (L0_model_config's python/incomplete_output); without the hook they are checked at once."""
+    config = 'backend: "python"\noutput [ { name: "OUTPUT0" } ]\n'
+    hook = ("class TritonPythonModel:\n    @staticmethod\n    def auto_complete_config(c):\n        return c\n")
+    src = make_model(tmp_path, "m", config)
+    (tmp_path / "m" / "1" / "model.py").write_text(hook)
+    assert load_spec(src).error == ""
+    assert "must specify 'data_type'" in load_spec(src, autocomplete=False).error
+    plain = make_model(tmp_path, "p", config)
+    (tmp_path / "p" / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    assert "model output 'OUTPUT0' must specify 'data_type' for p" in load_spec(plain).error

@@ -3,7 +3,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritond.repository.spec import ModelSpec
-from tritond.repository.ensemble import validate_ensemble
+from tritond.repository.ensemble import decoupled_branching_error, validate_ensemble
 
 
 def parse(text):
@@ -67,43 +67,43 @@ def test_python_composing_model_not_yet_autocompleted_is_accepted():
         ),
         (
             (step("pre", {"IN": "RAW"}, {"OUT": "MID"}), step("post", {"IN": "NOWHERE"}, {"OUT": "LABEL"})),
-            "step 1 (model 'post'): input 'IN' reads ensemble tensor 'NOWHERE', which is neither an ensemble "
-            "input nor produced by any step",
+            "output 'LABEL' for ensemble 'ens' is not written: at least one of its depending tensors, 'NOWHERE', "
+            "is not connected",
         ),
         (
             (step("pre", {"IN": "RAW"}, {"OUT": "MID"}),),
-            "ensemble output 'LABEL' for ensemble 'ens' is not produced by any step",
+            "ensemble output 'LABEL' for ensemble ens' is not used",
         ),
-        ((step("post", {"IN": "MID"}, {"OUT": "LABEL"}),), "ensemble input 'RAW' for ensemble 'ens' is not used"),
+        ((step("post", {"IN": "MID"}, {"OUT": "LABEL"}),), "ensemble input 'RAW' for ensemble ens' is not used"),
         (
             (
                 step("pre", {"IN": "RAW"}, {"OUT": "LABEL"}),
                 step("pre", {"IN": "B"}, {"OUT": "A"}),
                 step("post", {"IN": "A"}, {"OUT": "B"}),
             ),
-            "steps form a cycle: step 1 (model 'pre') -> tensor 'A' -> step 2 (model 'post') -> tensor 'B' "
-            "-> step 1 (model 'pre')",
+            "ensemble tensor 'A' is unused in ensemble 'ens'",
         ),
         (
             (step("pre", {"IN": "RAW"}, {"OUT": "MID"}), step("nosuch", {"IN": "MID"}, {"OUT": "LABEL"})),
-            "in ensemble 'ens', step 1: model 'nosuch' is not in the model repository",
+            "ensemble ens contains models that are not available or ambiguous: nosuch",
         ),
         (
             (step("pre", {"IN": "RAW"}, {"OUT": "MID"}), step("broken", {"IN": "MID"}, {"OUT": "LABEL"})),
-            "step 1: composing model 'broken' is not available: model 'broken'",
+            "ensemble 'ens' depends on 'broken' which has no loaded version. Model 'broken' loading failed with "
+            "error: model 'broken'",
         ),
         (
             (step("post", {"IN": "RAW"}, {"OUT": "MID"}), step("post", {"IN": "MID"}, {"OUT": "LABEL"})),
-            "ensemble tensor 'MID': inconsistent data type: TYPE_INT64 is inferred from model post while "
+            "in ensemble ens, ensemble tensor MID: inconsistent data type: TYPE_INT64 is inferred from model post while "
             "TYPE_FP32 is inferred from model post",
         ),
         (
             (step("pre", {"IN": "RAW"}, {"OUT": "MID"}), step("post", {"WRONG": "MID"}, {"OUT": "LABEL"})),
-            "ensemble tensor 'MID' is mapping to non-existing input 'WRONG' in model 'post'",
+            "in ensemble ens, ensemble tensor MID is mapping to non-existing input WRONG in model post",
         ),
         (
             (step("pre", {"IN": "RAW"}, {"OUT": "MID"}), step("post", {"IN": "MID"}, {"NOPE": "LABEL"})),
-            "ensemble tensor 'LABEL' is mapped from non-existing output 'NOPE' in model 'post'",
+            "in ensemble ens, ensemble tensor LABEL is mapped from non-existing output NOPE in model post",
         ),
     ],
 )
@@ -127,7 +127,7 @@ def test_unmapped_required_input():
         '{ name: "B" data_type: TYPE_FP32 dims: [4] }] output [{ name: "C" data_type: TYPE_INT64 dims: [1] }]',
     )
     error = validate_ensemble(ensemble(step("two", {"A": "RAW"}, {"C": "LABEL"})), specs)
-    assert "input 'B' in model 'two' is not mapped to any ensemble tensors" in error
+    assert "in ensemble ens, input B in model two is not mapped to any ensemble tensors" in error
 
 
 def test_ensemble_batch_size_bounded_by_composing_models():
@@ -138,3 +138,22 @@ def test_ensemble_batch_size_bounded_by_composing_models():
         "ensemble ens allows maximum batch size 8, but it contains model post "
         "which only allows maximum batch size to be 2" in error
     )
+
+
+def _fanout(name, steps, outputs):
+    text = (f'name: "{name}" platform: "ensemble" input [{{ name: "IN" data_type: TYPE_INT32 dims: [-1] }}] '
+            + " ".join(f'output [{{ name: "{o}" data_type: TYPE_INT32 dims: [1] }}]' for o in outputs)
+            + " ensemble_scheduling { step [ "
+            + ", ".join(f'{{ model_name: "{m}" input_map {{ key: "IN" value: "{i}" }} output_map {{ key: "OUT" '
+                        f'value: "{o}" }} }}' for m, i, o in steps) + " ] }")
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def test_responses_of_different_decoupled_steps_cannot_meet():
+    """Triton's decoupled-label rule (L0_model_config's invalid_decoupled_branching cases)."""
+    both_out = _fanout("two", [("rep", "IN", "A"), ("rep", "IN", "B")], ["A", "B"])
+    assert decoupled_branching_error(both_out, {"rep"}) == (
+        "in ensemble two, step of model 'two' receives inputs originated from different decoupled models")
+    assert decoupled_branching_error(both_out, set()) is None
+    one = _fanout("one", [("rep", "IN", "A"), ("plain", "A", "B")], ["B"])
+    assert decoupled_branching_error(one, {"rep"}) is None

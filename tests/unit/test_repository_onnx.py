@@ -115,7 +115,9 @@ def test_missing_outputs_are_filled_from_graph(tmp_path):
         (
             'output [{ name: "y" data_type: TYPE_FP32 dims: [8] }]',
             "output[0].dims",
-            "the model expects shape [-1,16] but the configuration specifies [-1,8]",
+            "tensor 'y': the model expects 2 dimensions (shape [-1,16]) but the model configuration specifies 2 "
+            "dimensions (an initial batch dimension because max_batch_size > 0 followed by the explicit tensor shape, "
+            "making complete shape [-1,8])",
         ),
         (
             'max_batch_size: 4\noutput [{ name: "q" data_type: TYPE_FP32 dims: [16] }]',
@@ -196,3 +198,41 @@ def test_sequence_control_and_state_inputs_count_as_configured(tmp_path):
     )
     cfg = load_model_config(ModelSource("m", str(tmp_path / "m"), str(tmp_path)))
     assert [io.name for io in cfg.input] == ["a"]
+
+
+def test_graph_disagreements_in_the_onnx_backends_words(tmp_path):
+    """As the ONNX Runtime backend reports them (L0_model_config greps for these)."""
+    with pytest.raises(ConfigError) as e:
+        load_model_config(onnx_model(tmp_path, "fixed", 3, "max_batch_size: 8"))
+    assert ("autofill failed for model 'fixed': model does not support batching while non-zero max_batch_size is "
+            "specified") in e.value.message
+    extra = ('input [{ name: "x" data_type: TYPE_FP32 dims: [16] }, { name: "z" data_type: TYPE_FP32 dims: [16] }]\n'
+             'output [{ name: "y" data_type: TYPE_FP32 dims: [16] }]')
+    with pytest.raises(ConfigError) as e:
+        load_model_config(onnx_model(tmp_path, "extra", "batch", "max_batch_size: 4\n" + extra))
+    assert e.value.message == "unable to load model 'extra', configuration expects 2 inputs, model provides 1"
+    nobatch = 'input [{ name: "x" data_type: TYPE_FP32 dims: [3, 8] }]\noutput [{ name: "y" data_type: TYPE_FP32 dims: [3, 16] }]'
+    with pytest.raises(ConfigError) as e:
+        load_model_config(onnx_model(tmp_path, "nobatch", 3, nobatch))
+    assert e.value.message == ("model 'nobatch', tensor 'x': the model expects 2 dimensions (shape [3,16]) but the "
+                               "model configuration specifies 2 dimensions (shape [3,8])")
+
+
+def test_overridable_initializer_may_be_listed_as_an_optional_input(tmp_path):
+    """As the ONNX Runtime backend: a graph input that has an initializer is an input the config
+    may list (L0_initializer_as_input)."""
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    init = helper.make_tensor("w", TensorProto.FLOAT, [2], [1.0, 2.0])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [x, w], [y], [init])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(version / "model.onnx"))
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        'input [{ name: "x" data_type: TYPE_FP32 dims: [2] }, { name: "w" data_type: TYPE_FP32 dims: [2] '
+        'optional: true }]\noutput [{ name: "y" data_type: TYPE_FP32 dims: [2] }]')
+    cfg = load_model_config(ModelSource("m", str(tmp_path / "m"), str(tmp_path)))
+    assert [i.name for i in cfg.input] == ["x", "w"]

@@ -11,7 +11,7 @@ from tritond.check import check
 from tritond.repository import devices
 from tritond.repository.catalog import load_spec
 from tritond.repository.layout import ModelSource
-from tritond.repository.unsupported import FIELDS, PARAMETERS
+from tritond.repository.unsupported import BACKEND_PARAMETERS, FIELDS, PARAMETERS, unsupported
 
 BASE = ('backend: "python" max_batch_size: 4 '
         'input [{ name: "x" data_type: TYPE_FP32 dims: [ 2 ] }] '
@@ -71,6 +71,17 @@ def test_an_unsupported_parameter_fails_the_load_naming_it(tmp_path, key):
     config = BASE + f'parameters {{ key: "{key}" value: {{ string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" }} }}'
     error = load_spec(model(tmp_path, config)).error
     assert f"field 'parameters.{key}': parameter '{key}' ({PARAMETERS[key]}) is not supported" in error
+
+
+@pytest.mark.parametrize("backend, key", [(b, k) for b, keys in BACKEND_PARAMETERS.items() for k in keys])
+def test_a_backends_unsupported_parameter_fails_only_its_models(tmp_path, backend, key):
+    from tritonclient.grpc import model_config_pb2
+    cfg = model_config_pb2.ModelConfig(name="m", backend=backend)
+    cfg.parameters[key].string_value = "true"
+    assert unsupported(cfg) == (f"parameters.{key}", f"parameter '{key}' ({BACKEND_PARAMETERS[backend][key]}) is "
+                                                     "not supported by tritond yet")
+    config = BASE + f'parameters {{ key: "{key}" value: {{ string_value: "true" }} }}'
+    assert load_spec(model(tmp_path, config)).error == ""        # a python model: ignored, as by Triton
 
 
 def test_a_model_py_that_does_not_compile_fails_the_load(tmp_path):

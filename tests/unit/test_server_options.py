@@ -168,3 +168,46 @@ def test_an_unknown_key_or_a_wrong_type_is_refused_by_name(change, message):
         wire_options.decode(msgspec.json.encode(values))
     with pytest.raises(msgspec.ValidationError, match=message):
         wire_options.build(values)
+
+
+def test_strict_model_config_warns_as_tritonserver_does():
+    """tritonserver's deprecation warnings, word for word (L0_model_config greps for them)."""
+    deprecated = ("WARNING", "Warning: '--strict-model-config' has been deprecated! Please use "
+                             "'--disable-auto-complete-config' instead.")
+    override = ("WARNING", "Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+                           "'--disable-auto-complete-config'!")
+    assert deprecated in options("--strict-model-config=true").startup_notes
+    notes = options("--disable-auto-complete-config", "--strict-model-config=false").startup_notes
+    assert deprecated in notes and override in notes
+    assert options("--disable-auto-complete-config").startup_notes == []
+
+
+def test_model_config_name_given_empty_is_refused():
+    """As tritonserver: '--model-config-name=' is an error, not the default config.pbtxt."""
+    from tritond.options import UsageError
+    assert options("--model-config-name=h100").model_config_name == "h100"
+    assert options().model_config_name == ""
+    with pytest.raises(UsageError, match="Error: empty argument for --model-config-name"):
+        options("--model-config-name=")
+
+
+def test_model_control_mode_is_case_insensitive():
+    """tritonserver lowercases it (L0_model_namespacing passes POLL and EXPLICIT)."""
+    assert options("--model-control-mode=EXPLICIT").model_control_mode == "explicit"
+    assert options("--model-control-mode=Poll").model_control_mode == "poll"
+
+
+@pytest.mark.parametrize("setting, message", [
+    (",default-max-batch-size=3", "No backend specified. --backend-config option format is <backend name>,<setting>="
+                                  "<value> or <setting>=<value>. Got ,default-max-batch-size=3"),
+    ("default-max-batch-size=", "--backend-config option format is '<backend name>,<setting>=<value>'. Got "
+                                "default-max-batch-size="),
+    ("default-max-batch-size", "--backend-config option format is '<backend name>,<setting>=<value>'. Got "
+                               "default-max-batch-size"),
+])
+def test_malformed_backend_config_is_refused_in_tritonservers_words(setting, message):
+    """L0_backend_config greps for these."""
+    from tritond.options import UsageError
+    with pytest.raises(UsageError) as e:
+        options(f"--backend-config={setting}")
+    assert str(e.value) == message

@@ -100,15 +100,18 @@ class TorchBackend(Backend):
         cfg = self.config
         name = self.instance.model_name
         view = self.view
-        if not view.inputs:
-            raise ValueError("model configuration must contain at least one input, none were specified.")
-        if not view.outputs:
+        if not view.outputs:      # a config without inputs is refused by the input count, as in Triton
             raise ValueError("model configuration must contain at least one output, none were specified.")
         for kind in ("input", "output"):
             for t in cfg.get(kind) or []:           # the config's type names, as Triton's messages say them
                 dtype = t.get("data_type", "TYPE_INVALID")
                 if dtype not in SUPPORTED_TYPES or (kind == "output" and dtype == "TYPE_BF16"):
                     raise ValueError(f"unsupported datatype {dtype} for {kind} '{t.get('name')}' for model '{name}'")
+        for ci in (cfg.get("sequence_batching") or {}).get("control_input") or []:
+            for control in ci.get("control") or []:     # a typed control (CORRID) is a model input too
+                dtype = control.get("data_type", "")
+                if control.get("kind") == "CONTROL_SEQUENCE_CORRID" and dtype not in SUPPORTED_TYPES:
+                    raise ValueError(f"input '{ci.get('name')}' type '{dtype}' is not supported by PyTorch.")
         self.batching = view.max_batch_size > 0
         self.device = self._device()
         self._threads()
