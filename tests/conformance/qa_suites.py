@@ -5,6 +5,7 @@ from suites_decoupled import l0_client_timeout, l0_decoupled, l0_grpc_state_clea
 from suites_ensembles import l0_simple_ensemble
 from suites_http import l0_grpc, l0_http, l0_input_validation, l0_shared_memory
 from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
+from suites_protocols import l0_data_compression, l0_https, l0_json, l0_query, l0_secure_grpc
 from suites_python_backend import l0_backend_python
 from suites_queue import l0_model_queue
 from suites_sequence import (l0_dyna_sequence_batcher, l0_http_generate, l0_implicit_state, l0_sequence_batcher,
@@ -49,4 +50,9 @@ SUITES = {
     "L0_sequence_corrid_batcher": l0_sequence_corrid_batcher,
     "L0_grpc": l0_grpc,
     "L0_model_update": l0_model_update,
+    "L0_https": l0_https,
+    "L0_secure_grpc": l0_secure_grpc,
+    "L0_json": l0_json,
+    "L0_data_compression": l0_data_compression,
+    "L0_query": l0_query,
 }
