@@ -5,7 +5,9 @@ from suites_decoupled import l0_client_timeout, l0_decoupled, l0_grpc_state_clea
 from suites_ensembles import l0_simple_ensemble
 from suites_http import l0_grpc, l0_http, l0_input_validation, l0_shared_memory
 from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
-from suites_protocols import l0_data_compression, l0_https, l0_json, l0_query, l0_secure_grpc
+from suites_protocols import (l0_backend_bls, l0_data_compression, l0_http_fuzz, l0_https, l0_io, l0_json,
+                              l0_large_payload, l0_output_validation, l0_pytorch_python_runtime, l0_query,
+                              l0_secure_grpc)
 from suites_python_backend import l0_backend_python
 from suites_queue import l0_model_queue
 from suites_sequence import (l0_dyna_sequence_batcher, l0_http_generate, l0_implicit_state, l0_sequence_batcher,
@@ -55,4 +57,10 @@ SUITES = {
     "L0_json": l0_json,
     "L0_data_compression": l0_data_compression,
     "L0_query": l0_query,
+    "L0_large_payload": l0_large_payload,
+    "L0_http_fuzz": l0_http_fuzz,
+    "L0_io": l0_io,
+    "L0_output_validation": l0_output_validation,
+    "L0_backend_bls": l0_backend_bls,
+    "L0_pytorch_python_runtime": l0_pytorch_python_runtime,
 }

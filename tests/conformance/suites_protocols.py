@@ -109,6 +109,21 @@ def _wait_https(url: str, context: ssl.SSLContext, server, timeout: float) -> bo
     return False
 
 
+def _wait_models_stable(timeout: float) -> None:
+    """util.sh's wait_for_model_stable: until no model of the repository index is loading."""
+    import json
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request("http://localhost:8000/v2/repository/index", data=b"", method="POST")
+            with urllib.request.urlopen(req, timeout=5) as r:
+                if all(m.get("state") not in ("LOADING", "UNLOADING", None) for m in json.loads(r.read())):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+
+
 # ====================================================================== L0_https
 def l0_https(qa) -> None:
     """test.sh puts nginx on port 443 in front of a plain-HTTP server, with the server
@@ -230,3 +245,95 @@ def l0_data_compression(qa) -> None:
             _expect(qa, d, f"{program} request={req or 'none'} response={resp or 'none'}", argv, True, s)
     if s:
         s.stop()
+
+
+# ====================================================================== L0_large_payload
+def l0_large_payload(qa) -> None:
+    """Not run: each case's setUp alone makes a 3 GiB and a 1.9 GiB FP32 tensor from float64
+    random arrays (about 10 GiB at once in the client), then the server holds the 1.9 GiB
+    request and its response more than once; this shared 24 GiB host cannot spare that."""
+    why = ("needs over 15 GiB at once (the client's setUp alone builds 3 GiB and 1.9 GiB tensors from float64 "
+           "arrays, about 10 GiB, before the server holds the 1.9 GiB request and response); not run on this "
+           "shared 24 GiB host")
+    for target in ("onnx", "libtorch", "python"):
+        _skip(qa, f"LargePayLoadTest.test_{target}", why, "large_payload_test.py")
+    _skip(qa, "LargePayLoadTest.test_plan", "TensorRT (plan_nobatch_zero_1_float32, not generated here)",
+          "large_payload_test.py")
+
+
+# ====================================================================== L0_io
+def l0_io(qa) -> None:
+    _skip(qa, "memory_alloc", "every case runs memory_alloc, a C++ program built against Triton's in-process C API "
+                              "(tritonserver.h): it starts the server inside itself, which tritond does not offer")
+
+
+# ====================================================================== L0_backend_bls
+def l0_backend_bls(qa) -> None:
+    _skip(qa, "bls_client", "builds the backend repository's C++ `bls` example backend with cmake (cloned from "
+                            "GitHub) and runs its C++ client; a C++ backend with no Python stand-in here")
+
+
+# ====================================================================== L0_pytorch_python_runtime
+def l0_pytorch_python_runtime(qa) -> None:
+    why = ("the PyTorch backend's Python-based runtime (`runtime: \"model.py\"`, pytorch_backend's model.py and its "
+           "packed environment, cloned and built by test.sh) over models of Triton's prebuilt /data/inferenceserver "
+           "store (resnet50_libtorch, pytorch_model_store), none of which is generated here")
+    _skip(qa, "unit_test.py", why, "unit_test.py")
+    _skip(qa, "infer.py", why, "infer.py")
+
+
+# ====================================================================== L0_output_validation
+def l0_output_validation(qa) -> None:
+    """test.sh serves Triton's prebuilt libtorch_model_store2; the three models its client names
+    are made here from the generated libtorch identity model: libtorch_zero_1_float32 itself,
+    libtorch_datatype_1_float32 (its config declares OUTPUT__0 TYPE_INT32, the model returns FP32)
+    and libtorch_index_1_float32 (its config names OUTPUT__1, the model has one output)."""
+    d = qa.qa / "L0_output_validation"
+    models = _fresh(d / "models")
+    src = qa.data / "qa_identity_model_repository" / "libtorch_zero_1_float32"
+    for name in ("libtorch_zero_1_float32", "libtorch_datatype_1_float32", "libtorch_index_1_float32"):
+        _copytree(src, models / name)
+        cfg = models / name / "config.pbtxt"
+        text = cfg.read_text().replace("libtorch_zero_1_float32", name)
+        if name == "libtorch_datatype_1_float32":
+            head, _, tail = text.partition("output [")
+            text = head + "output [" + tail.replace("TYPE_FP32", "TYPE_INT32", 1)
+        elif name == "libtorch_index_1_float32":
+            text = text.replace("OUTPUT__0", "OUTPUT__1")
+        cfg.write_text(text)
+    print("  (stand-ins: libtorch_datatype_1_float32 and libtorch_index_1_float32, Triton's prebuilt "
+          "libtorch_model_store2 models, made from the generated libtorch identity model)", flush=True)
+    s = qa.start(d, f"--model-repository={models} --exit-on-error=false", "server.log", wait="live")
+    if s is not None:
+        _wait_models_stable(qa.server_timeout)
+    qa.unittest(d, "lt_op_val_client.py", server=s)
+    if s:
+        s.stop()
+
+
+# ====================================================================== L0_http_fuzz
+FUZZ_CASES = int(os.environ.get("QA_FUZZ_CASES", "0"))       # 0: boofuzz's whole run
+FUZZ_TIMEOUT = 3600
+
+
+def l0_http_fuzz(qa) -> None:
+    """fuzztest.py with boofuzz (test.sh pip-installs it in a conda environment; here it must be in
+    the venv). QA_FUZZ_CASES bounds each of its 20 URLs' sessions to that many test cases (default
+    0: all of them, about 4000 a URL)."""
+    d = qa.qa / "L0_http_fuzz"
+    try:
+        import boofuzz  # noqa: F401
+    except ImportError:
+        _skip(qa, "FuzzTest.test_failures_from_db", "needs boofuzz in the venv (pip install boofuzz)", "fuzztest.py")
+        return
+    _fresh(d / "models")
+    shutil.rmtree(d / "boofuzz-results", ignore_errors=True)
+    if FUZZ_CASES:
+        print(f"  (deviation: QA_FUZZ_CASES: each URL is fuzzed for boofuzz's first {FUZZ_CASES} test cases)",
+              flush=True)
+    s = qa.start(d, f"--model-repository={d / 'models'}", "server.log")
+    qa.unittest(d, "fuzztest.py", server=s, env={"QA_FUZZ_CASES": str(FUZZ_CASES)}, timeout=FUZZ_TIMEOUT,
+                runner=Path(__file__).resolve().parent / "fuzz_bounded.py")
+    if s:
+        code = s.stop()
+        qa.check("server survives the fuzzing and exits cleanly", code == 0, f"exit {code}")
