@@ -212,10 +212,10 @@ def l0_json(qa) -> None:
 
 # ====================================================================== L0_query
 def l0_query(qa) -> None:
-    why = ("tests the core's output buffer query API (TRITONBACKEND_OutputBufferQuery) through Triton's C++ "
-           "`query` test backend (libtriton_query.so), which has no Python stand-in")
-    _skip(qa, "query_test", "a C++ unit test of the core's " + why[6:])
-    _skip(qa, "query_e2e.py", why, "query_e2e.py")
+    _skip(qa, "query_test", "a C++ unit test of the core's output buffer query (TRITONBACKEND_OutputBufferQuery)")
+    _skip(qa, "query_e2e.py", "tests the core's output buffer query API through Triton's C++ `query` test backend "
+                              "(libtriton_query.so), which has no Python stand-in (a Python model cannot query "
+                              "output buffers)", "query_e2e.py")
 
 
 # ====================================================================== L0_data_compression
