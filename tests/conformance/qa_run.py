@@ -254,6 +254,9 @@ class QA:
         for name in names:
             if not any(s == name or s.startswith(name + ".") or s.endswith("." + name) for s in seen):
                 self.record(module, name + (f"[{variant}]" if variant else ""), "error", "no result (timeout or crash)")
+        if not names and not seen:
+            self.record(module, module + (f"[{variant}]" if variant else ""), "error",
+                        f"no result (timeout after {timeout:g}s or crash)")
 
     def check(self, case: str, ok: bool, detail: str = "") -> None:
         self.record("test.sh", case, "pass" if ok else "fail", "" if ok else detail)
