@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from tritond.broker.scheduling.rate_limiter import parse_resources
+from tritond.frontend.header_forward import PatternError, compile_pattern
 from tritond.repository.remote import RemoteError, check_available
 from tritond.wire import options as wire_options
 from tritond.wire.options import DEFAULTS as _D, ServerOptions
@@ -81,6 +82,10 @@ def start_parser() -> argparse.ArgumentParser:
                    help="serve these API categories only to requests with this header (repeatable)")
     p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="CATEGORIES:KEY=VALUE",
                    help="serve these protocol categories only to calls with this metadata (repeatable)")
+    for proto, name in (("http", "HTTP"), ("grpc", "gRPC")):
+        p.add_argument(f"--{proto}-header-forward-pattern", metavar="REGEX",
+                       help=f"forward the {name} request headers whose names match this (RE2, case-insensitive) "
+                            f"pattern to models as request parameters")
     for proto, name in (("grpc", "gRPC"), ("http", "HTTP")):
         mine = "tritond's: " if proto == "http" else ""
         p.add_argument(f"--{proto}-use-ssl", type=parse_bool, nargs="?", const=True, default=None, metavar="BOOL",
@@ -304,6 +309,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         "grpc_restricted": _restrictions(args.grpc_restricted_protocol, "protocol"),
         "http_restricted_subjects": http_subjects,
         "grpc_restricted_subjects": grpc_subjects,
+        "http_header_forward": _forward_pattern(args.http_header_forward_pattern, "--http-header-forward-pattern"),
+        "grpc_header_forward": _forward_pattern(args.grpc_header_forward_pattern, "--grpc-header-forward-pattern"),
         "http_tls": http_tls if args.allow_http else None,
         "grpc_tls": grpc_tls if args.allow_grpc else None,
         "metrics_tls": _metrics_tls(args, http_tls),
@@ -334,6 +341,15 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
 
 
 MAX_BROKER_SHARDS = 64
+
+
+def _forward_pattern(pattern: str | None, flag: str) -> str | None:
+    if pattern is not None:
+        try:
+            compile_pattern(pattern)
+        except PatternError as e:
+            raise UsageError(f"{flag}: {e}") from None
+    return pattern
 
 
 def _broker_shards(args: argparse.Namespace) -> int:

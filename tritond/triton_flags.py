@@ -33,8 +33,6 @@ class Flag:
 
 FLAGS: dict[str, Flag] = {
     # ---------------------------------------------------------------- features not implemented yet
-    "--http-header-forward-pattern": Flag(REFUSE, "forwarding HTTP headers to models"),
-    "--grpc-header-forward-pattern": Flag(REFUSE, "forwarding gRPC headers to models"),
     "--model-load-retry-count": Flag(REFUSE, "retrying failed loads", ("0",)),
     "--model-namespacing": Flag(REFUSE, "model namespacing", FALSE),
     "--model-load-gpu-limit": Flag(REFUSE, "GPU memory limits on loading"),

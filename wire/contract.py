@@ -113,14 +113,14 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 11
-SCHEMA_FINGERPRINT = "225bb8d79b62eaa8"
+RECORDED_VERSION = 12
+SCHEMA_FINGERPRINT = "993d38979125a793"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
     "options.MetricsConfig": "316263254ca0",
     "options.OtelConfig": "49c6ec3bfd03",
-    "options.ServerOptions": "1efdea088d89",
+    "options.ServerOptions": "6e21a4e4acee",
     "options.TlsConfig": "73eb470ed7ce",
     "options.TraceConfig": "cee912e8cf94",
     "options._O": "7157e6c72e21",

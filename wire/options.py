@@ -95,6 +95,9 @@ class ServerOptions(_O):
     grpc_restricted: dict[str, tuple[str, str]] = {}
     http_restricted_subjects: dict[str, list[str]] = {}
     grpc_restricted_subjects: dict[str, list[str]] = {}
+    # headers forwarded to models as request parameters (None: none)
+    http_header_forward: str | None = None
+    grpc_header_forward: str | None = None
     http_tls: TlsConfig | None = None
     grpc_tls: TlsConfig | None = None
     metrics_tls: TlsConfig | None = None

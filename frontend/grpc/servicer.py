@@ -24,6 +24,7 @@ from tritond.wire.errors import Code, TritonError, invalid, unavailable
 from ..client_subject import SubjectRule
 from ..dataplane import Dataplane, RequestOptions
 from ..errors import GRPC_CODE_NAME
+from ..header_forward import HeaderForward
 from ..metadata import SERVER_VERSION, model_metadata
 from ..test_hooks import grpc_response_delay_s
 from ..tracing import Pending
@@ -51,6 +52,7 @@ class GrpcOptions:
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (key, value)
     subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
     init_failed: bool = False       # started although a repository failed (--exit-on-error=false)
+    header_forward: str | None = None   # pattern of the metadata keys forwarded to models
 
 
 def status_of(e: TritonError) -> grpc.StatusCode:
@@ -111,6 +113,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.response_delay_s = grpc_response_delay_s()             # a Triton test hook (0: off)
         self._table: Any = None                                     # the table _entries were resolved in
         self._entries: dict[tuple[str, str], S.ModelEntry] = {}     # (name, version string) -> entry
+        self.forward = HeaderForward(opts.header_forward) if opts.header_forward is not None else None
 
     # ------------------------------------------------------------- admission and shutdown
 
@@ -212,6 +215,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         params = request.parameters
         opts = cv.request_options(params) if params else RequestOptions()
         request_id = request.id
+        if self.forward is not None and context is not None:
+            opts.params.update(self.forward.parameters(context.invocation_metadata() or ()))
         if request_id:
             opts.id = request_id
             logs.REQUEST_ID.set(request_id)      # this RPC's task: its log lines carry the id
@@ -261,6 +266,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         await self.admit(context, "inference")
         abort_on_error = any(k == "triton_grpc_error" and v.lower() == "true"
                              for k, v in context.invocation_metadata() or ())
+        forwarded: dict[str, str] | TritonError | None = None     # the stream's metadata, for every request
+        if self.forward is not None:
+            try:
+                forwarded = self.forward.parameters(context.invocation_metadata() or ())
+            except TritonError as e:
+                forwarded = e
         lock = asyncio.Lock()
         slots = asyncio.Semaphore(STREAM_OUTSTANDING)
         tasks: set[asyncio.Task] = set()
@@ -282,7 +293,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def answer(request: pb.ModelInferRequest) -> None:
             self.inflight += 1
             try:
-                await self._stream_answer(request, write)
+                await self._stream_answer(request, write, forwarded)
             except TritonError as e:
                 await failed(request, e)
             except Exception:  # a bug must not take the stream down
@@ -322,12 +333,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in list(tasks):
                 task.cancel()
 
-    async def _stream_answer(self, request: pb.ModelInferRequest,
-                             write: Callable[[bytes], Awaitable[None]]) -> None:
+    async def _stream_answer(self, request: pb.ModelInferRequest, write: Callable[[bytes], Awaitable[None]],
+                             forwarded: dict[str, str] | TritonError | None = None) -> None:
         """Answer one request of a stream: every response of a decoupled model as it comes,
         the bare final flag only when asked for (`triton_enable_empty_final_response`)."""
         entry = self._entry(request.model_name, request.model_version)
         opts = cv.request_options(request.parameters)
+        if forwarded is not None:
+            if isinstance(forwarded, TritonError):
+                raise forwarded
+            opts.params.update(forwarded)
         opts.id = request.id
         inputs, outputs = cv.parse_inputs(request), cv.parse_outputs(request)
         if entry.view is None or not entry.view.decoupled:

@@ -22,6 +22,7 @@ from tritond.wire.errors import Code, TritonError, invalid
 
 from ..client_subject import SubjectRule
 from ..dataplane import Dataplane
+from ..header_forward import HeaderForward
 from ..metadata import SERVER_VERSION, model_metadata
 from .body import read_body
 from .codec import parse_json
@@ -49,6 +50,7 @@ class HttpOptions:
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (header, value)
     subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
     client_certificate: Callable[[Scope], bytes | None] | None = None   # DER certificate of the client
+    header_forward: str | None = None   # pattern of the headers forwarded to models
     init_failed: bool = False       # started although a repository failed (--exit-on-error=false)
 
 
@@ -58,7 +60,8 @@ class HttpApi:
         self.client = dataplane.client
         self.opts = opts
         self.infer_route = InferRoute(dataplane, opts.max_input_size, opts.restricted.get("inference"),
-                                      opts.subjects.get("inference"), opts.client_certificate)
+                                      opts.subjects.get("inference"), opts.client_certificate,
+                                      HeaderForward(opts.header_forward) if opts.header_forward is not None else None)
 
     # ------------------------------------------------------------- plumbing
 

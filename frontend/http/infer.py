@@ -28,6 +28,7 @@ from tritond.wire.errors import Code, TritonError, invalid
 
 from ..dataplane import Dataplane
 from ..errors import http_status
+from ..header_forward import HeaderForward
 from ..tracing import Pending
 from .body import UnsupportedEncoding, held_body, read_body
 from .codec import parse_infer, response_parts
@@ -131,7 +132,8 @@ class InferRoute:
     only ever answer other methods with 405)."""
 
     def __init__(self, dp: Dataplane, max_input_size: int, restriction: tuple[str, str] | None,
-                 subjects: Any, client_certificate: Callable[[Scope], bytes | None] | None) -> None:
+                 subjects: Any, client_certificate: Callable[[Scope], bytes | None] | None,
+                 forward: HeaderForward | None = None) -> None:
         self.dp = dp
         self.client = dp.client
         self.limit = max_input_size
@@ -139,6 +141,7 @@ class InferRoute:
         self.rule = subjects
         self.client_certificate = client_certificate
         self.guarded = self.restriction is not None or subjects is not None   # else no check per request
+        self.forward = forward
         self._targets: dict[str, tuple[str, int]] = {}     # path -> (model, version)
         self._table: Any = None                            # the model table _entries were resolved in
         self._entries: dict[str, S.ModelEntry] = {}        # path -> entry, for that table
@@ -255,6 +258,9 @@ class InferRoute:
         if view is not None and view.decoupled:
             raise TritonError(Code.UNSUPPORTED, "HTTP end point doesn't support models with decoupled transaction policy")
         opts, inputs, outputs, default_binary = parse_infer(body, header_len, name, view, self.limit, origin)
+        if self.forward is not None:
+            opts.params.update(self.forward.parameters(
+                [(k.decode("latin-1"), v) for k, v in scope["headers"]]))
         request_id = opts.id
         if request_id:
             logs.REQUEST_ID.set(request_id)      # this request's task: its log lines carry the id

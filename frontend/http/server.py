@@ -151,6 +151,7 @@ async def run(opts: ServerOptions) -> None:
             restricted=opts.http_restricted,
             subjects=subjects,
             client_certificate=peers.certificate if peers else None,
+            header_forward=opts.http_header_forward,
             init_failed=bool(opts.init_failed),
         ))
         sock = listen_socket(opts.http_address, opts.http_port)

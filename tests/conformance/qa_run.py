@@ -214,8 +214,10 @@ class QA:
 
     # ------------------------------------------------------------------ test modules
     def unittest(self, cwd: Path, module: str, names: list[str] | tuple[str, ...] = (), variant: str = "",
-                 env: dict[str, str] | None = None, server: Server | None = None, timeout: float = 1800) -> None:
-        """Run `python3 <module> [names]` from `cwd` (the suite's directory), one record per case.
+                 env: dict[str, str] | None = None, server: Server | None = None, timeout: float = 1800,
+                 runner: Path = UNITTEST) -> None:
+        """Run `python3 <module> [names]` from `cwd` (the suite's directory), one record per case;
+        `runner` is qa_unittest.py or a script that prepares something and then runs it.
 
         With server None (it did not start) every named case is an error naming the start-up."""
         tmp = self.results / "tmp.jsonl"
@@ -226,7 +228,7 @@ class QA:
                 self.record(module, name + (f"[{variant}]" if variant else ""), "error",
                             f"server did not start: {self.last_start_error}")
             return
-        cmd = [sys.executable, str(UNITTEST), str(tmp), label, module, *names]
+        cmd = [sys.executable, str(runner), str(tmp), label, module, *names]
         env = dict(env or {}, QA_SKIP=json.dumps(SKIP))
         log = self.results / f"{self.suite}.client.log"
         with open(log, "a") as out:
@@ -250,6 +252,9 @@ class QA:
         for name in names:
             if not any(s == name or s.startswith(name + ".") or s.endswith("." + name) for s in seen):
                 self.record(module, name + (f"[{variant}]" if variant else ""), "error", "no result (timeout or crash)")
+        if not names and not seen:
+            self.record(module, module + (f"[{variant}]" if variant else ""), "error",
+                        f"no result (timeout after {timeout:g}s or crash)")
 
     def check(self, case: str, ok: bool, detail: str = "") -> None:
         self.record("test.sh", case, "pass" if ok else "fail", "" if ok else detail)

@@ -11,6 +11,9 @@ from suites_http import l0_grpc, l0_http, l0_input_validation, l0_shared_memory
 from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
 from suites_observe import (l0_cmdline_trace, l0_iterative_sequence, l0_logging, l0_metrics, l0_rate_limiter,
                             l0_response_cache, l0_response_statistics, l0_trace)
+from suites_protocols import (l0_backend_bls, l0_data_compression, l0_http_fuzz, l0_https, l0_io, l0_json,
+                              l0_large_payload, l0_output_validation, l0_pytorch_python_runtime, l0_query,
+                              l0_secure_grpc)
 from suites_python_backend import l0_backend_python
 from suites_queue import l0_model_queue
 from suites_sequence import (l0_dyna_sequence_batcher, l0_http_generate, l0_implicit_state, l0_sequence_batcher,
@@ -78,4 +81,15 @@ SUITES = {
     "L0_warmup": l0_warmup,
     "L0_libtorch_shared_weights": l0_libtorch_shared_weights,
     "L0_backend_config": l0_backend_config,
+    "L0_https": l0_https,
+    "L0_secure_grpc": l0_secure_grpc,
+    "L0_json": l0_json,
+    "L0_data_compression": l0_data_compression,
+    "L0_query": l0_query,
+    "L0_large_payload": l0_large_payload,
+    "L0_http_fuzz": l0_http_fuzz,
+    "L0_io": l0_io,
+    "L0_output_validation": l0_output_validation,
+    "L0_backend_bls": l0_backend_bls,
+    "L0_pytorch_python_runtime": l0_pytorch_python_runtime,
 }

@@ -360,11 +360,7 @@ def l0_grpc(qa) -> None:
 
     s = qa.start(d, f"--backend-directory={BACKEND_DIR} --model-repository={d / 'client_plugin_models'} "
                     "--http-header-forward-pattern=.* --grpc-header-forward-pattern=.*", "client_plugin.server.log")
-    if s is None and "does not support yet" in qa.last_start_error:
-        qa.record("grpc_client_plugin_test.py", "grpc_client_plugin_test.py", "skip",
-                  f"tritond refuses the flag: {qa.last_start_error}")
-    else:
-        qa.unittest(d, "grpc_client_plugin_test.py", server=s)
+    qa.unittest(d, "grpc_client_plugin_test.py", server=s)
     if s:
         s.stop()
 

@@ -242,10 +242,6 @@ def l0_parameters(qa) -> None:
         (d / "model_repository" / m / "1").mkdir(parents=True, exist_ok=True)
     for test, extra in PARAMETER_TESTS.items():
         s = qa.start(d, f"--model-repository=model_repository --exit-timeout-secs=120{extra}", f"{test}.server.log")
-        if s is None and "does not support yet" in qa.last_start_error:
-            qa.record("parameters_test.py", f"InferenceParametersTest.{test}", "skip",
-                      f"tritond refuses the flag: {qa.last_start_error}")
-            continue
         qa.unittest(d, "parameters_test.py", [f"InferenceParametersTest.{test}"], server=s)
         if s:
             s.stop()

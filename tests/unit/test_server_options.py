@@ -43,6 +43,8 @@ CASES = [
     (["--grpc-workers=2"], lambda o: o.grpc_workers, 2),
     (["--broker-shards=3"], lambda o: o.broker_shards, 3),
     (["--http-max-input-size=5"], lambda o: o.http_max_input_size, 5),
+    (["--http-header-forward-pattern=x-.*"], lambda o: (o.http_header_forward, o.grpc_header_forward), ("x-.*", None)),
+    (["--grpc-header-forward-pattern=(?-i)X"], lambda o: o.grpc_header_forward, "(?-i)X"),
     (["--http-restricted-api=model-repository:K=v"], lambda o: o.http_restricted, {"model-repository": ("k", "v")}),
     (["--grpc-restricted-protocol=health:k=v"], lambda o: o.grpc_restricted, {"health": ("k", "v")}),
     (["--grpc-use-ssl", "--grpc-server-cert=c.pem", "--grpc-server-key=k.pem"], lambda o: o.grpc_tls,
