@@ -285,21 +285,29 @@ class EnsembleRun:
         b.start()
 
     def on_branch_reply(self, b: "EnsembleRun", reply: InferReply) -> None:
-        """What a branch made goes on to the requester as one more response; its end may end this
-        run. A branch's error fails the request."""
+        """What a branch made goes on to the requester as one more response, the last one (with
+        the final flag, as Triton sends it) when nothing else of this run is left; a branch's
+        end may end this run. A branch's error fails the request."""
         leases = [(reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease]
+        if not reply.more:
+            self.branches.remove(b)
         if reply.error is not None:
             if self.error is None and not self.done:
                 self.error = reply.error
                 self.cancel_queued()
         elif reply.outputs and self.error is None and not self.done:
-            self.reply_to(InferReply(self.msg.rid, self.mv.version, reply.outputs, None, reply.owner, more=True,
+            last = not (reply.more or self.branches or self.active or self.starting)
+            if last:
+                self.done = True
+                self.mv.stats.record_ensemble(self.batch_size(), self.ens.clock.now_ns() - self.arrival_ns)
+                self.ens.release(self.held)
+                self.ens.regions.release(self.regions)
+            self.reply_to(InferReply(self.msg.rid, self.mv.version, reply.outputs, None, reply.owner, more=not last,
                                      parameters=self.sequence_parameters()))
             leases = []
         if leases:
             self.ens.release(leases)
         if not reply.more:
-            self.branches.remove(b)
             self.maybe_finish()
 
     def accept(self, step: Step, reply: InferReply, owners: dict[str, bytes] | None) -> None:

@@ -357,6 +357,24 @@ def test_each_response_of_a_decoupled_step_runs_the_steps_it_feeds(tmp_path):
     assert mv.stats.inference_count == 1 and sum(mv.stats.failures.values()) == 0
 
 
+def test_the_last_branchs_result_carries_the_final_flag(tmp_path):
+    """L0_simple_ensemble's max_queue_size flows: the decoupled step has ended when its one branch
+    answers, so that answer is the request's last response, as Triton sends it (a client that did
+    not ask for empty final responses would otherwise never see the end)."""
+    h = streaming_repo(tmp_path)
+    rid = next(h.rids)
+    h.from_frontend(S.Infer(rid, "repeat_square", -1, [S.TensorDesc("IN", "FP32", [1], fp32(7))]))
+    ((rep, ex),) = h.executing("repeat")
+    h.from_worker(rep, S.BatchDone(ex.bid, []))
+    respond(h, 2.0, final=True)
+    assert [m for m in h.frontend_replies() if m.rid == rid] == []
+    h.answer(*h.executing("square")[0], {"OUT": fp32(4.0)})
+    (last,) = [m for m in h.frontend_replies() if m.rid == rid]
+    assert not last.more and last.error is None and [(d.name, d.loc) for d in last.outputs] == [("OUT", fp32(4.0))]
+    (mv,) = h.broker.registry.get("repeat_square").values()
+    assert mv.stats.inference_count == 1
+
+
 def test_a_branch_holds_its_response_until_its_result_leaves_and_a_failure_ends_the_request(tmp_path):
     h = streaming_repo(tmp_path)
     rid = next(h.rids)
