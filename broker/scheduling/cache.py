@@ -142,18 +142,9 @@ class ResponseCache:
         """An ensemble step's request to a model that enables the cache, looked up as Triton
         does: keyed here from its inputs, which lie in memory the broker can map (the
         ensemble's inputs, earlier steps' outputs); in device memory it is not cacheable."""
-        views = []
-        for d in msg.inputs:
-            loc = d.loc
-            if isinstance(loc, Inline):
-                views.append(memoryview(loc.data))
-            elif isinstance(loc, Block):
-                try:
-                    views.append(self.maps.view(loc.seg, loc.offset, loc.nbytes))
-                except MappingError:
-                    return reply
-            else:
-                return reply
+        views = self._bytes_of(msg.inputs)
+        if views is None:
+            return reply
         msg.cache_key = inputs_digest((d.name, d.datatype, d.shape, v) for d, v in zip(msg.inputs, views))
         return self.lookup(reply, msg, mv)
 
@@ -179,21 +170,28 @@ class ResponseCache:
 
     # ---------------------------------------------------------------- storing
 
-    def insert(self, key: tuple, mv: ModelVersion, outputs: list[TensorDesc]) -> None:
-        sources = []
-        total = 0
-        for d in outputs:
+    def _bytes_of(self, descs: list[TensorDesc]) -> list[memoryview] | None:
+        """The bytes of tensors inline or in an arena the broker maps; None when one lies
+        elsewhere (a client region, device memory) or its segment is gone."""
+        views = []
+        for d in descs:
             loc = d.loc
             if isinstance(loc, Inline):
-                sources.append(memoryview(loc.data))
+                views.append(memoryview(loc.data))
             elif isinstance(loc, Block):
                 try:
-                    sources.append(self.maps.view(loc.seg, loc.offset, loc.nbytes))
+                    views.append(self.maps.view(loc.seg, loc.offset, loc.nbytes))
                 except MappingError:
-                    return
+                    return None
             else:
-                return              # a client region or device memory: not the cache's to copy
-            total += len(sources[-1])
+                return None
+        return views
+
+    def insert(self, key: tuple, mv: ModelVersion, outputs: list[TensorDesc]) -> None:
+        sources = self._bytes_of(outputs)
+        if sources is None:
+            return                  # a client region or device memory: not the cache's to copy
+        total = sum(len(src) for src in sources)
         if key in self.entries:
             return
         if total > self.size:
