@@ -12,6 +12,8 @@ one run against one server, with two kinds of client: "raw" sends pre-built requ
 keep-alive sockets and forwards the intermediate bytes untouched (the least client work
 possible), "tritonclient" is what an application would write (tritonclient.http, numpy in
 and out, one client per thread). The ratios say how much faster the ensemble is end to end.
+Last it prints the ensemble's own cost per step, from the server's statistics over ensemble calls
+made before the comparison.
 
   python perf/bench_ensemble.py --start                  # start tritond on the example repository
   python perf/bench_ensemble.py --http 127.0.0.1:8000    # a server that is already running
@@ -244,6 +246,37 @@ def bench(target: str, clients: list[str], levels: list[int], duration: float, w
     return render(points, clients, levels)
 
 
+def step_overhead(http: str, requests: int = 300) -> str:
+    """The ensemble's own cost per step: its mean success time less its two steps' (the server's
+    statistics over `requests` ensemble calls, one at a time, before the comparison runs)."""
+    import tritonclient.http as httpclient
+    client = httpclient.InferenceServerClient(http, network_timeout=120)
+    try:
+        image = raw_image()
+        inp = httpclient.InferInput(image.name, list(image.data.shape), image.datatype)
+        inp.set_data_from_numpy(image.data, binary_data=True)
+
+        def success() -> dict[str, tuple[int, int]]:
+            out = {}
+            for name in (ENSEMBLE, PRE, ENCODER):
+                s = client.get_inference_statistics(name)["model_stats"][0]["inference_stats"]["success"]
+                out[name] = (s["count"], s["ns"])
+            return out
+
+        for _ in range(20):
+            client.infer(ENSEMBLE, [inp])
+        before = success()
+        for _ in range(requests):
+            client.infer(ENSEMBLE, [inp])
+        after = success()
+    finally:
+        client.close()
+    us = {n: (after[n][1] - before[n][1]) / max(1, after[n][0] - before[n][0]) / 1e3 for n in after}
+    per_step = (us[ENSEMBLE] - us[PRE] - us[ENCODER]) / 2
+    return (f"ensemble {us[ENSEMBLE]:.0f} µs per request = {PRE} {us[PRE]:.0f} + {ENCODER} {us[ENCODER]:.0f} "
+            f"+ its own {per_step:.0f} µs per step ({requests} requests, server statistics)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     target = p.add_mutually_exclusive_group(required=True)
@@ -266,8 +299,9 @@ def main() -> None:
             if args.start:
                 server = bench_core.Server(repository, Path(tmp) / "tritond.log")
                 server.wait_ready(bench_core.READY_TIMEOUT_S)
-            report = bench(server.http if server else args.http, args.clients, args.concurrency, args.duration,
-                           args.warmup, args.rounds)
+            http = server.http if server else args.http
+            overhead = step_overhead(http)
+            report = bench(http, args.clients, args.concurrency, args.duration, args.warmup, args.rounds)
         except bench_core.ServerStartError as exc:
             sys.exit(str(exc))
         except (loadgen.RequestFailed, OSError) as exc:
@@ -276,6 +310,7 @@ def main() -> None:
             if server is not None:
                 server.stop()
     print(report)
+    print(overhead)
 
 
 if __name__ == "__main__":
