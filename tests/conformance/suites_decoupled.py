@@ -74,7 +74,10 @@ def l0_decoupled(qa) -> None:
     models = _decoupled_models(qa, d)
     for label, extra in (("python", ""), ("python.grpc_max_response_pool_size_1", " --grpc-max-response-pool-size=1")):
         s = qa.start(d, f"--model-repository={models}{extra}", f"{label}.server.log")
-        qa.unittest(d, "decoupled_test.py", [f"DecoupledTest.{t}" for t in DECOUPLED_TESTS], variant=label, server=s)
+        # every trial streams through the four ensembles too (thousands of responses, each a second
+        # apart in places): over the runner's usual 30 minutes on two cores
+        qa.unittest(d, "decoupled_test.py", [f"DecoupledTest.{t}" for t in DECOUPLED_TESTS], variant=label, server=s,
+                    timeout=5400)
         if not extra:
             # test.sh exports this for the client only (the server is already running)
             qa.unittest(d, "decoupled_test.py", ["DecoupledTest.test_one_to_multi_many"], variant=label,
