@@ -4,9 +4,13 @@ Each process (supervisor, broker, frontends, workers) installs one handler on th
 with `setup`, and applies the live settings the broker broadcasts with `apply`: the levels
 (`--log-info/warning/error`, `--log-verbose`), the format and the file. Formats:
 
-  default   I0529 12:34:56.789012 1234 requests.py:88] [request id: abc] message
-  ISO8601   2026-05-29T12:34:56Z I 1234 requests.py:88] [request id: abc] message
+  default   I0529 12:34:56.789012 1234 requests.py:88] "[request id: abc] message"
+  ISO8601   2026-05-29T12:34:56Z I 1234 requests.py:88] "[request id: abc] message"
   json      {"time": "...", "level": "INFO", "pid": 1234, "role": "broker", ...} per line
+
+As in Triton, the message of a default or ISO8601 line is a JSON string, so nothing a client
+sends (an input name with a newline, a control character) can forge a line of its own;
+`TRITON_SERVER_ESCAPE_LOG_MESSAGES=0` in the server's environment writes messages raw.
 
 Verbose lines (Python DEBUG) print as Triton prints them, with the `I` letter, when
 `--log-verbose` is at least their verbosity (1 unless a record says `verbosity`). A line
@@ -28,6 +32,12 @@ from tritond.wire.schema import LogConfig
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("tritond_request_id", default="")
 _LETTERS = {logging.ERROR: "E", logging.WARNING: "W"}
+ESCAPE_VARIABLE = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
+
+
+def escaping() -> bool:
+    """Triton's switch, read from the environment at start-up: every value but "0" escapes."""
+    return os.environ.get(ESCAPE_VARIABLE, "").strip() != "0"
 
 
 class _Gate(logging.Filter):
@@ -55,6 +65,7 @@ class TritonFormatter(logging.Formatter):
         self.fmt = fmt
         self.role = role
         self.pid = os.getpid()
+        self.escape = escaping()
 
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
@@ -73,6 +84,8 @@ class TritonFormatter(logging.Formatter):
         letter = _LETTERS.get(record.levelno, "I") if record.levelno < logging.CRITICAL else "E"
         if rid:
             message = f"[request id: {rid}] {message}"
+        if self.escape:
+            message = orjson.dumps(message).decode()
         where = f"{self.pid} {record.filename}:{record.lineno}]"
         t = time.gmtime(secs)
         if self.fmt == "ISO8601":

@@ -5,7 +5,8 @@ Entries live in a shared-memory arena the broker allocates and owns (one segment
 configured size); a hit's outputs go back by descriptor under a lease the frontend releases,
 or inline when they are small (as workers send small outputs), which saves the release.
 Eviction is least recently used, by bytes; an entry still leased when evicted is freed at its
-last release.
+last release. An entry counts what Triton's serialized entries hold: each output's bytes and what
+describes them (name, datatype, shape, and their lengths), so a size holds what it holds there.
 
 The key is Triton's (model name, version, and every input's name, datatype, shape and bytes;
 not the request id nor the requested outputs). The frontend that already holds a request's
@@ -46,6 +47,13 @@ log = logging.getLogger("tritond.broker")
 
 OWNER = b"cache"            # the identity a hit's leases are released to
 ARENA_OWNER = "b"           # segments tritond.<server>.b.*: the broker's
+
+
+def entry_bytes(outputs: list[TensorDesc], sources: list[memoryview]) -> int:
+    """The bytes an entry takes from the cache's size: every output's tensor bytes, name,
+    datatype and dimensions, with a length word for each of the three and each dimension."""
+    return sum(len(src) + len(d.name) + len(d.datatype) + 8 * (len(d.shape) + 3)
+               for d, src in zip(outputs, sources))
 
 
 @dataclass(eq=False)
@@ -191,12 +199,15 @@ class ResponseCache:
         sources = self._bytes_of(outputs)
         if sources is None:
             return                  # a client region or device memory: not the cache's to copy
-        total = sum(len(src) for src in sources)
+        total = entry_bytes(outputs, sources)
         if key in self.entries:
             return
         if total > self.size:
             self._not_inserted(key, f"{total} bytes exceed the cache size of {self.size} bytes")
             return
+        while self.used + total > self.size:
+            _, victim = self.entries.popitem(last=False)
+            self._evict(victim)
         blocks = []
         for src in sources:
             block = self._alloc(len(src))
@@ -207,7 +218,7 @@ class ResponseCache:
                 return
             block.view[:] = src
             blocks.append((block.seg, block.offset))
-        inline = total <= INLINE_BUDGET and all(len(s) <= INLINE_MAX for s in sources)
+        inline = sum(len(s) for s in sources) <= INLINE_BUDGET and all(len(s) <= INLINE_MAX for s in sources)
         entry = Entry(mv, [(d.name, d.datatype, list(d.shape), seg, off, len(src))
                                 for d, (seg, off), src in zip(outputs, blocks, sources)], total, inline)
         self.entries[key] = entry

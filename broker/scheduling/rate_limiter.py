@@ -6,8 +6,8 @@ across every worker process. As in Triton: a resource is per device unless `glob
 is available of it is the most any one instance needs, or what `--rate-limit-resource
 <name>:<count>[:<device>]` says (once that flag is given, every resource a model uses must be
 listed, and enough of it); when resources free up, waiting instances are served lowest
-`executions x priority` first (priority 0 counts as 1), so priority 2 gets half the turns of
-priority 1. With `--rate-limit=off` (the default) resources and priorities are ignored.
+`(executions + 1) x priority` first (priority 0 counts as 1), the higher priority (the lower
+number) on a tie, so priority 2 gets every third turn against priority 1 from the first. With `--rate-limit=off` (the default) resources and priorities are ignored.
 """
 from __future__ import annotations
 
@@ -139,8 +139,11 @@ class RateLimiter:
         needs = self.needs.get(inst)
         return not needs or all(self.used.get(k, 0) + n <= self.capacity.get(k, 0) for k, n in needs.items())
 
-    def scaled(self, inst: Instance) -> int:
-        return self.executions.get(inst, 0) * self.priority.get(inst, 1)
+    def scaled(self, inst: Instance) -> tuple[int, int]:
+        """The order in which waiting instances are served: the turn this execution would be
+        at its priority, then the priority itself."""
+        priority = self.priority.get(inst, 1)
+        return (self.executions.get(inst, 0) + 1) * priority, priority
 
     def grantable(self, mv: "ModelVersion", free: list[Instance]) -> list[Instance]:
         """Of `mv`'s idle instances, those whose resources are free, best first; when none,
@@ -171,6 +174,6 @@ class RateLimiter:
         candidates = self.waiting + ([also] if also not in self.waiting else [])
         self.waiting = []
 
-        def best(mv: "ModelVersion") -> int:
-            return min((self.scaled(i) for i in mv.free_instances()), default=1 << 62)
+        def best(mv: "ModelVersion") -> tuple[int, int]:
+            return min((self.scaled(i) for i in mv.free_instances()), default=(1 << 62, 0))
         return sorted(candidates, key=best)

@@ -91,6 +91,7 @@ async def abort_with(context: grpc.aio.ServicerContext, e: Exception, where: str
     """End the call with the status an exception stands for; a bug is logged here and never
     echoed to the client. Call it from the `except` block (the log takes its traceback)."""
     if isinstance(e, TritonError):
+        log.debug("%s failed: %s", where, e.message)
         await context.abort(status_of(e), e.message)
     if isinstance(e, asyncio.TimeoutError):
         await context.abort(grpc.StatusCode.UNAVAILABLE, BROKER_LATE)

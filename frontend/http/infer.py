@@ -195,6 +195,7 @@ class InferRoute:
             try:
                 traced = await self._infer(scope, receive, send, headers, target, sink)
             except TritonError as e:
+                log.debug("%s %s failed: %s", scope["method"], scope["path"], e.message)
                 await error_response(e)(scope, receive, send)
                 return
             except ClientDisconnect:

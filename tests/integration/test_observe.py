@@ -213,6 +213,21 @@ def test_a_response_larger_than_the_cache_is_answered_and_logged(env):
                          and "exceed the cache size" in line["message"] for line in log_lines(tmp)), timeout=10)
 
 
+def test_an_entry_counts_the_description_of_its_outputs(env):
+    """1022 floats (4088 bytes) fit the cache's 4 KiB alone, but not with the output's name,
+    datatype and shape, which Triton's entries hold too: answered each time, never stored."""
+    s, tmp, record = env["server"], env["tmp"], env["record"]
+    client = httpclient.InferenceServerClient(s.http_url)
+    x = np.arange(1022, dtype=np.float32) + 0.5
+    for rid in ("described-1", "described-2"):
+        np.testing.assert_array_equal(infer(client, CACHED, x, request_id=rid), x)
+    executed = record.read_text().split()
+    assert "described-1" in executed and "described-2" in executed
+    # 4088 + len("OUTPUT0") + len("FP32") + 8 * (1 dimension + 3 lengths)
+    wait_for(lambda: any("4131 bytes exceed the cache size of 4096 bytes" in line["message"]
+                         for line in log_lines(tmp)), timeout=10)
+
+
 def test_trace_files_order_timestamps_across_processes(env):
     s, tmp = env["server"], env["tmp"]
     client = httpclient.InferenceServerClient(s.http_url)

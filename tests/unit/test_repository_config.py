@@ -231,7 +231,7 @@ IO = 'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\noutput [{ name: "y" 
             "dynamic_batching.priority_queue_policy[3]",
             "range [1, 2]",
         ),
-        ('backend: "caffe2"', "backend", "unknown backend 'caffe2'"),
+        ('backend: "caffe2"', "backend", "unable to find backend library for backend 'caffe2', try specifying runtime"),
         ('platform: "tensorflow_graphdef"', "platform", "GraphDef models"),
         ('backend: "onnxruntime"\nplatform: "pytorch_libtorch"', "platform", "'platform' and 'backend' pair"),
         ('backend: "python"\ninstance_group [{ kind: KIND_GPU }]', "instance_group[0].kind", "no GPUs are available"),
