@@ -237,7 +237,9 @@ class Tracer:
     def _write(self, path: str, records: list[dict]) -> None:
         path += self.file_suffix
         try:
-            tmp = f"{path}.tmp{os.getpid()}"
+            # a hidden name beside it, so that no `<file>.*` a reader lists is ever half written
+            head, tail = os.path.split(path)
+            tmp = os.path.join(head, f".{tail}.tmp{os.getpid()}")
             with open(tmp, "wb") as f:
                 f.write(msgspec.json.encode(records))
             os.replace(tmp, path)
