@@ -8,6 +8,7 @@ can find every process it left behind; its shared-memory segments carry its serv
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -189,6 +190,21 @@ def worker_title(pid: int) -> dict[str, str] | None:
     return dict(w.split("=", 1) for w in head.split()[1:] if "=" in w) | {"dir": model_dir}
 
 
+# The head of a default or ISO8601 log line, before a message that Triton's escaping wrote as a JSON string.
+_ESCAPED_LINE = re.compile(r'^((?:[IWE]\d{4} \d{2}:\d{2}:\d{2}\.\d{6}|\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z [IWE]) '
+                           r'\d+ [^\]]+\] )(".*")$')
+
+
+def _unescaped(line: str) -> str:
+    m = _ESCAPED_LINE.match(line)
+    if m is None:
+        return line
+    try:
+        return m.group(1) + json.loads(m.group(2))
+    except ValueError:
+        return line
+
+
 class TritondServer:
     """One `tritond start` on free loopback ports."""
 
@@ -265,7 +281,10 @@ class TritondServer:
 
     @property
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+        """The server's output, each message as it was said (multi-line, unquoted), whether
+        or not the log escaped it (test_log_escaping.py reads the escaped lines themselves)."""
+        raw = self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+        return "\n".join(_unescaped(line) for line in raw.split("\n"))
 
     @property
     def server_id(self) -> str:
