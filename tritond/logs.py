@@ -10,7 +10,8 @@ with `setup`, and applies the live settings the broker broadcasts with `apply`: 
 
 As in Triton, the message of a default or ISO8601 line is a JSON string, so nothing a client
 sends (an input name with a newline, a control character) can forge a line of its own;
-`TRITON_SERVER_ESCAPE_LOG_MESSAGES=0` in the server's environment writes messages raw.
+`TRITON_SERVER_ESCAPE_LOG_MESSAGES=0` in the server's environment writes messages raw. A record
+with a `table` (`table_text`) is Triton's multi-line entry: the heading, then the table's lines.
 
 Verbose lines (Python DEBUG) print as Triton prints them, with the `I` letter, when
 `--log-verbose` is at least their verbosity (1 unless a record says `verbosity`). A line
@@ -74,6 +75,8 @@ class TritonFormatter(logging.Formatter):
         rid = getattr(record, "request_id", None) or REQUEST_ID.get()
         secs = record.created
         if self.fmt == "json":
+            if getattr(record, "table", None):
+                message = f"{message}\n{record.table}"
             doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{int(secs % 1 * 1e6):06d}Z",
                    "level": "VERBOSE" if record.levelno < logging.INFO else record.levelname,
                    "pid": self.pid, "role": self.role, "logger": record.name,
@@ -84,13 +87,31 @@ class TritonFormatter(logging.Formatter):
         letter = _LETTERS.get(record.levelno, "I") if record.levelno < logging.CRITICAL else "E"
         if rid:
             message = f"[request id: {rid}] {message}"
-        if self.escape:
+        if self.escape and message:
             message = orjson.dumps(message).decode()
+        table = getattr(record, "table", None)
+        if table:
+            message = f"{message}\n{table}"
         where = f"{self.pid} {record.filename}:{record.lineno}]"
         t = time.gmtime(secs)
         if self.fmt == "ISO8601":
             return f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', t)} {letter} {where} {message}"
         return f"{letter}{time.strftime('%m%d %H:%M:%S', t)}.{int(secs % 1 * 1e6):06d} {where} {message}"
+
+
+def table_text(header: list[str], rows: list[list[str]]) -> str:
+    """Triton's table layout (`+---+` borders, `| cell |` rows); a cell of several lines takes
+    as many table lines, so every line of the table stays a row of the same columns."""
+    lines_of = [[c.splitlines() or [""] for c in row] for row in [header, *rows]]
+    widths = [max(len(line) for cells in lines_of for line in cells[i]) for i in range(len(header))]
+    border = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def text(cells: list[list[str]]) -> list[str]:
+        height = max(len(c) for c in cells)
+        return ["| " + " | ".join((c[k] if k < len(c) else "").ljust(w) for c, w in zip(cells, widths)) + " |"
+                for k in range(height)]
+    body = [line for cells in lines_of[1:] for line in text(cells)]
+    return "\n".join([border, *text(lines_of[0]), border, *body, border])
 
 
 class _Handler(logging.StreamHandler):

@@ -105,6 +105,7 @@ class Supervisor(Startup, Restarts, Stopping):
             self.notify.status("loading models")
             check_remote_repositories(self.opts)
             self.start_broker()
+            self.log_model_table()
             failed = self.failed_models()
             if failed and self.opts.exit_on_error:
                 log.error("exiting: a model failed to load at startup (--exit-on-error=true): %s", ", ".join(failed))

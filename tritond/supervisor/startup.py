@@ -11,6 +11,7 @@ import errno
 import logging
 import socket
 
+from tritond import logs
 from tritond.frontend.readiness import LISTENING, SERVING
 from tritond.frontend.tls import TlsError, TlsFiles, load as load_tls, server_context
 from tritond.mps import MpsError
@@ -205,6 +206,16 @@ class Startup:
             return []
         return [f"'{e.name}'" + (f" version {e.version}" if e.version else "") for e in self.table.models
                 if e.state is not S.ModelState.READY]
+
+    def log_model_table(self) -> None:
+        """Triton's table of the models after the start-up loads: each version READY, or
+        UNAVAILABLE with the reason (what scripts grep the start-up log for)."""
+        if self.table is None or not self.table.models:
+            return
+        rows = [[e.name, str(e.version) if e.version else "",
+                 "READY" if e.state is S.ModelState.READY else ": ".join(filter(None, ("UNAVAILABLE", e.reason)))]
+                for e in sorted(self.table.models, key=lambda e: (e.name, e.version))]
+        log.info("", extra={"table": logs.table_text(["Model", "Version", "Status"], rows)})
 
     def serving_status(self) -> str:
         ready = 0 if self.table is None else sum(e.state is S.ModelState.READY for e in self.table.models)
