@@ -1,0 +1,100 @@
+"""The OpenAI response bodies and Server-Sent Events, shaped as Triton's frontend writes them."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tritond.wire.errors import TritonError
+
+from ..errors import http_status
+from .errors import ApiError
+from .generation import Piece, Tally
+from .requests import Generation
+from .tokenizer import Tokenizer
+
+DONE = b"data: [DONE]\n\n"
+OWNED_BY = "Triton Inference Server"
+
+
+def event(doc: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+def model_object(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "created": created, "object": "model", "owned_by": OWNED_BY}
+
+
+@dataclass
+class Reply:
+    """Who answers: the request's id, time and model, and whether it is a chat."""
+    id: str
+    created: int
+    gen: Generation
+    chat: bool
+    tokenizer: Tokenizer | None
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "created": self.created, "model": self.gen.model, "system_fingerprint": None,
+                "object": obj}
+
+    def body(self, tally: Tally) -> dict[str, Any]:
+        """The whole answer of a request that did not stream."""
+        choices = []
+        for i, text in enumerate(tally.texts):
+            reason = tally.finish_reason(i, self.gen.max_tokens)
+            if self.chat:
+                choices.append({"index": i, "message": {"content": text, "role": "assistant", "tool_calls": None},
+                                "logprobs": None, "finish_reason": reason})
+            else:
+                choices.append({"finish_reason": reason, "index": i, "logprobs": None,
+                                "text": (self.gen.prompt + text) if self.gen.echo else text})
+        return {**self.head(self.object), "choices": choices,
+                "usage": tally.usage(self.gen.prompt, self.chat, self.tokenizer)}
+
+    def chunk(self, index: int, text: str, reason: str | None, role: bool = False) -> bytes:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if role else {"content": text}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+            return event({**self.head("chat.completion.chunk"), "choices": [choice]})
+        choice = {"finish_reason": reason, "index": index, "logprobs": None, "text": text}
+        return event({**self.head("text_completion"), "choices": [choice]})
+
+    async def events(self, first: Piece, rest: AsyncIterator[Piece]) -> AsyncIterator[bytes]:
+        """The stream: (chat) each choice's role, each piece as it comes with the choice's finish
+        reason on its last, the usage when asked, then [DONE]. An error after the stream began
+        comes as an event of its own `{"error": {...}}` (which OpenAI clients raise), ending it."""
+        gen = self.gen
+        tally = Tally(gen.n)
+        if self.chat:
+            for i in range(gen.n):
+                yield self.chunk(i, "", None, role=True)
+        started = [False] * gen.n
+        piece: Piece | None = first
+        try:
+            while piece is not None:
+                tally.add(piece)
+                text = piece.text
+                if gen.echo and not started[piece.index]:
+                    text = gen.prompt + text
+                started[piece.index] = True
+                reason = tally.finish_reason(piece.index, gen.max_tokens) if piece.final else None
+                yield self.chunk(piece.index, text, reason)
+                piece = await anext(rest, None)
+        except (TritonError, ApiError) as e:
+            status = e.status if isinstance(e, ApiError) else http_status(e)
+            yield event({"error": {"message": e.message, "type": "invalid_request_error" if status < 500
+                                   else "server_error", "code": status}})
+            return
+        finally:
+            await rest.aclose()
+        if gen.include_usage:
+            yield event({**self.head(f"{self.object}.chunk" if self.chat else "text_completion"),
+                         "choices": [], "usage": tally.usage(gen.prompt, self.chat, self.tokenizer)})
+        yield DONE
