@@ -30,6 +30,7 @@ MODELS = {
     "search_pipeline_ensemble",
     "bls_router",
     "toy_llm",
+    "tiny_llm",
     "accumulator",
 }
 TORCH_MODELS = {"mlp_torch"}  # built only where torch is importable

@@ -75,7 +75,8 @@ def _cut(words: list, stops: list, min_tokens: int) -> list:
     for w in words:
         if at >= end:
             break
-        out.append(w[: end - at])
+        if w[: end - at]:
+            out.append(w[: end - at])
         at += len(w)
     return out
 
@@ -108,27 +109,33 @@ class TritonPythonModel:
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         counts = (_flag(request, "return_num_input_tokens", False), _flag(request, "return_num_output_tokens", False))
-        pieces = list(words) if _flag(request, "stream", False) else ["".join(words)]
-        if not _flag(request, "exclude_input_in_output", False):
-            pieces = [prompt + (pieces[0] if pieces else "")] + pieces[1:]
-        for i, piece in enumerate(pieces):
+        stream = _flag(request, "stream", False)
+        echo = "" if _flag(request, "exclude_input_in_output", False) else prompt
+        held = []
+        for i, word in enumerate(words):
+            if self.delay_s and i:
+                time.sleep(self.delay_s)
             if request.is_cancelled():
                 self.cancelled(i)
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
-            if self.delay_s and i:
-                time.sleep(self.delay_s)
-            outputs = [pb_utils.Tensor("text_output", np.array([piece.encode()], dtype=np.object_))]
-            if counts[0]:
-                outputs.append(pb_utils.Tensor("num_input_tokens", np.array([len(prompt.split())], np.uint32)))
-            if counts[1]:
-                produced = len(words) if len(pieces) == 1 else 1
-                outputs.append(pb_utils.Tensor("num_output_tokens", np.array([produced], np.uint32)))
-            last = i == len(pieces) - 1
-            sender.send(pb_utils.InferenceResponse(output_tensors=outputs),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
-        if not pieces:
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            held.append(word)
+            if stream:
+                last = i == len(words) - 1
+                sender.send(self.response(echo if i == 0 else "", held, prompt, counts),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+                held = []
+        if not stream or not words:
+            sender.send(self.response(echo, held, prompt, counts), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    @staticmethod
+    def response(prefix: str, words: list, prompt: str, counts: tuple):
+        outputs = [pb_utils.Tensor("text_output", np.array([(prefix + "".join(words)).encode()], dtype=np.object_))]
+        if counts[0]:
+            outputs.append(pb_utils.Tensor("num_input_tokens", np.array([len(prompt.split())], np.uint32)))
+        if counts[1]:
+            outputs.append(pb_utils.Tensor("num_output_tokens", np.array([len(words)], np.uint32)))
+        return pb_utils.InferenceResponse(output_tensors=outputs)
 
     def cancelled(self, sent: int) -> None:
         if self.cancel_dir:

@@ -1,0 +1,114 @@
+"""OpenAI request bodies: the schema's 422 errors in pydantic's words (what Triton's frontend
+answers), and the 400s for what this server does not do."""
+import pytest
+
+from tritond.frontend.openai import requests
+from tritond.frontend.openai.errors import ApiError
+from tritond.frontend.openai.schemas import CHAT, COMPLETION, EMBEDDING
+from tritond.frontend.openai.validation import ValidationFailed, validate
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def errors(check, body):
+    with pytest.raises(ValidationFailed) as info:
+        validate(check, body)
+    return info.value.errors
+
+
+def refusal(fn, body):
+    with pytest.raises(ApiError) as info:
+        fn(body, 16)
+    assert info.value.status == 400
+    return info.value.message
+
+
+def test_valid_bodies_pass():
+    validate(COMPLETION, {"model": "m", "prompt": "p", "max_tokens": 3, "temperature": 0, "stop": ["."], "n": 2,
+                          "seed": -5, "stream": True, "stream_options": {"include_usage": True}, "user": None})
+    validate(CHAT, {"model": "m", "messages": [{"role": "system", "content": "s"},
+                                               {"role": "user", "content": [{"type": "text", "text": "t"}]},
+                                               {"role": "assistant", "content": None, "refusal": None}],
+                    "max_completion_tokens": 4, "top_p": 0.5})
+    validate(EMBEDDING, {"model": "m", "input": ["a", "b"], "encoding_format": "base64"})
+
+
+@pytest.mark.parametrize("key, value, kind, msg", [
+    ("temperature", 2.1, "less_than_equal", "Input should be less than or equal to 2"),
+    ("temperature", -0.1, "greater_than_equal", "Input should be greater than or equal to 0"),
+    ("max_tokens", -1, "greater_than_equal", "Input should be greater than or equal to 0"),
+    ("top_p", 1.1, "less_than_equal", "Input should be less than or equal to 1"),
+    ("frequency_penalty", 3, "less_than_equal", "Input should be less than or equal to 2"),
+    ("n", 0, "greater_than_equal", "Input should be greater than or equal to 1"),
+    ("n", 1.5, "int_from_float", "Input should be a valid integer, got a number with a fractional part"),
+    ("ignore_eos", 123, "bool_parsing", "Input should be a valid boolean, unable to interpret input"),
+    ("top_logprobs", 25, "less_than_equal", "Input should be less than or equal to 20"),
+    ("bogus", 1, "extra_forbidden", "Extra inputs are not permitted"),
+])
+def test_out_of_schema_values_are_422_with_pydantic_words(key, value, kind, msg):
+    (e, *_) = errors(CHAT, {"model": "m", "messages": MESSAGES, key: value})
+    assert (e["type"], e["msg"], e["loc"]) == (kind, msg, ["body", key])
+
+
+def test_messages_errors():
+    assert errors(CHAT, {"model": "m", "messages": []})[0]["msg"] == \
+        "List should have at least 1 item after validation, not 0"
+    assert errors(CHAT, {"model": "m", "messages": [{}]})[0]["msg"] == "Field required"
+    assert errors(CHAT, {"messages": MESSAGES})[0]["loc"] == ["body", "model"]
+    assert errors(CHAT, {"model": "m", "messages": [{"role": "robot", "content": "x"}]})[0]["type"] == "literal_error"
+    assert errors(CHAT, {"model": "m", "messages": [{"role": "user", "content": "x", "refusal": "no"}]})[0][
+        "type"] == "extra_forbidden"
+    assert errors(COMPLETION, {"model": "m"})[0]["msg"] == "Field required"
+    assert errors(COMPLETION, {"model": "m", "prompt": "p", "stop": 5})[0]["loc"] == ["body", "stop", "str"]
+    assert errors(COMPLETION, [1])[0]["type"] == "model_attributes_type"
+
+
+def test_completion_request():
+    gen = requests.completion({"model": "m", "prompt": "p", "stop": ".", "temperature": 0, "seed": 3, "n": 2,
+                               "echo": True, "user": "u", "stream": True, "stream_options": {"include_usage": True}},
+                              16)
+    assert (gen.model, gen.prompt, gen.n, gen.echo, gen.stream, gen.include_usage) == ("m", "p", 2, True, True, True)
+    assert gen.sampling == {"stop": ["."], "temperature": 0, "seed": 3}
+    assert (gen.max_tokens, gen.max_tokens_given) == (16, False)
+    assert requests.completion({"model": "m", "prompt": "p", "max_tokens": 0}, 16).max_tokens == 0
+
+
+@pytest.mark.parametrize("body, text", [
+    ({"prompt": ""}, "prompt must be non-empty"),
+    ({"prompt": ["a", "b"]}, "only single string input is supported"),
+    ({"suffix": "x"}, "suffix is not currently supported"),
+    ({"logit_bias": {"1": 2}}, "logit bias is not supported"),
+    ({"best_of": 2}, "Received best_of=2, but only single choice (best_of=1) is currently supported"),
+    ({"logprobs": 1}, "logprobs are not supported"),
+    ({"stream_options": {"include_usage": True}}, "`stream_options` can only be used when `stream` is True"),
+])
+def test_completion_refusals(body, text):
+    assert text in refusal(requests.completion, {"model": "m", "prompt": "p", **body})
+
+
+def test_chat_request():
+    gen, conversation = requests.chat({"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}], "name": "ann"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+        {"role": "tool", "content": "2", "tool_call_id": "c1"}], "max_tokens": 5, "max_completion_tokens": 7}, 16)
+    assert (gen.max_tokens, gen.max_tokens_given) == (7, True)
+    assert conversation == [
+        {"role": "user", "content": [{"type": "text", "text": "a"}], "name": "ann"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
+        {"role": "tool", "content": "2", "tool_call_id": "c1"}]
+
+
+@pytest.mark.parametrize("body, text", [
+    ({"logit_bias": {"0": 0}}, "logit bias is not currently supported"),
+    ({"top_logprobs": 2}, "`top_logprobs` can only be used when `logprobs` is True"),
+    ({"logprobs": True}, "logprobs are not supported"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools are not supported"),
+    ({"tool_choice": "auto"}, "tool_choice other than 'none'"),
+    ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "only text message is supported, but got image_url"),
+])
+def test_chat_refusals(body, text):
+    assert text in refusal(lambda b, d: requests.chat(b, d), {"model": "m", "messages": MESSAGES, **body})
