@@ -99,7 +99,7 @@ def start_parser() -> argparse.ArgumentParser:
                        help=f"{mine}root certificates that client certificates must chain to")
     p.add_argument("--openai-port", type=int, default=0, metavar="PORT",
                    help="tritond's: serve the OpenAI-compatible API (/v1/models, /v1/completions, "
-                        "/v1/chat/completions) on this port (0: not served); over TLS when HTTP is")
+                        "/v1/chat/completions, /v1/embeddings) on this port (0: not served); over TLS when HTTP is")
     p.add_argument("--openai-address", metavar="ADDR", help="tritond's: address the OpenAI API binds to "
                                                              "(default: the HTTP address)")
     p.add_argument("--openai-restricted-api", nargs=3, action="append", default=[],

@@ -1,6 +1,6 @@
 """The OpenAI-compatible API over the models in the repository, answered as Triton's OpenAI
 frontend answers it: GET /v1/models[/{model}], POST /v1/completions, POST /v1/chat/completions,
-with GET /metrics and GET /health/ready beside them.
+POST /v1/embeddings, with GET /metrics and GET /health/ready beside them.
 
 A model that takes `text_input` and answers `text_output` (mapping.py) serves completions;
 chat needs a chat template (`--tokenizer`). Bodies are checked against the OpenAI schema (422
@@ -9,11 +9,14 @@ not supported); a client that goes away cancels its request in the model.
 """
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+import numpy as np
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -31,24 +34,16 @@ from ..http.disconnect import until_disconnect
 from ..metrics import CONTENT_TYPE, MetricsEndpoint
 from . import requests
 from .errors import ApiError, client_error, server_error
-from .generation import Tally, pieces
-from .mapping import interface
+from .generation import Tally, model_pieces, pieces
+from .mapping import embedding_inputs, interface
 from .responses import Reply, model_object
-from .schemas import CHAT, COMPLETION
+from .schemas import CHAT, COMPLETION, EMBEDDING
 from .tokenizer import TemplateRejected, Tokenizer
 from .validation import ValidationFailed, error, validate
 
 log = logging.getLogger("tritond.openai")
 
 SSE_MEDIA_TYPE = "text/event-stream"
-# Each API's routes as Triton's --openai-restricted-api names them: (method, path prefix).
-RESTRICTED_ROUTES = {
-    "inference": (("POST", "/v1/chat/completions"), ("POST", "/v1/completions")),
-    "model-repository": (("GET", "/v1/models"),),
-    "metrics": (("GET", "/metrics"),),
-    "health": (("GET", "/health/ready"),),
-}
-RESTRICTED_APIS = tuple(RESTRICTED_ROUTES)
 
 
 def json_response(doc, status: int = 200) -> Response:
@@ -188,6 +183,35 @@ class OpenAIApi:
             raise
         return StreamingResponse(reply.events(first, stream), media_type=SSE_MEDIA_TYPE)
 
+    async def embeddings(self, request: Request) -> Response:
+        """POST /v1/embeddings: one input (a string or token ids) through a model with vLLM's
+        embedding interface."""
+        body = await self.json_body(request)
+        validate(EMBEDDING, body)
+        entry = self.entry(body["model"])
+        tensors = embedding_inputs(entry, body["input"], body.get("dimensions"))
+        tally = Tally(1)
+        stream = model_pieces(self.dp, entry, bool(entry.view and entry.view.decoupled), tensors, 0,
+                              f"embd-{uuid.uuid4()}")
+        await until_disconnect(request.receive, _collect(stream, tally))
+        try:
+            vector = json.loads(tally.texts[0])
+            if not isinstance(vector, list) or not all(isinstance(x, (int, float)) for x in vector):
+                raise ValueError
+        except ValueError:
+            raise server_error(f"model '{entry.name}' answered an embedding that is not a JSON list of "
+                               f"numbers") from None
+        if body.get("encoding_format") == "base64":
+            vector = base64.b64encode(np.array(vector, np.float32).tobytes()).decode()
+        prompt_tokens = tally.prompt_tokens
+        if prompt_tokens is None:
+            text = body["input"]
+            prompt_tokens = (len(text) if isinstance(text, list) else
+                             self.tokenizer.count(text, special_tokens=True) if self.tokenizer is not None else None)
+        usage = None if prompt_tokens is None else {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+        return json_response({"object": "list", "data": [{"object": "embedding", "embedding": vector, "index": 0}],
+                              "model": body["model"], "usage": usage})
+
     # ------------------------------------------------------------- observability
 
     async def health_ready(self, request: Request) -> Response:
@@ -211,6 +235,7 @@ class OpenAIApi:
             Route("/v1/models/{model}", g(self.retrieve_model, "model-repository"), methods=["GET"]),
             Route("/v1/completions", g(self.completions, "inference"), methods=["POST"]),
             Route("/v1/chat/completions", g(self.chat_completions, "inference"), methods=["POST"]),
+            Route("/v1/embeddings", g(self.embeddings, "inference"), methods=["POST"]),
             Route("/health/ready", g(self.health_ready, "health"), methods=["GET"]),
             Route("/metrics", g(self.metrics, "metrics"), methods=["GET"]),
         ]

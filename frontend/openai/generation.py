@@ -15,7 +15,7 @@ from typing import Any
 
 from tritond.wire import schema as S
 
-from ..dataplane import Dataplane, RequestOptions
+from ..dataplane import Dataplane, InputTensor, RequestOptions
 from .mapping import Interface, answer, inputs
 from .requests import Generation
 from .tokenizer import Tokenizer
@@ -33,12 +33,11 @@ class Piece:
     output_tokens: int | None = None
 
 
-async def _choice(dp: Dataplane, entry: S.ModelEntry, iface: Interface, gen: Generation, index: int,
-                  request_id: str) -> AsyncIterator[Piece]:
-    seed = gen.sampling.get("seed")
-    tensors = inputs(entry.name, iface, gen, None if seed is None else seed + index)
+async def model_pieces(dp: Dataplane, entry: S.ModelEntry, decoupled: bool, tensors: list[InputTensor], index: int,
+                       request_id: str) -> AsyncIterator[Piece]:
+    """The pieces of one model request: a decoupled model's responses as they come, else its one."""
     opts = RequestOptions(id=request_id)
-    if not iface.decoupled:
+    if not decoupled:
         result = await dp.infer(entry, tensors, [], opts)
         try:
             a = answer(result)
@@ -52,6 +51,13 @@ async def _choice(dp: Dataplane, entry: S.ModelEntry, iface: Interface, gen: Gen
                 raise item.error
             a = answer(item.result)       # read before the next reply releases this one's memory
             yield Piece(index, a.text, item.final, a.prompt_tokens, a.output_tokens)
+
+
+def _choice(dp: Dataplane, entry: S.ModelEntry, iface: Interface, gen: Generation, index: int,
+            request_id: str) -> AsyncIterator[Piece]:
+    seed = gen.sampling.get("seed")
+    tensors = inputs(entry.name, iface, gen, None if seed is None else seed + index)
+    return model_pieces(dp, entry, iface.decoupled, tensors, index, request_id)
 
 
 async def pieces(dp: Dataplane, entry: S.ModelEntry, iface: Interface, gen: Generation,

@@ -28,6 +28,7 @@ from .requests import Generation
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
+EMBEDDING_INPUT = "embedding_request"
 # TensorRT-LLM's input for an OpenAI setting where the name differs.
 TRTLLM_NAMES = {"stop": "stop_words"}
 
@@ -116,6 +117,23 @@ def inputs(model: str, iface: Interface, gen: Generation, seed: int | None) -> l
     for name, value in flags.items():
         if name in iface.inputs:
             out.append(_tensor(model, iface, name, [value]))
+    return out
+
+
+def embedding_inputs(entry: S.ModelEntry, text: str | list[int], dimensions: int | None) -> list[InputTensor]:
+    """The inputs of an embedding request to a model with vLLM's embedding interface: the
+    request as one JSON string in `embedding_request`; its answer is `text_output`, the
+    embedding as a JSON list."""
+    view = entry.view or S.ModelView()
+    t = view.inputs.get(EMBEDDING_INPUT)
+    if t is None or t.datatype != "BYTES" or TEXT_OUTPUT not in view.outputs:
+        raise client_error(f"model '{entry.name}' is not an embedding model: it needs a BYTES input "
+                           f"'{EMBEDDING_INPUT}' and an output '{TEXT_OUTPUT}'")
+    iface = Interface(False, view.inputs, view.max_batch_size > 0, view.decoupled, False)
+    pooling = {"dimensions": [dimensions]} if dimensions is not None else {}
+    out = [_tensor(entry.name, iface, EMBEDDING_INPUT, [json.dumps({"input": text, "pooling_params": pooling})])]
+    if "return_num_input_tokens" in view.inputs:
+        out.append(_tensor(entry.name, iface, "return_num_input_tokens", [True]))
     return out
 
 

@@ -92,8 +92,7 @@ CHAT: Check = obj({
 
 EMBEDDING: Check = obj({
     "model": Field(string, required=True, nullable=False),
-    "input": Field(either(("str", string), ("list[str]", list_of(string, 1)), ("list[int]", list_of(integer(), 1))),
-                   required=True, nullable=False),
+    "input": Field(either(("str", string), ("list[int]", list_of(integer(), 1))), required=True, nullable=False),
     "dimensions": Field(integer(ge=1)),
     "encoding_format": Field(literal("float", "base64")),
     "user": Field(string),

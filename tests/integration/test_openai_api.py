@@ -42,6 +42,17 @@ def expected(prompt: str, **settings) -> str:
     return "".join(TINY.generate(prompt, {"max_tokens": 16, **settings}))
 
 
+EMBEDDER_CONFIG = """name: "embedder"
+backend: "python"
+max_batch_size: 0
+input [ { name: "embedding_request" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "return_num_input_tokens" data_type: TYPE_BOOL dims: [ 1 ] optional: true } ]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
+         { name: "num_input_tokens" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def openai_server(tmp_path_factory):
     base = tmp_path_factory.mktemp("openai")
@@ -53,6 +64,9 @@ def openai_server(tmp_path_factory):
     config += (f'parameters {{ key: "token_delay_ms" value: {{ string_value: "100" }} }}\n'
                f'parameters {{ key: "cancel_marker_dir" value: {{ string_value: "{markers}" }} }}\n')
     (repo / "slow_llm" / "config.pbtxt").write_text(config)
+    (repo / "embedder" / "1").mkdir(parents=True)
+    shutil.copyfile(ROOT / "tests" / "fixtures" / "embedding_model.py", repo / "embedder" / "1" / "model.py")
+    (repo / "embedder" / "config.pbtxt").write_text(EMBEDDER_CONFIG)
     tokenizer = write_tokenizer(base / "tokenizer")
     port = free_port()
     server = TritondServer(repo, ["--openai-port", str(port), "--tokenizer", str(tokenizer),
@@ -96,7 +110,7 @@ def post(server, path: str, body: bytes, headers: str = "") -> tuple[int, dict |
 
 def test_models_lists_the_ready_models(client):
     ids = {m.id for m in client.models.list().data}
-    assert ids == {"tiny_llm", "toy_llm", "identity_fp32", "slow_llm"}
+    assert ids == {"tiny_llm", "toy_llm", "identity_fp32", "slow_llm", "embedder"}
     model = client.models.retrieve("tiny_llm")
     assert (model.id, model.object, model.owned_by) == ("tiny_llm", "model", "Triton Inference Server")
     with pytest.raises(openai.NotFoundError) as info:
@@ -198,6 +212,24 @@ def test_several_streams_at_once(openai_server):
             await c.close()
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------- embeddings
+
+def test_embeddings(client):
+    spec = importlib.util.spec_from_file_location("embedding_model", ROOT / "tests" / "fixtures" / "embedding_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    r = client.embeddings.create(model="embedder", input="some words here", encoding_format="float")
+    assert r.object == "list" and r.model == "embedder"
+    (item,) = r.data
+    assert item.index == 0 and item.embedding == pytest.approx(module.embed("some words here", 8))
+    assert (r.usage.prompt_tokens, r.usage.total_tokens) == (3, 3)
+    r = client.embeddings.create(model="embedder", input=[5, 6, 7], dimensions=4)     # base64 by default
+    assert r.data[0].embedding == pytest.approx(module.embed([5, 6, 7], 4), abs=1e-6)
+    assert r.usage.prompt_tokens == 3
+    with pytest.raises(openai.BadRequestError, match="is not an embedding model"):
+        client.embeddings.create(model="tiny_llm", input="x")
 
 
 # ---------------------------------------------------------------- cancellation

@@ -30,7 +30,8 @@ def test_valid_bodies_pass():
                                                {"role": "user", "content": [{"type": "text", "text": "t"}]},
                                                {"role": "assistant", "content": None, "refusal": None}],
                     "max_completion_tokens": 4, "top_p": 0.5})
-    validate(EMBEDDING, {"model": "m", "input": ["a", "b"], "encoding_format": "base64"})
+    validate(EMBEDDING, {"model": "m", "input": [1, 2], "encoding_format": "base64", "dimensions": 4})
+    validate(EMBEDDING, {"model": "m", "input": "text"})
 
 
 @pytest.mark.parametrize("key, value, kind, msg", [
@@ -61,6 +62,10 @@ def test_messages_errors():
     assert errors(COMPLETION, {"model": "m"})[0]["msg"] == "Field required"
     assert errors(COMPLETION, {"model": "m", "prompt": "p", "stop": 5})[0]["loc"] == ["body", "stop", "str"]
     assert errors(COMPLETION, [1])[0]["type"] == "model_attributes_type"
+    assert [e["loc"] for e in errors(EMBEDDING, {"model": "m", "input": ["a"]})] == [
+        ["body", "input", "str"], ["body", "input", "list[int]", 0]]
+    assert errors(EMBEDDING, {"model": "m", "input": "a", "encoding_format": "hex"})[0]["msg"] == \
+        "Input should be 'float' or 'base64'"
 
 
 def test_completion_request():
