@@ -28,8 +28,8 @@ from tokenizers import Tokenizer  # noqa: E402
 def _tiny_llm() -> types.ModuleType:
     """The example model's own generation function (its pb_utils import stubbed)."""
     sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    spec = importlib.util.spec_from_file_location("tiny_llm_model",
-                                                  ROOT / "examples" / "model_repository" / "tiny_llm" / "1" / "model.py")
+    path = ROOT / "examples" / "model_repository" / "tiny_llm" / "1" / "model.py"
+    spec = importlib.util.spec_from_file_location("tiny_llm_model", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
