@@ -373,6 +373,10 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
         return None
     if not 0 < args.openai_port < 65536:
         raise UsageError(f"--openai-port must be from 1 to 65535, got {args.openai_port}")
+    taken = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
+    clash = [flag for flag, port in taken.items() if port == args.openai_port]
+    if clash:
+        raise UsageError(f"--openai-port {args.openai_port} is also {clash[0]}")
     if args.default_max_tokens < 1:
         raise UsageError(f"--default-max-tokens must be at least 1, got {args.default_max_tokens}")
     restricted: dict[str, tuple[str, str]] = {}

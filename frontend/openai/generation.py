@@ -73,8 +73,9 @@ async def pieces(dp: Dataplane, entry: S.ModelEntry, iface: Interface, gen: Gene
 
     async def pump(index: int) -> None:
         try:
-            async for piece in _choice(dp, entry, iface, gen, index, request_id):
-                await queue.put(piece)
+            async with aclosing(_choice(dp, entry, iface, gen, index, request_id)) as choice:
+                async for piece in choice:
+                    await queue.put(piece)
             await queue.put(_END)
         except Exception as e:        # handed to the consumer, which raises it
             await queue.put(e)

@@ -27,6 +27,14 @@ class Generation:
     sampling: dict[str, Any] = field(default_factory=dict)   # what the client set, by OpenAI name
 
 
+# Integer fields, which the schema also takes as floats without a fraction (as pydantic does).
+INTEGERS = ("n", "max_tokens", "max_completion_tokens", "min_tokens", "seed", "best_of", "logprobs", "top_logprobs")
+
+
+def _integers(body: dict) -> dict:
+    return {k: int(v) if k in INTEGERS and isinstance(v, float) else v for k, v in body.items()}
+
+
 def _common(body: dict, default_max_tokens: int, max_tokens: int | None) -> dict[str, Any]:
     if body.get("logit_bias") is not None:
         raise client_error("logit bias is not supported")
@@ -47,6 +55,7 @@ def _common(body: dict, default_max_tokens: int, max_tokens: int | None) -> dict
 
 def completion(body: dict, default_max_tokens: int) -> Generation:
     """POST /v1/completions: one prompt string."""
+    body = _integers(body)
     if body.get("suffix") is not None:
         raise client_error("suffix is not currently supported")
     prompt = body["prompt"]
@@ -66,6 +75,7 @@ def completion(body: dict, default_max_tokens: int) -> Generation:
 def chat(body: dict, default_max_tokens: int) -> tuple[Generation, list[dict[str, Any]]]:
     """POST /v1/chat/completions: the request (its prompt is filled in once the conversation is
     rendered by the chat template) and the conversation the template renders."""
+    body = _integers(body)
     if body.get("logit_bias") is not None:
         raise client_error("logit bias is not currently supported")
     if body.get("logprobs") or body.get("top_logprobs") is not None:

@@ -76,6 +76,8 @@ def test_completion_request():
     assert gen.sampling == {"stop": ["."], "temperature": 0, "seed": 3}
     assert (gen.max_tokens, gen.max_tokens_given) == (16, False)
     assert requests.completion({"model": "m", "prompt": "p", "max_tokens": 0}, 16).max_tokens == 0
+    gen = requests.completion({"model": "m", "prompt": "p", "max_tokens": 4.0, "n": 2.0, "seed": 1.0}, 16)
+    assert (gen.max_tokens, gen.n, gen.sampling["seed"]) == (4, 2, 1) and type(gen.n) is int
 
 
 @pytest.mark.parametrize("body, text", [
