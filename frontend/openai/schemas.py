@@ -59,10 +59,16 @@ MESSAGE_FIELDS = {
 ECHOED_NULLS = ("refusal", "audio", "annotations", "reasoning_content")
 
 
+_message_fields = obj(MESSAGE_FIELDS)
+
+
 def _message(v, loc):
-    if isinstance(v, dict) and any(k in v for k in ECHOED_NULLS):
+    """A message; an assistant's may leave out its content (it made tool calls)."""
+    if isinstance(v, dict):
         v = {k: x for k, x in v.items() if not (k in ECHOED_NULLS and x is None)}
-    return obj(MESSAGE_FIELDS)(v, loc)
+        if v.get("role") == "assistant":
+            v.setdefault("content", None)
+    return _message_fields(v, loc)
 
 
 _function = obj({"name": Field(string, required=True, nullable=False), "description": Field(string),
