@@ -16,6 +16,7 @@ from typing import Any
 from tritond.wire import schema as S
 
 from ..dataplane import Dataplane, InputTensor, RequestOptions
+from .logprobs import Positions
 from .mapping import Interface, answer, inputs
 from .requests import Generation
 from .tokenizer import Tokenizer
@@ -31,6 +32,7 @@ class Piece:
     final: bool                       # the choice's last
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    logprobs: Positions | None = None
 
 
 async def model_pieces(dp: Dataplane, entry: S.ModelEntry, decoupled: bool, tensors: list[InputTensor], index: int,
@@ -43,14 +45,14 @@ async def model_pieces(dp: Dataplane, entry: S.ModelEntry, decoupled: bool, tens
             a = answer(result)
         finally:
             dp.release(result)
-        yield Piece(index, a.text, True, a.prompt_tokens, a.output_tokens)
+        yield Piece(index, a.text, True, a.prompt_tokens, a.output_tokens, a.logprobs)
         return
     async with aclosing(dp.infer_stream(entry, tensors, [], opts)) as replies:
         async for item in replies:
             if item.error is not None:
                 raise item.error
             a = answer(item.result)       # read before the next reply releases this one's memory
-            yield Piece(index, a.text, item.final, a.prompt_tokens, a.output_tokens)
+            yield Piece(index, a.text, item.final, a.prompt_tokens, a.output_tokens, a.logprobs)
 
 
 def _choice(dp: Dataplane, entry: S.ModelEntry, iface: Interface, gen: Generation, index: int,
@@ -104,9 +106,12 @@ class Tally:
         self.texts = [""] * n
         self.prompt_tokens: int | None = None
         self.output_tokens: list[int | None] = [None] * n
+        self.logprobs: list[Positions] = [[] for _ in range(n)]
 
     def add(self, piece: Piece) -> None:
         self.texts[piece.index] += piece.text
+        if piece.logprobs:
+            self.logprobs[piece.index] += piece.logprobs
         if self.prompt_tokens is None and piece.prompt_tokens is not None:
             self.prompt_tokens = piece.prompt_tokens
         if piece.output_tokens is not None:

@@ -24,6 +24,7 @@ from tritond.wire import schema as S
 
 from ..dataplane import InferResult, InputTensor
 from .errors import client_error
+from .logprobs import Positions, parse as parse_logprobs
 from .requests import Generation
 
 TEXT_INPUT = "text_input"
@@ -40,7 +41,7 @@ class Interface:
     inputs: dict[str, S.TensorView]
     batching: bool
     decoupled: bool
-    counts_tokens: bool       # it answers num_input_tokens and num_output_tokens when asked
+    logprobs: bool            # it answers `logprobs` (vLLM's JSON) when `return_logprobs` asks
 
 
 def interface(entry: S.ModelEntry) -> Interface:
@@ -50,9 +51,9 @@ def interface(entry: S.ModelEntry) -> Interface:
     if text is None or text.datatype != "BYTES" or TEXT_OUTPUT not in view.outputs:
         raise client_error(f"model '{entry.name}' does not have the interface of an LLM: it needs a BYTES input "
                            f"'{TEXT_INPUT}' and an output '{TEXT_OUTPUT}'")
-    counts = all(n in view.outputs for n in ("num_input_tokens", "num_output_tokens"))
+    logprobs = "return_logprobs" in view.inputs and "logprobs" in view.outputs
     return Interface("sampling_parameters" in view.inputs, view.inputs, view.max_batch_size > 0, view.decoupled,
-                     counts)
+                     logprobs)
 
 
 def _shape(name: str, t: S.TensorView, batching: bool, count: int) -> list[int]:
@@ -97,8 +98,13 @@ def inputs(model: str, iface: Interface, gen: Generation, seed: int | None) -> l
     if seed is not None:
         sampling["seed"] = seed
     out = [_tensor(model, iface, TEXT_INPUT, [gen.prompt])]
-    flags = {"stream": stream, "exclude_input_in_output": True,
+    flags = {"stream": stream, "exclude_input_in_output": True, "return_logprobs": gen.logprobs is not None,
              "return_num_input_tokens": True, "return_num_output_tokens": True}
+    if gen.logprobs is not None:
+        if not (iface.logprobs and iface.vllm):
+            raise client_error(f"model '{model}' does not return logprobs: that needs vLLM's interface with an input "
+                               f"'return_logprobs' and an output 'logprobs'")
+        sampling["logprobs"] = gen.logprobs
     if iface.vllm:
         sampling["max_tokens"] = gen.max_tokens
         out.append(_tensor(model, iface, "sampling_parameters", [json.dumps(sampling)]))
@@ -143,19 +149,24 @@ class Answer:
     text: str
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    logprobs: Positions | None = None
 
 
 def answer(result: InferResult | None) -> Answer:
     """The text of a response (copied out: the response's memory is released after this)."""
     if result is None:
         return Answer("")
-    text, counts = "", {}
+    text, counts, logprobs = "", {}, None
     for t in result.outputs:
-        if t.name == TEXT_OUTPUT and t.data is not None:
-            text = "".join(x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
-                           for x in t.as_numpy().reshape(-1).tolist())
+        if t.name in (TEXT_OUTPUT, "logprobs") and t.data is not None:
+            joined = "".join(x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+                             for x in t.as_numpy().reshape(-1).tolist())
+            if t.name == TEXT_OUTPUT:
+                text = joined
+            else:
+                logprobs = parse_logprobs(joined)
         elif t.name in ("num_input_tokens", "num_output_tokens") and t.data is not None:
             values = t.as_numpy().reshape(-1)
             if values.size:
                 counts[t.name] = int(values[0])
-    return Answer(text, counts.get("num_input_tokens"), counts.get("num_output_tokens"))
+    return Answer(text, counts.get("num_input_tokens"), counts.get("num_output_tokens"), logprobs)

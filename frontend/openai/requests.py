@@ -24,6 +24,7 @@ class Generation:
     include_usage: bool = False
     n: int = 1
     echo: bool = False
+    logprobs: int | None = None         # how many most likely tokens to report beside each one (None: no logprobs)
     sampling: dict[str, Any] = field(default_factory=dict)   # what the client set, by OpenAI name
 
 
@@ -66,9 +67,7 @@ def completion(body: dict, default_max_tokens: int) -> Generation:
     best_of = body.get("best_of")
     if best_of is not None and best_of > 1:
         raise client_error(f"Received best_of={best_of}, but only single choice (best_of=1) is currently supported")
-    if body.get("logprobs"):
-        raise client_error("logprobs are not supported by this server")
-    return Generation(prompt=prompt, echo=bool(body.get("echo")),
+    return Generation(prompt=prompt, echo=bool(body.get("echo")), logprobs=body.get("logprobs") or None,
                       **_common(body, default_max_tokens, body.get("max_tokens")))
 
 
@@ -78,10 +77,9 @@ def chat(body: dict, default_max_tokens: int) -> tuple[Generation, list[dict[str
     body = _integers(body)
     if body.get("logit_bias") is not None:
         raise client_error("logit bias is not currently supported")
-    if body.get("logprobs") or body.get("top_logprobs") is not None:
-        if not body.get("logprobs"):
-            raise client_error("`top_logprobs` can only be used when `logprobs` is True")
-        raise client_error("logprobs are not supported by this server")
+    top = body.get("top_logprobs")
+    if top is not None and not body.get("logprobs"):
+        raise client_error("`top_logprobs` can only be used when `logprobs` is True")
     if body.get("tools"):
         raise client_error("tools are not supported by this server (it has no tool-call parser)")
     if body.get("tool_choice") not in (None, "none"):
@@ -96,7 +94,9 @@ def chat(body: dict, default_max_tokens: int) -> tuple[Generation, list[dict[str
     limit = body.get("max_completion_tokens")
     if limit is None:
         limit = body.get("max_tokens")
-    return Generation(prompt="", **_common(body, default_max_tokens, limit)), conversation(body["messages"])
+    logprobs = (1 if top is None else top) if body.get("logprobs") else None
+    return (Generation(prompt="", logprobs=logprobs, **_common(body, default_max_tokens, limit)),
+            conversation(body["messages"]))
 
 
 def conversation(messages: list[dict]) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from tritond.wire.errors import TritonError
 from ..errors import http_status
 from .errors import ApiError
 from .generation import Piece, Tally
+from .logprobs import Positions, for_chat, for_completion
 from .requests import Generation
 from .tokenizer import Tokenizer
 
@@ -49,21 +50,33 @@ class Reply:
         choices = []
         for i, text in enumerate(tally.texts):
             reason = tally.finish_reason(i, self.gen.max_tokens)
+            logprobs = self.logprobs(tally.logprobs[i], self.echoed)
             if self.chat:
                 choices.append({"index": i, "message": {"content": text, "role": "assistant", "tool_calls": None},
-                                "logprobs": None, "finish_reason": reason})
+                                "logprobs": logprobs, "finish_reason": reason})
             else:
-                choices.append({"finish_reason": reason, "index": i, "logprobs": None,
+                choices.append({"finish_reason": reason, "index": i, "logprobs": logprobs,
                                 "text": (self.gen.prompt + text) if self.gen.echo else text})
         return {**self.head(self.object), "choices": choices,
                 "usage": tally.usage(self.gen.prompt, self.chat, self.tokenizer)}
 
-    def chunk(self, index: int, text: str, reason: str | None, role: bool = False) -> bytes:
+    @property
+    def echoed(self) -> int:
+        """Where the generated text starts in a choice's text."""
+        return len(self.gen.prompt) if self.gen.echo else 0
+
+    def logprobs(self, positions: Positions, offset: int) -> dict[str, Any] | None:
+        if self.gen.logprobs is None:
+            return None
+        return for_chat(positions) if self.chat else for_completion(positions, offset)
+
+    def chunk(self, index: int, text: str, reason: str | None, role: bool = False,
+              logprobs: dict[str, Any] | None = None) -> bytes:
         if self.chat:
             delta = {"role": "assistant", "content": text} if role else {"content": text}
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             return event({**self.head("chat.completion.chunk"), "choices": [choice]})
-        choice = {"finish_reason": reason, "index": index, "logprobs": None, "text": text}
+        choice = {"finish_reason": reason, "index": index, "logprobs": logprobs, "text": text}
         return event({**self.head("text_completion"), "choices": [choice]})
 
     async def events(self, first: Piece, rest: AsyncIterator[Piece]) -> AsyncIterator[bytes]:
@@ -79,13 +92,15 @@ class Reply:
         piece: Piece | None = first
         try:
             while piece is not None:
+                offset = self.echoed + len(tally.texts[piece.index])
                 tally.add(piece)
+                logprobs = self.logprobs(piece.logprobs or [], offset)
                 text = piece.text
                 if gen.echo and not started[piece.index]:
                     text = gen.prompt + text
                 started[piece.index] = True
                 reason = tally.finish_reason(piece.index, gen.max_tokens) if piece.final else None
-                yield self.chunk(piece.index, text, reason)
+                yield self.chunk(piece.index, text, reason, logprobs=logprobs)
                 piece = await anext(rest, None)
         except (TritonError, ApiError) as e:
             status = e.status if isinstance(e, ApiError) else http_status(e)

@@ -170,6 +170,22 @@ def test_usage_from_the_tokenizer_when_the_model_does_not_count(client, openai_s
     assert r.usage.completion_tokens == len(openai_server.tokenizer.encode(text, add_special_tokens=False).ids)
 
 
+def test_logprobs_of_a_model_that_returns_them(client):
+    steps = []
+    words = TINY.generate("log me", {"max_tokens": 4, "temperature": 0}, steps)
+    r = client.completions.create(model="tiny_llm", prompt="log me", max_tokens=4, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == words and lp.text_offset == [0, *[len("".join(words[:i])) for i in range(1, 4)]]
+    assert lp.token_logprobs == pytest.approx([float(step[pick]) for pick, step in steps])
+    assert all(len(top) in (2, 3) for top in lp.top_logprobs)
+    chunks = list(client.chat.completions.create(model="tiny_llm", messages=[{"role": "user", "content": "x"}],
+                                                 max_tokens=3, logprobs=True, top_logprobs=1, stream=True))
+    content = [c.choices[0].logprobs.content for c in chunks if c.choices and c.choices[0].logprobs]
+    assert len(content) == 3 and all(len(one) == 1 and one[0].top_logprobs for one in content)
+    with pytest.raises(openai.BadRequestError, match="does not return logprobs"):
+        client.completions.create(model="toy_llm", prompt="x", logprobs=1)
+
+
 # ---------------------------------------------------------------- chat
 
 def test_a_chat_completion_renders_the_template(client):

@@ -72,6 +72,29 @@ def test_a_setting_the_model_has_no_input_for_is_refused():
     assert by_name(inputs("llm", interface(e), Generation("llm", "hi", 5), None)) == {"text_input": ([1], ["hi"])}
 
 
+def test_logprobs_need_a_model_that_returns_them():
+    gen = Generation("llm", "hi", 5, logprobs=2)
+    with pytest.raises(ApiError, match="model 'llm' does not return logprobs"):
+        inputs("llm", interface(entry(VLLM)), gen, None)
+    e = entry({**VLLM, "return_logprobs": ("BOOL", [1])}, {"text_output": ("BYTES", [-1]), "logprobs": ("BYTES", [1])})
+    got = by_name(inputs("llm", interface(e), gen, None))
+    assert got["return_logprobs"] == ([1], [True]) and json.loads(got["sampling_parameters"][1][0])["logprobs"] == 2
+    assert by_name(inputs("llm", interface(e), Generation("llm", "hi", 5), None))["return_logprobs"] == ([1], [False])
+
+
+def test_logprobs_in_the_openai_forms():
+    from tritond.frontend.openai.logprobs import for_chat, for_completion
+    positions = [{"7": {"logprob": -0.5, "rank": 2, "decoded_token": "a"},
+                  "3": {"logprob": -0.2, "rank": 1, "decoded_token": "b"}},
+                 {"4": {"logprob": -0.1, "rank": 1, "decoded_token": " c"}}]
+    chat = for_chat(positions)["content"]
+    assert [(c["token"], c["logprob"], c["bytes"]) for c in chat] == [("a", -0.5, [97]), (" c", -0.1, [32, 99])]
+    assert [t["token"] for t in chat[0]["top_logprobs"]] == ["b", "a"]
+    assert for_completion(positions, 3) == {"text_offset": [3, 4], "token_logprobs": [-0.5, -0.1],
+                                            "tokens": ["a", " c"], "top_logprobs": [{"b": -0.2, "a": -0.5},
+                                                                                    {" c": -0.1}]}
+
+
 def test_a_value_the_models_type_cannot_hold_is_refused():
     e = entry({"text_input": ("BYTES", [1]), "seed": ("UINT32", [1])})
     with pytest.raises(ApiError, match="takes 'seed' as UINT32"):

@@ -76,6 +76,8 @@ def test_completion_request():
     assert gen.sampling == {"stop": ["."], "temperature": 0, "seed": 3}
     assert (gen.max_tokens, gen.max_tokens_given) == (16, False)
     assert requests.completion({"model": "m", "prompt": "p", "max_tokens": 0}, 16).max_tokens == 0
+    assert requests.completion({"model": "m", "prompt": "p", "logprobs": 2}, 16).logprobs == 2
+    assert requests.completion({"model": "m", "prompt": "p", "logprobs": 0}, 16).logprobs is None
     gen = requests.completion({"model": "m", "prompt": "p", "max_tokens": 4.0, "n": 2.0, "seed": 1.0}, 16)
     assert (gen.max_tokens, gen.n, gen.sampling["seed"]) == (4, 2, 1) and type(gen.n) is int
 
@@ -86,7 +88,6 @@ def test_completion_request():
     ({"suffix": "x"}, "suffix is not currently supported"),
     ({"logit_bias": {"1": 2}}, "logit bias is not supported"),
     ({"best_of": 2}, "Received best_of=2, but only single choice (best_of=1) is currently supported"),
-    ({"logprobs": 1}, "logprobs are not supported"),
     ({"stream_options": {"include_usage": True}}, "`stream_options` can only be used when `stream` is True"),
 ])
 def test_completion_refusals(body, text):
@@ -99,7 +100,9 @@ def test_chat_request():
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
         {"role": "tool", "content": "2", "tool_call_id": "c1"}], "max_tokens": 5, "max_completion_tokens": 7}, 16)
-    assert (gen.max_tokens, gen.max_tokens_given) == (7, True)
+    assert (gen.max_tokens, gen.max_tokens_given, gen.logprobs) == (7, True, None)
+    assert requests.chat({"model": "m", "messages": MESSAGES, "logprobs": True}, 16)[0].logprobs == 1
+    assert requests.chat({"model": "m", "messages": MESSAGES, "logprobs": True, "top_logprobs": 0}, 16)[0].logprobs == 0
     assert conversation == [
         {"role": "user", "content": [{"type": "text", "text": "a"}], "name": "ann"},
         {"role": "assistant", "content": None,
@@ -110,7 +113,6 @@ def test_chat_request():
 @pytest.mark.parametrize("body, text", [
     ({"logit_bias": {"0": 0}}, "logit bias is not currently supported"),
     ({"top_logprobs": 2}, "`top_logprobs` can only be used when `logprobs` is True"),
-    ({"logprobs": True}, "logprobs are not supported"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools are not supported"),
     ({"tool_choice": "auto"}, "tool_choice other than 'none'"),
     ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),

@@ -8,8 +8,10 @@ same answer, and another seed another one.
 
 `sampling_parameters` (JSON) takes max_tokens (default 16), temperature, top_p, seed, stop
 (the text ends before the first stop string found after min_tokens words), min_tokens,
-frequency_penalty, presence_penalty and ignore_eos (it has no end-of-sequence token, so it
-always does); any other key fails the request, as vLLM refuses an unknown setting. With
+frequency_penalty, presence_penalty, ignore_eos (it has no end-of-sequence token, so it
+always does) and logprobs (with `return_logprobs`: each word's log-probability and those of
+the `logprobs` most likely words, as vLLM's `logprobs` output); any other key fails the
+request, as vLLM refuses an unknown setting. With
 `stream` true each word is a response of its own, else the whole text is one. It reports
 `num_input_tokens` (the prompt's words) and `num_output_tokens` (the words of that response)
 when asked, and prefixes the prompt unless `exclude_input_in_output` is true.
@@ -32,12 +34,13 @@ import triton_python_backend_utils as pb_utils
 VOCAB = ["the", "a", "model", "server", "streams", "tokens", "one", "at", "time", "fast", "tiny", "and",
          "stateful", "triton", "python", "answers", "every", "question", "with", "words", "."]
 SETTINGS = {"max_tokens", "temperature", "top_p", "seed", "stop", "min_tokens", "frequency_penalty",
-            "presence_penalty", "ignore_eos"}
+            "presence_penalty", "ignore_eos", "logprobs"}
 DEFAULT_MAX_TOKENS = 16
 
 
-def generate(prompt: str, settings: dict) -> list:
-    """The words of the answer to `prompt`, the last one cut before a stop string."""
+def generate(prompt: str, settings: dict, steps: list | None = None) -> list:
+    """The words of the answer to `prompt`, the last one cut before a stop string; `steps`, when
+    given, gets each word's log-probabilities over the vocabulary (of the unscaled logits)."""
     unknown = set(settings) - SETTINGS
     if unknown:
         raise ValueError(f"tiny_llm does not support the sampling parameter(s) {sorted(unknown)}")
@@ -62,7 +65,27 @@ def generate(prompt: str, settings: dict) -> list:
             pick = int(sample_rng.choice(keep, p=p[keep] / p[keep].sum()))
         used[pick] += 1
         words.append(("" if not words else " ") + VOCAB[pick])
-    return _cut(words, settings.get("stop") or [], int(settings.get("min_tokens", 0)))
+        if steps is not None:
+            steps.append((pick, logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())))
+    words = _cut(words, settings.get("stop") or [], int(settings.get("min_tokens", 0)))
+    if steps is not None:
+        del steps[len(words):]
+    return words
+
+
+def logprobs_json(words: list, steps: list, top: int) -> str:
+    """vLLM's `logprobs` output: per word {token id: {logprob, rank, decoded_token}} for the
+    word and the `top` most likely ones."""
+    out = []
+    for word, (pick, lp) in zip(words, steps):
+        order = np.argsort(-lp)
+        rank = {int(t): r + 1 for r, t in enumerate(order)}
+        ids = [pick] + [int(t) for t in order[:top] if int(t) != pick]
+        spaced = word.startswith(" ")
+        out.append({str(i): {"logprob": float(lp[i]), "rank": rank[i],
+                             "decoded_token": word if i == pick else (" " if spaced else "") + VOCAB[i]}
+                    for i in ids})
+    return json.dumps(out)
 
 
 def _cut(words: list, stops: list, min_tokens: int) -> list:
@@ -103,7 +126,8 @@ class TritonPythonModel:
             prompt = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0].decode()
             sampling = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
             settings = json.loads(sampling.as_numpy().reshape(-1)[0]) if sampling is not None else {}
-            words = generate(prompt, settings)
+            steps = [] if _flag(request, "return_logprobs", False) else None
+            words = generate(prompt, settings, steps)
         except (ValueError, TypeError, UnicodeDecodeError) as e:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -111,6 +135,7 @@ class TritonPythonModel:
         counts = (_flag(request, "return_num_input_tokens", False), _flag(request, "return_num_output_tokens", False))
         stream = _flag(request, "stream", False)
         echo = "" if _flag(request, "exclude_input_in_output", False) else prompt
+        top = int(settings.get("logprobs") or 0)
         held = []
         for i, word in enumerate(words):
             if self.delay_s and i:
@@ -122,15 +147,20 @@ class TritonPythonModel:
             held.append(word)
             if stream:
                 last = i == len(words) - 1
-                sender.send(self.response(echo if i == 0 else "", held, prompt, counts),
+                logprobs = logprobs_json(held, steps[i:i + 1], top) if steps is not None else None
+                sender.send(self.response(echo if i == 0 else "", held, prompt, counts, logprobs),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
                 held = []
         if not stream or not words:
-            sender.send(self.response(echo, held, prompt, counts), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            logprobs = logprobs_json(held, steps, top) if steps is not None else None
+            sender.send(self.response(echo, held, prompt, counts, logprobs),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     @staticmethod
-    def response(prefix: str, words: list, prompt: str, counts: tuple):
+    def response(prefix: str, words: list, prompt: str, counts: tuple, logprobs: str | None):
         outputs = [pb_utils.Tensor("text_output", np.array([(prefix + "".join(words)).encode()], dtype=np.object_))]
+        if logprobs is not None:
+            outputs.append(pb_utils.Tensor("logprobs", np.array([logprobs.encode()], dtype=np.object_)))
         if counts[0]:
             outputs.append(pb_utils.Tensor("num_input_tokens", np.array([len(prompt.split())], np.uint32)))
         if counts[1]:
