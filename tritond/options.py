@@ -113,6 +113,8 @@ def start_parser() -> argparse.ArgumentParser:
                                                             "the tokenizer's")
     p.add_argument("--default-max-tokens", type=int, default=16, metavar="N",
                    help="OpenAI API: the max_tokens of a request that sets none")
+    p.add_argument("--tool-call-parser", choices=["llama3", "mistral"],
+                   help="OpenAI API: parse the tool calls of chat answers in this model family's format")
     _flag(p, "--metrics-use-ssl", False, "tritond's: serve metrics over TLS with the HTTP certificate settings")
     p.add_argument("--http-restricted-api-subject", action="append", default=[], metavar="CATEGORIES:NAME",
                    help="tritond's: limit API categories to clients whose certificate subject matches an "
@@ -366,6 +368,7 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
     template are loaded here once, so a bad one stops startup with the file named."""
     given = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--chat-template", args.chat_template),
                                       ("--openai-address", args.openai_address),
+                                      ("--tool-call-parser", args.tool_call_parser),
                                       ("--openai-restricted-api", args.openai_restricted_api)) if value]
     if not args.openai_port:
         if given:
@@ -398,7 +401,7 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
             raise UsageError(str(e)) from None
     return {"address": args.openai_address or args.http_address, "port": args.openai_port,
             "tokenizer": tokenizer, "chat_template": template, "default_max_tokens": args.default_max_tokens,
-            "restricted": restricted, "tls": http_tls}
+            "restricted": restricted, "tls": http_tls, "tool_call_parser": args.tool_call_parser or ""}
 
 
 def _forward_pattern(pattern: str | None, flag: str) -> str | None:

@@ -78,6 +78,7 @@ class OpenAIConfig(_O):
     tokenizer: str = ""              # a local tokenizer directory: chat template and token counts
     chat_template: str = ""          # a Jinja chat template file that replaces the tokenizer's
     default_max_tokens: int = 16
+    tool_call_parser: str = ""       # llama3 | mistral: the format of the tool calls in answers ("": none)
     restricted: dict[str, tuple[str, str]] = {}     # API -> (header, value)
     tls: TlsConfig | None = None     # HTTP's TLS settings, when HTTP serves TLS
 

@@ -156,12 +156,12 @@ class OpenAIApi:
     async def chat_completions(self, request: Request) -> Response:
         body = await self.json_body(request)
         validate(CHAT, body)
-        gen, messages = requests.chat(body, self.cfg.default_max_tokens)
+        gen, messages = requests.chat(body, self.cfg.default_max_tokens, self.cfg.tool_call_parser)
         entry = self.entry(gen.model)
         if self.tokenizer is None or self.tokenizer.template is None:
             raise server_error("Unknown tokenizer")
         try:
-            gen.prompt = self.tokenizer.render(messages)
+            gen.prompt = self.tokenizer.render(messages, gen.tools)
         except TemplateRejected as e:
             raise client_error(f"the chat template refused the messages: {e}") from None
         except ValueError as e:

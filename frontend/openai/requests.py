@@ -25,6 +25,8 @@ class Generation:
     n: int = 1
     echo: bool = False
     logprobs: int | None = None         # how many most likely tokens to report beside each one (None: no logprobs)
+    tools: list[dict[str, Any]] | None = None   # chat: the tools the template offers the model
+    tool_parser: str = ""               # chat: the format its answers' tool calls are parsed in ("": none)
     sampling: dict[str, Any] = field(default_factory=dict)   # what the client set, by OpenAI name
 
 
@@ -71,32 +73,40 @@ def completion(body: dict, default_max_tokens: int) -> Generation:
                       **_common(body, default_max_tokens, body.get("max_tokens")))
 
 
-def chat(body: dict, default_max_tokens: int) -> tuple[Generation, list[dict[str, Any]]]:
+def chat(body: dict, default_max_tokens: int, tool_parser: str = "") -> tuple[Generation, list[dict[str, Any]]]:
     """POST /v1/chat/completions: the request (its prompt is filled in once the conversation is
-    rendered by the chat template) and the conversation the template renders."""
+    rendered by the chat template) and the conversation the template renders. Tools are offered
+    to the model through the template and its answer parsed for calls in `tool_parser`'s format;
+    forcing a call (`required`, a named tool) would need guided decoding and is refused."""
     body = _integers(body)
     if body.get("logit_bias") is not None:
         raise client_error("logit bias is not currently supported")
     top = body.get("top_logprobs")
     if top is not None and not body.get("logprobs"):
         raise client_error("`top_logprobs` can only be used when `logprobs` is True")
-    if body.get("tools"):
-        raise client_error("tools are not supported by this server (it has no tool-call parser)")
-    if body.get("tool_choice") not in (None, "none"):
-        raise client_error("tool_choice other than 'none' needs tools, which this server does not support")
+    tools, choice = body.get("tools") or None, body.get("tool_choice")
+    if choice not in (None, "none", "auto"):
+        raise client_error("tool_choice 'required' or a named tool needs guided decoding, which this server does "
+                           "not do; use 'auto'")
+    if choice == "auto" and not tool_parser:
+        raise client_error('"auto" tool choice requires --tool-call-parser to be set')
+    if tools and choice is None and not tool_parser:
+        raise client_error("having tools in the request requires --tool-call-parser to be set")
+    if body.get("parallel_tool_calls") is False:
+        raise client_error("parallel_tool_calls=false is not supported by this server")
+    if choice == "none":
+        tools = None
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise client_error("functions and function_call are not supported by this server")
     fmt = body.get("response_format")
     if fmt is not None and fmt.get("type") != "text":
         raise client_error(f"response_format '{fmt.get('type')}' is not supported by this server")
-    if body.get("parallel_tool_calls") is not None:
-        raise client_error("parallel_tool_calls needs tools, which this server does not support")
     limit = body.get("max_completion_tokens")
     if limit is None:
         limit = body.get("max_tokens")
     logprobs = (1 if top is None else top) if body.get("logprobs") else None
-    return (Generation(prompt="", logprobs=logprobs, **_common(body, default_max_tokens, limit)),
-            conversation(body["messages"]))
+    return (Generation(prompt="", logprobs=logprobs, tools=tools, tool_parser=tool_parser if tools else "",
+                       **_common(body, default_max_tokens, limit)), conversation(body["messages"]))
 
 
 def conversation(messages: list[dict]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from .errors import ApiError
 from .generation import Piece, Tally
 from .logprobs import Positions, for_chat, for_completion
 from .requests import Generation
+from .tool_calls import may_be_calls, parse as parse_calls
 from .tokenizer import Tokenizer
 
 DONE = b"data: [DONE]\n\n"
@@ -52,8 +53,10 @@ class Reply:
             reason = tally.finish_reason(i, self.gen.max_tokens)
             logprobs = self.logprobs(tally.logprobs[i], self.echoed)
             if self.chat:
-                choices.append({"index": i, "message": {"content": text, "role": "assistant", "tool_calls": None},
-                                "logprobs": logprobs, "finish_reason": reason})
+                calls = parse_calls(self.gen.tool_parser, text) if self.gen.tool_parser else None
+                choices.append({"index": i, "message": {"content": "" if calls else text, "role": "assistant",
+                                                        "tool_calls": calls},
+                                "logprobs": logprobs, "finish_reason": "tool_calls" if calls else reason})
             else:
                 choices.append({"finish_reason": reason, "index": i, "logprobs": logprobs,
                                 "text": (self.gen.prompt + text) if self.gen.echo else text})
@@ -79,16 +82,26 @@ class Reply:
         choice = {"finish_reason": reason, "index": index, "logprobs": logprobs, "text": text}
         return event({**self.head("text_completion"), "choices": [choice]})
 
+    def calls_chunk(self, index: int, calls: list[dict[str, Any]]) -> bytes:
+        delta = {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": "tool_calls"}
+        return event({**self.head("chat.completion.chunk"), "choices": [choice]})
+
     async def events(self, first: Piece, rest: AsyncIterator[Piece]) -> AsyncIterator[bytes]:
         """The stream: (chat) each choice's role, each piece as it comes with the choice's finish
         reason on its last, the usage when asked, then [DONE]. An error after the stream began
-        comes as an event of its own `{"error": {...}}` (which OpenAI clients raise), ending it."""
+        comes as an event of its own `{"error": {...}}` (which OpenAI clients raise), ending it.
+        With a tool-call parser a choice's text is held back while it could be tool calls; held
+        to its end, it goes out as the calls it makes (or as text)."""
         gen = self.gen
         tally = Tally(gen.n)
         if self.chat:
             for i in range(gen.n):
                 yield self.chunk(i, "", None, role=True)
         started = [False] * gen.n
+        parser = gen.tool_parser
+        held = [""] * gen.n
+        holding = [bool(parser)] * gen.n
         piece: Piece | None = first
         try:
             while piece is not None:
@@ -100,7 +113,17 @@ class Reply:
                     text = gen.prompt + text
                 started[piece.index] = True
                 reason = tally.finish_reason(piece.index, gen.max_tokens) if piece.final else None
-                yield self.chunk(piece.index, text, reason, logprobs=logprobs)
+                i = piece.index
+                if holding[i]:
+                    held[i] += text
+                    calls = parse_calls(parser, held[i]) if piece.final else None
+                    if calls:
+                        yield self.calls_chunk(i, calls)
+                    elif piece.final or not may_be_calls(parser, held[i]):
+                        holding[i] = False
+                        yield self.chunk(i, held[i], reason, logprobs=logprobs)
+                else:
+                    yield self.chunk(i, text, reason, logprobs=logprobs)
                 piece = await anext(rest, None)
         except (TritonError, ApiError) as e:
             status = e.status if isinstance(e, ApiError) else http_status(e)

@@ -121,14 +121,14 @@ class Tokenizer:
             raise TokenizerError(f"{directory or chat_template_file}: neither a chat template (tokenizer_config.json's "
                                  f"'chat_template', chat_template.jinja) nor tokenizer.json")
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt of a conversation, ending where the assistant's answer begins. Raises
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt of a conversation (offering `tools`), ending where the assistant's answer begins. Raises
         TemplateRejected when the template refuses it, ValueError when the template fails."""
         if self.template is None:
             raise ValueError("the tokenizer has no chat template")
         try:
             return self.template.render(messages=messages, add_generation_prompt=True, bos_token=self.bos_token,
-                                        eos_token=self.eos_token, tools=None)
+                                        eos_token=self.eos_token, tools=tools)
         except TemplateRejected:
             raise
         except Exception as e:      # whatever the template's expressions raise

@@ -53,6 +53,17 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 
+SAY_CONFIG = """name: "say_llm"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true } ]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def openai_server(tmp_path_factory):
     base = tmp_path_factory.mktemp("openai")
@@ -67,10 +78,14 @@ def openai_server(tmp_path_factory):
     (repo / "embedder" / "1").mkdir(parents=True)
     shutil.copyfile(ROOT / "tests" / "fixtures" / "embedding_model.py", repo / "embedder" / "1" / "model.py")
     (repo / "embedder" / "config.pbtxt").write_text(EMBEDDER_CONFIG)
+    (repo / "say_llm" / "1").mkdir(parents=True)
+    shutil.copyfile(ROOT / "tests" / "fixtures" / "say_model.py", repo / "say_llm" / "1" / "model.py")
+    (repo / "say_llm" / "config.pbtxt").write_text(SAY_CONFIG)
     tokenizer = write_tokenizer(base / "tokenizer")
     port = free_port()
     server = TritondServer(repo, ["--openai-port", str(port), "--tokenizer", str(tokenizer),
-                                  "--openai-restricted-api", "metrics", "metrics-key", "secret"])
+                                  "--openai-restricted-api", "metrics", "metrics-key", "secret",
+                                  "--tool-call-parser", "llama3"])
     with serving(server) as s:
         s.openai_port = port
         s.markers = markers
@@ -110,7 +125,7 @@ def post(server, path: str, body: bytes, headers: str = "") -> tuple[int, dict |
 
 def test_models_lists_the_ready_models(client):
     ids = {m.id for m in client.models.list().data}
-    assert ids == {"tiny_llm", "toy_llm", "identity_fp32", "slow_llm", "embedder"}
+    assert ids == {"tiny_llm", "toy_llm", "identity_fp32", "slow_llm", "embedder", "say_llm"}
     model = client.models.retrieve("tiny_llm")
     assert (model.id, model.object, model.owned_by) == ("tiny_llm", "model", "Triton Inference Server")
     with pytest.raises(openai.NotFoundError) as info:
@@ -228,6 +243,32 @@ def test_several_streams_at_once(openai_server):
             await c.close()
 
     asyncio.run(main())
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+
+
+def test_tool_calls_in_llama3_format(client):
+    call = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    messages = [{"role": "user", "content": f"SAY[{call}]END"}]
+    r = client.chat.completions.create(model="say_llm", messages=messages, tools=TOOLS)
+    (made,) = r.choices[0].message.tool_calls
+    assert made.type == "function" and made.function.name == "get_weather"
+    assert json.loads(made.function.arguments) == {"city": "Paris"} and r.choices[0].finish_reason == "tool_calls"
+    chunks = list(client.chat.completions.create(model="say_llm", messages=messages, tools=TOOLS, stream=True))
+    made = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in made] == [
+        (0, "get_weather", {"city": "Paris"})]
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    text = "Hello there, no tools needed"
+    chunks = list(client.chat.completions.create(model="say_llm", messages=[
+        {"role": "user", "content": f"SAY[{text}]END"}], tools=TOOLS, stream=True))
+    contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(contents) == text and len(contents) > 1      # streamed once it could not be a call
+    r = client.chat.completions.create(model="say_llm", messages=messages, tools=TOOLS, tool_choice="none")
+    assert r.choices[0].message.content == call and not r.choices[0].message.tool_calls
 
 
 # ---------------------------------------------------------------- embeddings

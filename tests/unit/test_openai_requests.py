@@ -1,5 +1,7 @@
 """OpenAI request bodies: the schema's 422 errors in pydantic's words (what Triton's frontend
 answers), and the 400s for what this server does not do."""
+import json
+
 import pytest
 
 from tritond.frontend.openai import requests
@@ -113,11 +115,37 @@ def test_chat_request():
 @pytest.mark.parametrize("body, text", [
     ({"logit_bias": {"0": 0}}, "logit bias is not currently supported"),
     ({"top_logprobs": 2}, "`top_logprobs` can only be used when `logprobs` is True"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools are not supported"),
-    ({"tool_choice": "auto"}, "tool_choice other than 'none'"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]},
+     "having tools in the request requires --tool-call-parser to be set"),
+    ({"tool_choice": "auto"}, '"auto" tool choice requires --tool-call-parser to be set'),
+    ({"tool_choice": "required"}, "tool_choice 'required' or a named tool needs guided decoding"),
+    ({"parallel_tool_calls": False}, "parallel_tool_calls=false is not supported"),
     ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "only text message is supported, but got image_url"),
 ])
 def test_chat_refusals(body, text):
     assert text in refusal(lambda b, d: requests.chat(b, d), {"model": "m", "messages": MESSAGES, **body})
+
+
+def test_tools_go_to_the_template_and_the_parser():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    gen, _ = requests.chat({"model": "m", "messages": MESSAGES, "tools": tools}, 16, "llama3")
+    assert (gen.tools, gen.tool_parser) == (tools, "llama3")
+    gen, _ = requests.chat({"model": "m", "messages": MESSAGES, "tools": tools, "tool_choice": "none"}, 16)
+    assert (gen.tools, gen.tool_parser) == (None, "")
+    assert requests.chat({"model": "m", "messages": MESSAGES}, 16, "llama3")[0].tool_parser == ""
+
+
+def test_tool_call_formats():
+    from tritond.frontend.openai.tool_calls import may_be_calls, parse
+    calls = parse("llama3", '<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "arguments": {}}')
+    assert [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("function", "f", {"x": 1}), ("function", "g", {})]
+    assert parse("llama3", '{"name": "f", "parameters": {}}')[0]["id"].startswith("call-")
+    assert parse("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": "b"}}]')[0]["function"] == \
+        {"name": "f", "arguments": '{"a": "b"}'}
+    assert parse("llama3", "plain text") is None and parse("llama3", '{"no": "name"}') is None
+    assert parse("mistral", "[not json") is None
+    assert may_be_calls("llama3", "<|py") and may_be_calls("llama3", '{"na') and not may_be_calls("llama3", "Hi")
+    assert may_be_calls("mistral", "[TOOL") and not may_be_calls("mistral", "Sure")

@@ -68,6 +68,7 @@ CASES = [
     (["--openai-port=9", f"--chat-template={FIXTURES}/chat_template.jinja"],
      lambda o: o.openai and o.openai.chat_template, f"{FIXTURES}/chat_template.jinja"),
     (["--openai-port=9", "--default-max-tokens=5"], lambda o: o.openai and o.openai.default_max_tokens, 5),
+    (["--openai-port=9", "--tool-call-parser=llama3"], lambda o: o.openai and o.openai.tool_call_parser, "llama3"),
     (["--openai-port=9", *HTTP_MUTUAL], lambda o: o.openai and o.openai.tls,
      TlsConfig(cert=CERT, key=KEY, root=ROOT, mutual=True)),
     (["--log-verbose=2"], lambda o: (o.log_verbose, o.log.verbose), (2, 2)),
