@@ -8,12 +8,15 @@ next request when the last one's stream ended (closed loop), at each concurrency
   chat   POST /v1/chat/completions {"stream": true} on the OpenAI port (chat template rendered,
          an OpenAI chunk per token, `data: [DONE]`);
   gen    POST /v2/models/tiny_llm/generate_stream on the HTTP port, the same prompt and
-         settings as the model inputs the OpenAI frontend sends.
+         settings as the model inputs the OpenAI frontend sends;
+  triton the same generate_stream on real Triton (its Python backend), when a bench-anchors
+         folder is prepared (perf/anchors.py).
 Reported per case: tokens/s over all clients, the median time to the first token and the
-median gap between tokens; the ratio chat / gen is the OpenAI layer's cost. Cases take turns
-within each round; figures are medians over rounds.
+median gap between tokens; the ratio to gen is the OpenAI layer's cost (chat) and Triton's
+standing (triton). Cases take turns within each round; figures are medians over rounds.
 
   python perf/bench_openai.py [--rounds 3 --duration 4 --tokens 64 --concurrency 1,16,64]
+                              [--anchors-dir /tmp/anchors]
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from anchors import Triton, anchors_ready
 from bench_core import READY_TIMEOUT_S, Server, build_repository, free_port
 
 READ_TIMEOUT_S = 30.0
@@ -60,7 +64,7 @@ def generate_request(host: str, i: int, tokens: int) -> bytes:
 async def client(kind: str, port: int, tokens: int, until: float, start: float, out: Tally, seed: int) -> None:
     """One client on one keep-alive connection: a request, its event stream to the end, the next."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    make = chat_request if kind == "chat" else generate_request
+    make = chat_request if kind == "chat" else generate_request      # gen and triton
     # token events: chat sends a first chunk with the role, then one per token, then [DONE]
     skip = 1 if kind == "chat" else 0
 
@@ -121,6 +125,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--anchors-dir", type=Path, default=Path("/tmp/anchors"))
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,33 +135,42 @@ def main() -> None:
         tokenizer.mkdir()
         (tokenizer / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
         openai_port = free_port()
-        server = Server(repo, Path(tmp) / "tritond.log",
-                        ["--openai-port", str(openai_port), "--tokenizer", str(tokenizer), "--allow-grpc=false"])
+        servers = [Server(repo, Path(tmp) / "tritond.log",
+                          ["--openai-port", str(openai_port), "--tokenizer", str(tokenizer), "--allow-grpc=false"])]
+        if anchors_ready(args.anchors_dir):
+            triton_repo = Path(tmp) / "triton-models"
+            build_repository(triton_repo, ["tiny_llm"])
+            servers.append(Triton(args.anchors_dir, triton_repo, Path(tmp) / "triton.log"))
+        else:
+            print(f"no prepared bench-anchors folder at {args.anchors_dir}: Triton rows skipped", file=sys.stderr)
         try:
-            server.wait_ready(READY_TIMEOUT_S)
-            http_port = int(server.http.rsplit(":", 1)[1])
+            for s in servers:
+                s.wait_ready(READY_TIMEOUT_S)
+            cases = [("chat", openai_port), ("gen", int(servers[0].http.rsplit(":", 1)[1]))]
+            if len(servers) > 1:
+                cases.append(("triton", int(servers[1].http.rsplit(":", 1)[1])))
             results: dict[tuple[str, int], list[tuple[float, Tally]]] = {}
             for _ in range(args.rounds):
                 for c in levels:
-                    for kind, port in (("chat", openai_port), ("gen", http_port)):
+                    for kind, port in cases:
                         results.setdefault((kind, c), []).append(
                             asyncio.run(run_case(kind, port, c, args.tokens, args.warmup, args.duration)))
         finally:
-            server.stop()
+            for s in servers:
+                s.stop()
     print(f"tiny_llm, {args.tokens} tokens per request, {args.rounds} rounds of {args.duration:g} s "
           f"(medians over rounds)")
-    print(f"{'c':>4} {'case':<6} {'tokens/s':>10} {'TTFT ms':>9} {'gap ms':>8} {'errors':>7} {'chat/gen':>9}")
+    print(f"{'c':>4} {'case':<6} {'tokens/s':>10} {'TTFT ms':>9} {'gap ms':>8} {'errors':>7} {'/ gen':>7}")
+    kinds = [k for k in ("chat", "gen", "triton") if (k, levels[0]) in results]
     for c in levels:
-        rates = {}
-        for kind in ("chat", "gen"):
+        rates = {k: statistics.median(r for r, _ in results[(k, c)]) for k in kinds}
+        for kind in kinds:
             runs = results[(kind, c)]
-            rate = statistics.median(r for r, _ in runs)
-            rates[kind] = rate
             ttft = statistics.median(ms(t.ttft) for _, t in runs)
             gap = statistics.median(ms(t.gaps) for _, t in runs)
             errors = sum(t.errors for _, t in runs)
-            ratio = f"{rates['chat'] / rate:9.2f}" if kind == "gen" and rate else ""
-            print(f"{c:>4} {kind:<6} {rate:>10.0f} {ttft:>9.2f} {gap:>8.3f} {errors:>7} {ratio}")
+            ratio = f"{rates[kind] / rates['gen']:7.2f}" if kind != "gen" and rates["gen"] else ""
+            print(f"{c:>4} {kind:<6} {rates[kind]:>10.0f} {ttft:>9.2f} {gap:>8.3f} {errors:>7} {ratio}")
 
 
 if __name__ == "__main__":
