@@ -15,7 +15,7 @@ from tritond.wire import schema as S
 
 def entry(inputs_: dict, outputs: dict | None = None, batching: int = 0, decoupled: bool = True) -> S.ModelEntry:
     view = S.ModelView(max_batch_size=batching, decoupled=decoupled,
-                       inputs={n: S.TensorView(n, t, d) for n, (t, d) in inputs.items()},
+                       inputs={n: S.TensorView(n, t, d) for n, (t, d) in inputs_.items()},
                        outputs={n: S.TensorView(n, t, d) for n, (t, d) in (outputs or {"text_output": ("BYTES", [-1])})
                                 .items()})
     return S.ModelEntry("llm", 1, S.ModelState.READY, view=view)
