@@ -116,6 +116,13 @@ def raw(server, request: bytes) -> tuple[int, dict | str]:
         return status, body.decode(errors="replace")
 
 
+def refused(call, kind=None) -> str:
+    """The detail of the error an OpenAI client call answers (400 unless `kind` says)."""
+    with pytest.raises(kind or openai.BadRequestError) as info:
+        call()
+    return info.value.response.json()["detail"]
+
+
 def post(server, path: str, body: bytes, headers: str = "") -> tuple[int, dict | str]:
     return raw(server, f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
                        f"{headers}Content-Length: {len(body)}\r\n\r\n".encode() + body)
@@ -197,8 +204,8 @@ def test_logprobs_of_a_model_that_returns_them(client):
                                                  max_tokens=3, logprobs=True, top_logprobs=1, stream=True))
     content = [c.choices[0].logprobs.content for c in chunks if c.choices and c.choices[0].logprobs]
     assert len(content) == 3 and all(len(one) == 1 and one[0].top_logprobs for one in content)
-    with pytest.raises(openai.BadRequestError, match="does not return logprobs"):
-        client.completions.create(model="toy_llm", prompt="x", logprobs=1)
+    assert "does not return logprobs" in refused(
+        lambda: client.completions.create(model="toy_llm", prompt="x", logprobs=1))
 
 
 # ---------------------------------------------------------------- chat
@@ -285,8 +292,7 @@ def test_embeddings(client):
     r = client.embeddings.create(model="embedder", input=[5, 6, 7], dimensions=4)     # base64 by default
     assert r.data[0].embedding == pytest.approx(module.embed([5, 6, 7], 4), abs=1e-6)
     assert r.usage.prompt_tokens == 3
-    with pytest.raises(openai.BadRequestError, match="is not an embedding model"):
-        client.embeddings.create(model="tiny_llm", input="x")
+    assert "is not an embedding model" in refused(lambda: client.embeddings.create(model="tiny_llm", input="x"))
 
 
 # ---------------------------------------------------------------- cancellation
@@ -328,13 +334,12 @@ def test_errors_as_triton_answers_them(client, openai_server):
         client.chat.completions.create(model="tiny_llm", messages=[{"role": "user", "content": "x"}],
                                        logit_bias={"1": 1})
     assert info.value.response.json() == {"detail": "logit bias is not currently supported"}
-    with pytest.raises(openai.BadRequestError, match="does not have the interface of an LLM"):
-        client.completions.create(model="identity_fp32", prompt="x")
-    with pytest.raises(openai.BadRequestError, match="model 'toy_llm' does not support 'temperature'"):
-        client.completions.create(model="toy_llm", prompt="x", temperature=0.5)
-    with pytest.raises(openai.BadRequestError, match="the chat template refused"):
-        client.chat.completions.create(model="tiny_llm", messages=[{"role": "tool", "content": "x",
-                                                                     "tool_call_id": "1"}])
+    assert "does not have the interface of an LLM" in refused(
+        lambda: client.completions.create(model="identity_fp32", prompt="x"))
+    assert "model 'toy_llm' does not support 'temperature'" in refused(
+        lambda: client.completions.create(model="toy_llm", prompt="x", temperature=0.5))
+    assert "the chat template refused" in refused(lambda: client.chat.completions.create(
+        model="tiny_llm", messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]))
     status, body = post(openai_server, "/v1/completions", b"{not json")
     assert status == 422 and body["detail"][0]["msg"] == "JSON decode error"
     status, body = raw(openai_server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
