@@ -310,6 +310,18 @@ def test_a_client_that_goes_away_mid_stream_cancels_the_model(client, openai_ser
     assert 3 <= int(marker.read_text()) < 300
 
 
+def test_a_client_that_goes_away_cancels_every_choice(client, openai_server):
+    before = set(openai_server.markers.iterdir())
+    stream = client.completions.create(model="slow_llm", prompt="go", n=3, max_tokens=300, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 6:
+            break
+    stream.close()
+    new = wait_for(lambda: len(set(openai_server.markers.iterdir()) - before) == 3 and
+                   set(openai_server.markers.iterdir()) - before, 15, "every choice to see is_cancelled()")
+    assert all(int(m.read_text()) < 300 for m in new)
+
+
 def test_a_client_that_goes_away_before_the_answer_cancels_the_model(openai_server):
     before = set(openai_server.markers.iterdir())
     body = json.dumps({"model": "slow_llm", "prompt": "wait", "max_tokens": 300}).encode()
@@ -359,6 +371,7 @@ def test_restricted_api_metrics_and_health(openai_server):
         "type": "authentication_error", "code": "invalid_auth"}
     status, body = raw(openai_server, get.format("/metrics", "metrics-key: secret\r\n").encode())
     assert status == 200 and 'nv_inference_request_success{model="tiny_llm",version="1"}' in body
+    assert 'tritond_process_cpu_seconds{role="openai"}' in body
     assert raw(openai_server, get.format("/health/ready", "").encode())[0] == 200
 
 
