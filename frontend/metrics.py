@@ -391,7 +391,7 @@ def server_families(f: Families, snap: R.MetricsReply, sampler: HostSampler, ser
                 f.add("tritond_worker_memory_bytes", g, help_text, dict(labels, type="uss"), uss)
         for role, (seconds, rss) in sorted(per_role.items()):
             f.add("tritond_process_cpu_seconds", c, "CPU time used by the server's processes of one role "
-                  "(supervisor, broker, http, grpc, worker), in seconds", {"role": role}, round(seconds, 2))
+                  "(supervisor, broker, http, grpc, openai, worker), in seconds", {"role": role}, round(seconds, 2))
             f.add("tritond_process_resident_memory_bytes", g, "Resident memory of the server's processes of one "
                   "role, in bytes", {"role": role}, rss)
         f.add("tritond_cpu_utilization", g, "CPU used by the server's whole process tree over the last metrics "

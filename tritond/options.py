@@ -97,6 +97,24 @@ def start_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{proto}-server-key", metavar="PEM", help=f"{mine}server private key file")
         p.add_argument(f"--{proto}-root-cert", metavar="PEM",
                        help=f"{mine}root certificates that client certificates must chain to")
+    p.add_argument("--openai-port", type=int, default=0, metavar="PORT",
+                   help="tritond's: serve the OpenAI-compatible API (/v1/models, /v1/completions, "
+                        "/v1/chat/completions, /v1/embeddings) on this port (0: not served); over TLS when HTTP is")
+    p.add_argument("--openai-address", metavar="ADDR", help="tritond's: address the OpenAI API binds to "
+                                                             "(default: the HTTP address)")
+    p.add_argument("--openai-restricted-api", nargs=3, action="append", default=[],
+                   metavar=("APIS", "KEY", "VALUE"),
+                   help="serve these OpenAI API groups (inference, model-repository, metrics, health; "
+                        "comma-separated) only to requests with header KEY: VALUE (repeatable)")
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="OpenAI API: a local tokenizer directory (tokenizer_config.json's chat_template, "
+                        "tokenizer.json) for chat prompts and token counts; nothing is downloaded")
+    p.add_argument("--chat-template", metavar="FILE", help="OpenAI API: a Jinja chat template that replaces "
+                                                            "the tokenizer's")
+    p.add_argument("--default-max-tokens", type=int, default=16, metavar="N",
+                   help="OpenAI API: the max_tokens of a request that sets none")
+    p.add_argument("--tool-call-parser", choices=["llama3", "mistral"],
+                   help="OpenAI API: parse the tool calls of chat answers in this model family's format")
     _flag(p, "--metrics-use-ssl", False, "tritond's: serve metrics over TLS with the HTTP certificate settings")
     p.add_argument("--http-restricted-api-subject", action="append", default=[], metavar="CATEGORIES:NAME",
                    help="tritond's: limit API categories to clients whose certificate subject matches an "
@@ -312,6 +330,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         "http_header_forward": _forward_pattern(args.http_header_forward_pattern, "--http-header-forward-pattern"),
         "grpc_header_forward": _forward_pattern(args.grpc_header_forward_pattern, "--grpc-header-forward-pattern"),
         "http_tls": http_tls if args.allow_http else None,
+        "openai": _openai(args, http_tls),
         "grpc_tls": grpc_tls if args.allow_grpc else None,
         "metrics_tls": _metrics_tls(args, http_tls),
         "log_verbose": args.log_verbose,
@@ -341,6 +360,48 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
 
 
 MAX_BROKER_SHARDS = 64
+OPENAI_APIS = ("inference", "model-repository", "metrics", "health")
+
+
+def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The OpenAI frontend's settings (None: not served). Its tokenizer directory and chat
+    template are loaded here once, so a bad one stops startup with the file named."""
+    given = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--chat-template", args.chat_template),
+                                      ("--openai-address", args.openai_address),
+                                      ("--tool-call-parser", args.tool_call_parser),
+                                      ("--openai-restricted-api", args.openai_restricted_api)) if value]
+    if not args.openai_port:
+        if given:
+            raise UsageError(f"{', '.join(given)} need --openai-port")
+        return None
+    if not 0 < args.openai_port < 65536:
+        raise UsageError(f"--openai-port must be from 1 to 65535, got {args.openai_port}")
+    taken = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
+    clash = [flag for flag, port in taken.items() if port == args.openai_port]
+    if clash:
+        raise UsageError(f"--openai-port {args.openai_port} is also {clash[0]}")
+    if args.default_max_tokens < 1:
+        raise UsageError(f"--default-max-tokens must be at least 1, got {args.default_max_tokens}")
+    restricted: dict[str, tuple[str, str]] = {}
+    for apis, key, value in args.openai_restricted_api:
+        for api in apis.split(","):
+            if api not in OPENAI_APIS:
+                raise UsageError(f"--openai-restricted-api: unknown API '{api}'; expected one of "
+                                 f"{', '.join(OPENAI_APIS)}")
+            if api in restricted:
+                raise UsageError(f"restricted api '{api}' can not be specified in multiple config groups")
+            restricted[api] = (key.lower(), value)
+    tokenizer = os.path.abspath(args.tokenizer) if args.tokenizer else ""
+    template = os.path.abspath(args.chat_template) if args.chat_template else ""
+    if tokenizer or template:
+        from tritond.frontend.openai.tokenizer import Tokenizer, TokenizerError
+        try:
+            Tokenizer(tokenizer, template)
+        except TokenizerError as e:
+            raise UsageError(str(e)) from None
+    return {"address": args.openai_address or args.http_address, "port": args.openai_port,
+            "tokenizer": tokenizer, "chat_template": template, "default_max_tokens": args.default_max_tokens,
+            "restricted": restricted, "tls": http_tls, "tool_call_parser": args.tool_call_parser or ""}
 
 
 def _forward_pattern(pattern: str | None, flag: str) -> str | None:

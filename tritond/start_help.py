@@ -33,6 +33,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "--grpc-http2-min-recv-ping-interval-without-data", "--grpc-http2-max-ping-strikes",
         "--grpc-max-connection-age", "--grpc-max-connection-age-grace", "--grpc-restricted-protocol",
         "--grpc-workers", "--grpc-restricted-protocol-subject", "--grpc-max-concurrent-streams")),
+    ("OpenAI", ("--openai-port", "--openai-address", "--openai-restricted-api", "--tokenizer", "--chat-template",
+                "--default-max-tokens", "--tool-call-parser")),
     ("Sagemaker", ("--allow-sagemaker", "--sagemaker-port", "--sagemaker-safe-port-range",
                    "--sagemaker-thread-count")),
     ("Vertex", ("--allow-vertex-ai", "--vertex-ai-port", "--vertex-ai-thread-count", "--vertex-ai-default-model")),

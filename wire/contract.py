@@ -113,14 +113,15 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 12
-SCHEMA_FINGERPRINT = "993d38979125a793"
+RECORDED_VERSION = 13
+SCHEMA_FINGERPRINT = "9afcee9c4ee2ef21"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
     "options.MetricsConfig": "316263254ca0",
+    "options.OpenAIConfig": "e7658b91b545",
     "options.OtelConfig": "49c6ec3bfd03",
-    "options.ServerOptions": "6e21a4e4acee",
+    "options.ServerOptions": "b5f2478a87b5",
     "options.TlsConfig": "73eb470ed7ce",
     "options.TraceConfig": "cee912e8cf94",
     "options._O": "7157e6c72e21",

@@ -71,6 +71,18 @@ class HttpLimitsConfig(_O):
     max_connections: int = 1024
 
 
+class OpenAIConfig(_O):
+    """The OpenAI-compatible frontend (`--openai-port` and the flags beside it)."""
+    address: str
+    port: int
+    tokenizer: str = ""              # a local tokenizer directory: chat template and token counts
+    chat_template: str = ""          # a Jinja chat template file that replaces the tokenizer's
+    default_max_tokens: int = 16
+    tool_call_parser: str = ""       # llama3 | mistral: the format of the tool calls in answers ("": none)
+    restricted: dict[str, tuple[str, str]] = {}     # API -> (header, value)
+    tls: TlsConfig | None = None     # HTTP's TLS settings, when HTTP serves TLS
+
+
 class ServerOptions(_O):
     """Every process's view of the command line; see `tritond start --help` for each flag."""
     model_repositories: list[str]
@@ -99,6 +111,7 @@ class ServerOptions(_O):
     http_header_forward: str | None = None
     grpc_header_forward: str | None = None
     http_tls: TlsConfig | None = None
+    openai: OpenAIConfig | None = None       # None: no OpenAI-compatible frontend
     grpc_tls: TlsConfig | None = None
     metrics_tls: TlsConfig | None = None
     # connection limits; gRPC's as (channel argument, value)

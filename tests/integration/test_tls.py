@@ -31,7 +31,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-from conftest import TritondServer, http_get, serving, wait_for
+from conftest import TritondServer, free_port, http_get, serving, wait_for
 from test_perf_analyzer import THROUGHPUT, perf_analyzer
 from tls_certs import DAY, Issued, issue, make_ca
 
@@ -352,11 +352,16 @@ def test_sighup_rotation_under_load_loses_no_request(mtls, pki):
 
 def test_tls_with_hypercorn_and_metrics_over_tls(pki, example_repo, tmp_path):
     """Server authentication only: clients need the CA, not a certificate. Hypercorn offers
-    HTTP/2 through ALPN; --metrics-use-ssl puts the metrics port under the same certificate."""
+    HTTP/2 through ALPN; --metrics-use-ssl puts the metrics port under the same certificate, and
+    the OpenAI port is under it too."""
     repo = identity_repo(example_repo, tmp_path / "models")
+    openai_port = free_port()
     s = TritondServer(repo, tls_args(pki, "grpc", False) + tls_args(pki, "http", False) + [
-        "--http-server=hypercorn", "--metrics-use-ssl=true"], https=pki.context(None))
+        "--http-server=hypercorn", "--metrics-use-ssl=true", f"--openai-port={openai_port}"], https=pki.context(None))
     with serving(s):
+        status, body = http_get(f"https://localhost:{openai_port}/v1/models", context=pki.context(None))
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "identity_fp32"
+        assert http_get(f"http://127.0.0.1:{openai_port}/v1/models")[0] != 200
         assert np.array_equal(infer(grpc_client(s, pki, None), grpcclient), X)
         assert np.array_equal(infer(http_client(s, pki, None), httpclient), X)
         status, body = http_get(f"https://localhost:{s.metrics_port}/metrics", context=pki.context(None))

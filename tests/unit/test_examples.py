@@ -30,6 +30,7 @@ MODELS = {
     "search_pipeline_ensemble",
     "bls_router",
     "toy_llm",
+    "tiny_llm",
     "accumulator",
 }
 TORCH_MODELS = {"mlp_torch"}  # built only where torch is importable
@@ -227,3 +228,21 @@ def test_the_examples_start_without_advice(repo):
     specs = check_repository([str(repo)])
     assert {s.name for s in specs} == {p.name for p in repo.iterdir()}
     assert {s.name: s.advice for s in specs if s.error or s.advice} == {}
+
+
+def test_tiny_llm_generation(pb_utils):
+    """The same request always gets the same words; a seed, the temperature and stop change them
+    as documented; an unknown setting is refused."""
+    gen = _load("example_tiny_llm", SOURCE / "tiny_llm" / "1" / "model.py").generate
+    words = gen("hello", {"max_tokens": 6, "seed": 3})
+    assert len(words) == 6 and words == gen("hello", {"max_tokens": 6, "seed": 3})
+    assert words[0][0] != " " and all(w.startswith(" ") for w in words[1:])
+    assert gen("hello", {"max_tokens": 6, "seed": 4}) != words
+    greedy = gen("hello", {"max_tokens": 8, "temperature": 0})
+    assert greedy == gen("hello", {"max_tokens": 8, "temperature": 0, "seed": 9})
+    text = "".join(greedy)
+    stop = greedy[3]
+    assert "".join(gen("hello", {"max_tokens": 8, "temperature": 0, "stop": [stop]})) == text[: text.index(stop)]
+    assert len(gen("hello", {})) == 16
+    with pytest.raises(ValueError, match="does not support"):
+        gen("hello", {"best_of": 2})

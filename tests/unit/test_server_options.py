@@ -12,6 +12,7 @@ from tritond.wire import options as wire_options
 from tritond.wire.options import DEFAULTS, ServerOptions, TlsConfig
 
 BASE = ["--model-repository", "/m"]
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 CERT, KEY, ROOT = (os.path.abspath(p) for p in ("c.pem", "k.pem", "r.pem"))
 HTTP_MUTUAL = ["--http-use-ssl-mutual", "--http-server-cert=c.pem", "--http-server-key=k.pem", "--http-root-cert=r.pem"]
 GRPC_MUTUAL = ["--grpc-use-ssl-mutual", "--grpc-server-cert=c.pem", "--grpc-server-key=k.pem", "--grpc-root-cert=r.pem"]
@@ -58,6 +59,18 @@ CASES = [
      {"statistics": ["CN=ops"]}),
     ([*GRPC_MUTUAL, "--grpc-restricted-protocol-subject=health:CN=ops"], lambda o: o.grpc_restricted_subjects,
      {"health": ["CN=ops"]}),
+    (["--openai-port=9"], lambda o: o.openai and (o.openai.port, o.openai.address), (9, "127.0.0.1")),
+    (["--openai-port=9", "--openai-address=0.0.0.0"], lambda o: o.openai and o.openai.address, "0.0.0.0"),
+    (["--openai-port=9", "--openai-restricted-api", "inference,health", "K", "v"],
+     lambda o: o.openai and o.openai.restricted, {"inference": ("k", "v"), "health": ("k", "v")}),
+    (["--openai-port=9", f"--tokenizer={FIXTURES}/tokenizer"], lambda o: o.openai and o.openai.tokenizer,
+     f"{FIXTURES}/tokenizer"),
+    (["--openai-port=9", f"--chat-template={FIXTURES}/chat_template.jinja"],
+     lambda o: o.openai and o.openai.chat_template, f"{FIXTURES}/chat_template.jinja"),
+    (["--openai-port=9", "--default-max-tokens=5"], lambda o: o.openai and o.openai.default_max_tokens, 5),
+    (["--openai-port=9", "--tool-call-parser=llama3"], lambda o: o.openai and o.openai.tool_call_parser, "llama3"),
+    (["--openai-port=9", *HTTP_MUTUAL], lambda o: o.openai and o.openai.tls,
+     TlsConfig(cert=CERT, key=KEY, root=ROOT, mutual=True)),
     (["--log-verbose=2"], lambda o: (o.log_verbose, o.log.verbose), (2, 2)),
     (["--exit-timeout-secs=5"], lambda o: o.exit_timeout_secs, 5.0),
     (["--broker-hang-timeout-secs=5"], lambda o: o.broker_hang_timeout_secs, 5.0),
@@ -213,3 +226,18 @@ def test_malformed_backend_config_is_refused_in_tritonservers_words(setting, mes
     with pytest.raises(UsageError) as e:
         options(f"--backend-config={setting}")
     assert str(e.value) == message
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([f"--tokenizer={FIXTURES}/tokenizer"], "--tokenizer need --openai-port"),
+    (["--openai-port=8000"], "--openai-port 8000 is also --http-port"),
+    (["--openai-port=9", "--openai-restricted-api", "infer", "k", "v"], "unknown API 'infer'"),
+    (["--openai-port=9", "--openai-restricted-api", "health", "k", "v", "--openai-restricted-api", "health", "j", "w"],
+     "restricted api 'health' can not be specified in multiple config groups"),
+    (["--openai-port=9", "--tokenizer=/nonexistent"], "not a directory"),
+    (["--openai-port=9", "--default-max-tokens=0"], "--default-max-tokens must be at least 1"),
+])
+def test_openai_flags_are_checked_before_anything_starts(flags, message):
+    from tritond.options import UsageError
+    with pytest.raises(UsageError, match=message):
+        options(*flags)

@@ -46,7 +46,15 @@ def ports(opts: ServerOptions) -> list[tuple[str, str, int]]:
             out.append(("Metrics Service", opts.metrics_address, opts.metrics_port))
     if opts.allow_grpc:
         out.append(("GRPCInferenceService", opts.grpc_address, opts.grpc_port))
+    if opts.openai is not None:
+        out.append(("OpenAI frontend", opts.openai.address, opts.openai.port))
     return out
+
+
+def _port_of(opts: ServerOptions, role: str) -> int:
+    if role == "openai" and opts.openai is not None:
+        return opts.openai.port
+    return opts.http_port if role == "http" else opts.grpc_port
 
 
 def check_ports(opts: ServerOptions) -> None:
@@ -62,7 +70,8 @@ def check_ports(opts: ServerOptions) -> None:
                 if e.errno != errno.EADDRINUSE:
                     raise StartupError(f"cannot serve {name} on {host}:{port}: {e.strerror}") from None
                 # tritonserver's words, which scripts grep for
-                service = {"HTTPService": "HTTP", "GRPCInferenceService": "GRPC"}.get(name, "Metrics")
+                service = {"HTTPService": "HTTP", "GRPCInferenceService": "GRPC",
+                           "OpenAI frontend": "OpenAI"}.get(name, "Metrics")
                 raise StartupError(f"failed to start {service} service: Unavailable - Socket '{host}:{port}' "
                                    f"already in use") from None
 
@@ -70,7 +79,8 @@ def check_ports(opts: ServerOptions) -> None:
 def check_tls(opts: ServerOptions) -> None:
     """Certificate files are checked before anything starts: a bad one is a startup error,
     never a port that falls back to clear text."""
-    for flag, spec in (("grpc", opts.grpc_tls), ("http", opts.http_tls)):
+    openai_tls = opts.openai.tls if opts.openai is not None else None
+    for flag, spec in (("grpc", opts.grpc_tls), ("http", opts.http_tls or openai_tls)):
         files = TlsFiles.from_options(flag, spec)
         if files is None:
             continue
@@ -133,6 +143,8 @@ class Startup:
         if o.allow_grpc:
             for _ in range(o.grpc_workers):
                 self.frontends.append(Child("grpc", "tritond.frontend.grpc.server"))
+        if o.openai is not None:
+            self.frontends.append(Child("openai", "tritond.frontend.openai.server"))
         for f in self.frontends:
             self.spawn(f)
         self.wait_links(LISTENING)
@@ -157,7 +169,7 @@ class Startup:
             for f in self.frontends:
                 code = self.children.exit_code(f)
                 if code is not None:
-                    port = self.opts.http_port if f.role == "http" else self.opts.grpc_port
+                    port = _port_of(self.opts, f.role)
                     raise StartupError(f"the {f.role} frontend exited during startup (code {code}); "
                                        f"is port {port} already in use?")
             self.watchdog.pet()
@@ -194,7 +206,8 @@ class Startup:
         snapshot = self.control(S.ModelMetrics(), 10.0)
         workers = sum(m.instances_ready for m in snapshot.models) if snapshot is not None else 0
         o = self.opts
-        frontends = (o.http_workers if o.allow_http else 0) + (o.grpc_workers if o.allow_grpc else 0)
+        frontends = ((o.http_workers if o.allow_http else 0) + (o.grpc_workers if o.allow_grpc else 0)
+                     + (o.openai is not None))
         why = shm_shortfall(frontends, workers)
         if why:
             log.error("%s", why)
