@@ -63,8 +63,10 @@ def _check_identity(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
         raise fail("platform", "TensorFlow GraphDef models (platform 'tensorflow_graphdef') are not supported by "
                                "tritond; save the model as a SavedModel ('tensorflow_savedmodel')")
     if cfg.backend not in KNOWN_BACKENDS:
-        raise fail("backend", f"unable to find backend library for backend '{cfg.backend}', try specifying runtime "
-                              f"on the model configuration. tritond's backends are {', '.join(KNOWN_BACKENDS)}")
+        # Triton's status text, code included, which scripts grep for
+        raise fail("backend", f"Invalid argument: unable to find backend library for backend '{cfg.backend}', try "
+                              f"specifying runtime on the model configuration. tritond's backends are "
+                              f"{', '.join(KNOWN_BACKENDS)}")
     expected = BACKEND_PLATFORM.get(cfg.backend)
     if expected is not None and cfg.platform != expected:
         raise fail("platform", f"unexpected 'platform' and 'backend' pair, got:{cfg.platform}, {cfg.backend}")
