@@ -22,6 +22,7 @@ and `reopen` (SIGUSR1, after logrotate moved the file) opens the path again.
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import os
 import sys
@@ -60,6 +61,15 @@ class _Gate(logging.Filter):
         return cfg.verbose >= getattr(record, "verbosity", 1)
 
 
+def _json_string(text: str) -> str:
+    """`text` as a JSON string; a lone surrogate (a file name that is not UTF-8) is written as
+    its escape rather than losing the line."""
+    try:
+        return orjson.dumps(text).decode()
+    except TypeError:
+        return json.dumps(text, ensure_ascii=False).encode("utf-8", "backslashreplace").decode()
+
+
 class TritonFormatter(logging.Formatter):
     def __init__(self, fmt: str, role: str) -> None:
         super().__init__()
@@ -88,7 +98,7 @@ class TritonFormatter(logging.Formatter):
         if rid:
             message = f"[request id: {rid}] {message}"
         if self.escape and message:
-            message = orjson.dumps(message).decode()
+            message = _json_string(message)
         table = getattr(record, "table", None)
         if table:
             message = f"{message}\n{table}"

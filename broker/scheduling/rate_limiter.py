@@ -128,9 +128,9 @@ class RateLimiter:
                 cap[key] = max(cap.get(key, 0), n)
         capacity = {k: (self._explicit(k) if self.explicit else n) for k, n in cap.items()}
         if capacity != self.capacity and log.isEnabledFor(logging.DEBUG):
-            # Triton's verbose lines, whose log escapes the tab (scripts grep for "\\t")
+            # Triton's verbose lines; its escaped log writes the tab as "\\t", which scripts grep for
             for (name, device), n in sorted(capacity.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-                log.debug("Resource: %s\\t Count: %d%s", name, n, "" if device == GLOBAL else f"\\t Device: {device}")
+                log.debug("Resource: %s\t Count: %d%s", name, n, "" if device == GLOBAL else f"\t Device: {device}")
         self.capacity = capacity
 
     # ---------------------------------------------------------------- granting

@@ -44,3 +44,11 @@ def test_messages_raw_when_escaping_is_off(monkeypatch):
     monkeypatch.setenv(logs.ESCAPE_VARIABLE, "0")
     line = logs.TritonFormatter("default", "supervisor").format(record("two\nlines"))
     assert line.split("] ", 1)[1] == "two\nlines"
+
+
+def test_a_tab_is_escaped_once_and_a_lone_surrogate_keeps_its_line(monkeypatch):
+    monkeypatch.delenv(logs.ESCAPE_VARIABLE, raising=False)
+    fmt = logs.TritonFormatter("default", "broker")
+    assert fmt.format(record("Resource: R1\t Count: 3")).endswith('] "Resource: R1\\t Count: 3"')
+    line = fmt.format(record("no such file '/models/\udcff'"))
+    assert line.endswith('] "no such file \'/models/\\udcff\'"')
