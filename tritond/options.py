@@ -274,9 +274,10 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
             except RemoteError as e:
                 raise UsageError(str(e)) from None
     if args.model_control_mode != "explicit" and args.load_models:
-        raise UsageError("--load-model requires --model-control-mode=explicit")
+        # tritonserver's words (Triton's OpenAI tests match them)
+        raise UsageError("Error: Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
     if "*" in args.load_models and len(args.load_models) > 1:
-        raise UsageError("--load-model=* must be the only --load-model")
+        raise UsageError("Wildcard model name '*' must be the ONLY startup model if specified at all.")
     default_mbs = _backend_config(args.backend_config)
     _model_loading(args)
     disable_ac = args.disable_auto_complete_config or bool(args.strict_model_config)
@@ -386,8 +387,8 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
     for apis, key, value in args.openai_restricted_api:
         for api in apis.split(","):
             if api not in OPENAI_APIS:
-                raise UsageError(f"--openai-restricted-api: unknown API '{api}'; expected one of "
-                                 f"{', '.join(OPENAI_APIS)}")
+                raise UsageError(f"--openai-restricted-api: Unknown API '{api}'. Available APIs: "   # Triton's words
+                                 f"{list(OPENAI_APIS)}")
             if api in restricted:
                 raise UsageError(f"restricted api '{api}' can not be specified in multiple config groups")
             restricted[api] = (key.lower(), value)

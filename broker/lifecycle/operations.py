@@ -209,7 +209,7 @@ class ModelControl:
             if self.opts.shard:     # the first broker reports the names no repository holds
                 wanted &= set(sources)
             for name in sorted(wanted - set(sources)):
-                log.error("failed to load '%s', failed to poll from model repository", name)
+                log.error("failed to poll model '%s': model not found in any model repository.", name)
         order, deps = yield Job(lambda: self._order(sources, sorted(wanted)))
         yield Lock(frozenset(order))
         # Every startup model is read before any starts a worker: the thread budget divides

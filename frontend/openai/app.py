@@ -1,6 +1,7 @@
 """The OpenAI-compatible API over the models in the repository, answered as Triton's OpenAI
 frontend answers it: GET /v1/models[/{model}], POST /v1/completions, POST /v1/chat/completions,
-POST /v1/embeddings, with GET /metrics and GET /health/ready beside them.
+POST /v1/embeddings, POST /v1/models/{model}/load and /unload (explicit model control mode),
+with GET /metrics and GET /health/ready beside them.
 
 A model that takes `text_input` and answers `text_output` (mapping.py) serves completions;
 chat needs a chat template (`--tokenizer`). Bodies are checked against the OpenAI schema (422
@@ -9,6 +10,7 @@ not supported); a client that goes away cancels its request in the model.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -25,7 +27,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from tritond.wire import schema as S
-from tritond.wire.errors import TritonError
+from tritond.wire.errors import Code, TritonError
 from tritond.wire.options import OpenAIConfig
 
 from ..dataplane import Dataplane
@@ -60,7 +62,8 @@ def _request_error(message: str, status: int, code: str, kind: str = "invalid_re
 
 class OpenAIApi:
     def __init__(self, dataplane: Dataplane, cfg: OpenAIConfig, tokenizer: Tokenizer | None,
-                 max_input_size: int, metrics: MetricsEndpoint | None = None, strict_readiness: bool = True) -> None:
+                 max_input_size: int, metrics: MetricsEndpoint | None = None, strict_readiness: bool = True,
+                 explicit: bool = False) -> None:
         self.dp = dataplane
         self.client = dataplane.client
         self.cfg = cfg
@@ -69,6 +72,8 @@ class OpenAIApi:
         self.metrics_endpoint = metrics
         self.strict_readiness = strict_readiness
         self.created: dict[str, int] = {}      # model -> when this frontend first saw it ready
+        self.explicit = explicit                # --model-control-mode=explicit: load/unload allowed
+        self._control = asyncio.Lock()          # one load or unload at a time, as Triton's frontend
 
     # ------------------------------------------------------------- plumbing
 
@@ -120,10 +125,16 @@ class OpenAIApi:
                 from None
 
     def entry(self, name: str) -> S.ModelEntry:
-        """The model a request names: 400 'Unknown model' unless it is in the repository."""
+        """The model a request names: 400 'Unknown model' unless it is loaded (Triton's frontend
+        knows the loaded models only; one in the repository but not loaded is unknown too)."""
         if name not in self.client.table.names:
             raise client_error(f"Unknown model: {name}")
-        return self.dp.entry(name)
+        try:
+            return self.dp.entry(name)
+        except TritonError as e:
+            if e.code is Code.NOT_FOUND:
+                raise client_error(f"Unknown model: {name}") from None
+            raise
 
     # ------------------------------------------------------------- models
 
@@ -144,6 +155,43 @@ class OpenAIApi:
         if name not in self.ready_models():
             return _detail(f"Unknown model: {name}", 404)
         return json_response(model_object(name, self.created[name]))
+
+    async def load_model(self, request: Request) -> Response:
+        """POST /v1/models/{model}/load: 400 when the model is already ready; one at a time, so
+        of concurrent loads of a model one succeeds and the rest find it loaded."""
+        name = request.path_params["model"]
+        self._explicit_only()
+        async with self._control:
+            if name in self.ready_models():
+                raise client_error(f"Model '{name}' is already loaded")
+            await self._repository(self.dp.load_model(S.LoadModel(name)), "load", name)
+            self.created[name] = int(time.time())
+        return json_response(model_object(name, self.created[name]))
+
+    async def unload_model(self, request: Request) -> Response:
+        """POST /v1/models/{model}/unload: 400 'Unknown model' unless the model is ready."""
+        name = request.path_params["model"]
+        self._explicit_only()
+        async with self._control:
+            if name not in self.ready_models():
+                raise client_error(f"Unknown model: {name}")
+            await self._repository(self.client.control(S.UnloadModel(name)), "unload", name)
+            self.created.pop(name, None)
+        return json_response({"status": "success", "model": name})
+
+    def _explicit_only(self) -> None:
+        if not self.explicit:
+            raise client_error("Model load/unload requires --model-control-mode=explicit")
+
+    @staticmethod
+    async def _repository(op: Awaitable[object], verb: str, name: str) -> None:
+        """A load or unload, its error worded as Triton's frontend words it: 400 for an invalid
+        argument, 500 otherwise."""
+        try:
+            await op
+        except TritonError as e:
+            status = 400 if e.code is Code.INVALID_ARG else 500
+            raise ApiError(status, f"Failed to {verb} model '{name}': {e.message}") from None
 
     # ------------------------------------------------------------- completions
 
@@ -233,6 +281,8 @@ class OpenAIApi:
         routes = [
             Route("/v1/models", g(self.list_models, "model-repository"), methods=["GET"]),
             Route("/v1/models/{model}", g(self.retrieve_model, "model-repository"), methods=["GET"]),
+            Route("/v1/models/{model}/load", g(self.load_model, "model-repository"), methods=["POST"]),
+            Route("/v1/models/{model}/unload", g(self.unload_model, "model-repository"), methods=["POST"]),
             Route("/v1/completions", g(self.completions, "inference"), methods=["POST"]),
             Route("/v1/chat/completions", g(self.chat_completions, "inference"), methods=["POST"]),
             Route("/v1/embeddings", g(self.embeddings, "inference"), methods=["POST"]),

@@ -39,7 +39,8 @@ async def run(opts: ServerOptions, tokenizer: Tokenizer | None) -> None:
         if opts.metrics_port:
             metrics = MetricsEndpoint(dataplane.client, opts)
             metrics.start()
-        api = OpenAIApi(dataplane, cfg, tokenizer, opts.http_max_input_size, metrics, opts.strict_readiness)
+        api = OpenAIApi(dataplane, cfg, tokenizer, opts.http_max_input_size, metrics, opts.strict_readiness,
+                        explicit=opts.model_control_mode == "explicit")
         sock = listen_socket(cfg.address, cfg.port)
         listening()
         await serve_uvicorn(api.app(), sock, stop, HttpLimits.from_options(opts.http_limits), tls)

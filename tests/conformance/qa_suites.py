@@ -14,6 +14,7 @@ from suites_observe import (l0_cmdline_trace, l0_iterative_sequence, l0_logging,
 from suites_protocols import (l0_backend_bls, l0_data_compression, l0_http_fuzz, l0_https, l0_io, l0_json,
                               l0_large_payload, l0_output_validation, l0_pytorch_python_runtime, l0_query,
                               l0_secure_grpc)
+from suites_openai import l0_openai
 from suites_python_backend import l0_backend_python
 from suites_queue import l0_model_queue
 from suites_sequence import (l0_dyna_sequence_batcher, l0_http_generate, l0_implicit_state, l0_sequence_batcher,
@@ -92,4 +93,5 @@ SUITES = {
     "L0_output_validation": l0_output_validation,
     "L0_backend_bls": l0_backend_bls,
     "L0_pytorch_python_runtime": l0_pytorch_python_runtime,
+    "L0_openai": l0_openai,
 }

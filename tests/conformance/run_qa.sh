@@ -45,8 +45,14 @@ if [ -d "$SRC/qa" ]; then
     cp -r "$SRC/qa" "$WORK/src/qa"
     mkdir -p "$WORK/src/docs/examples"
     cp -r "$SRC/docs/examples/model_repository" "$WORK/src/docs/examples/"
+    if [ -d "$SRC/python/openai" ]; then
+        mkdir -p "$WORK/src/python" && cp -r "$SRC/python/openai" "$WORK/src/python/openai"
+    fi
 elif git --git-dir="$SRC" rev-parse --verify HEAD >/dev/null 2>&1; then
     git --git-dir="$SRC" archive HEAD qa docs/examples/model_repository | tar -x -C "$WORK/src"
+    if git --git-dir="$SRC" cat-file -e HEAD:python/openai 2>/dev/null; then
+        git --git-dir="$SRC" archive HEAD python/openai | tar -x -C "$WORK/src"
+    fi
 else
     echo "run_qa.sh: $SRC is neither a triton-inference-server/server work tree nor its git directory" >&2
     exit 2

@@ -319,3 +319,15 @@ def test_concurrent_loads_and_unloads_leave_no_worker_behind(server, client):
     time.sleep(1.0)                         # and none comes back
     assert not server.worker_pids("storm_a") and not server.worker_pids("storm_b")
     assert client.is_model_ready("echo")
+
+
+def test_a_startup_model_no_repository_holds_stops_startup(tmp_path):
+    """Triton refuses to start when an explicit-mode --load-model names a model no repository
+    holds (with --exit-on-error, the default), logging its poll failure."""
+    repo = tmp_path / "models"
+    add_fault_model(repo, "present")
+    s = TritondServer(repo, ["--model-control-mode=explicit", "--load-model=present",
+                             "--load-model=nonexistent_model"]).start(wait="exit")
+    assert s.returncode == 1
+    assert "failed to poll model 'nonexistent_model': model not found in any model repository" in s.log, s.log
+    s.assert_clean()

@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -385,3 +386,36 @@ def test_a_tokenizer_that_cannot_serve_stops_startup(tmp_path):
     with serving(server, wait="exit", code=1):
         pass
     assert "--tokenizer need --openai-port" in server.log
+
+
+# ---------------------------------------------------------------- model management
+
+def test_load_and_unload_are_refused_outside_explicit_mode(openai_server):
+    for verb in ("load", "unload"):
+        assert post(openai_server, f"/v1/models/tiny_llm/{verb}", b"") == (
+            400, {"detail": "Model load/unload requires --model-control-mode=explicit"})
+
+
+def test_load_and_unload_in_explicit_mode(tmp_path):
+    """Triton's frontend's answers: a model not loaded is unknown (400), loading a loaded model
+    or unloading one not loaded is 400, a model not in the repository fails to load (500), and
+    of concurrent loads of one model one succeeds."""
+    repo = build_example_repository(tmp_path / "models", ("tiny_llm", "identity_fp32"))
+    port = free_port()
+    server = TritondServer(repo, ["--openai-port", str(port), "--model-control-mode=explicit"])
+    with serving(server) as s:
+        s.openai_port = port
+        completion = json.dumps({"model": "tiny_llm", "prompt": "hi", "max_tokens": 2}).encode()
+        assert post(s, "/v1/completions", completion) == (400, {"detail": "Unknown model: tiny_llm"})
+        status, body = post(s, "/v1/models/tiny_llm/load", b"")
+        assert status == 200 and body["id"] == "tiny_llm" and body["owned_by"] == "Triton Inference Server"
+        assert post(s, "/v1/completions", completion)[0] == 200
+        assert post(s, "/v1/models/tiny_llm/load", b"") == (400, {"detail": "Model 'tiny_llm' is already loaded"})
+        assert post(s, "/v1/models/tiny_llm/unload", b"") == (200, {"status": "success", "model": "tiny_llm"})
+        assert post(s, "/v1/models/tiny_llm/unload", b"") == (400, {"detail": "Unknown model: tiny_llm"})
+        assert post(s, "/v1/completions", completion) == (400, {"detail": "Unknown model: tiny_llm"})
+        status, body = post(s, "/v1/models/nothing/load", b"")
+        assert status == 500 and "failed to poll from model repository" in body["detail"]
+        with ThreadPoolExecutor(4) as pool:
+            codes = sorted(pool.map(lambda _: post(s, "/v1/models/identity_fp32/load", b"")[0], range(4)))
+        assert codes == [200, 400, 400, 400]

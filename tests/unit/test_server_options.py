@@ -231,7 +231,7 @@ def test_malformed_backend_config_is_refused_in_tritonservers_words(setting, mes
 @pytest.mark.parametrize("flags, message", [
     ([f"--tokenizer={FIXTURES}/tokenizer"], "--tokenizer need --openai-port"),
     (["--openai-port=8000"], "--openai-port 8000 is also --http-port"),
-    (["--openai-port=9", "--openai-restricted-api", "infer", "k", "v"], "unknown API 'infer'"),
+    (["--openai-port=9", "--openai-restricted-api", "infer", "k", "v"], "Unknown API 'infer'. Available APIs: "),
     (["--openai-port=9", "--openai-restricted-api", "health", "k", "v", "--openai-restricted-api", "health", "j", "w"],
      "restricted api 'health' can not be specified in multiple config groups"),
     (["--openai-port=9", "--tokenizer=/nonexistent"], "not a directory"),
@@ -241,3 +241,16 @@ def test_openai_flags_are_checked_before_anything_starts(flags, message):
     from tritond.options import UsageError
     with pytest.raises(UsageError, match=message):
         options(*flags)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--load-model=a"], "Error: Use of '--load-model' requires setting '--model-control-mode=explicit' as well."),
+    (["--model-control-mode=explicit", "--load-model=*", "--load-model=a"],
+     "Wildcard model name '*' must be the ONLY startup model if specified at all."),
+])
+def test_startup_model_flags_are_refused_in_tritonservers_words(flags, message):
+    """Triton's OpenAI tests match these messages of tritonserver exactly."""
+    from tritond.options import UsageError
+    with pytest.raises(UsageError) as e:
+        options(*flags)
+    assert str(e.value) == message

@@ -217,8 +217,12 @@ class Startup:
         has logged why, once."""
         if self.table is None:
             return []
-        return [f"'{e.name}'" + (f" version {e.version}" if e.version else "") for e in self.table.models
-                if e.state is not S.ModelState.READY]
+        failed = [f"'{e.name}'" + (f" version {e.version}" if e.version else "") for e in self.table.models
+                  if e.state is not S.ModelState.READY]
+        if self.opts.model_control_mode == "explicit" and "*" not in self.opts.load_models:
+            known = set(self.table.names)       # a startup model no repository holds fails, as in Triton
+            failed += [f"'{name}'" for name in self.opts.load_models if name not in known]
+        return failed
 
     def log_model_table(self) -> None:
         """Triton's table of the models after the start-up loads: each version READY, or
