@@ -377,8 +377,7 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
         return None
     if not 0 < args.openai_port < 65536:
         raise UsageError(f"--openai-port must be from 1 to 65535, got {args.openai_port}")
-    taken = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
-    clash = [flag for flag, port in taken.items() if port == args.openai_port]
+    clash = [flag for flag, port in _served_ports(args).items() if port == args.openai_port]
     if clash:
         raise UsageError(f"--openai-port {args.openai_port} is also {clash[0]}")
     if args.default_max_tokens < 1:
@@ -403,6 +402,15 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
     return {"address": args.openai_address or args.http_address, "port": args.openai_port,
             "tokenizer": tokenizer, "chat_template": template, "default_max_tokens": args.default_max_tokens,
             "restricted": restricted, "tls": http_tls, "tool_call_parser": args.tool_call_parser or ""}
+
+
+def _served_ports(args: argparse.Namespace) -> dict[str, int]:
+    """The ports the other frontends listen on: one that is off takes none (metrics are
+    served by the HTTP frontend)."""
+    served = {"--http-port": args.http_port if args.allow_http else 0,
+              "--grpc-port": args.grpc_port if args.allow_grpc else 0,
+              "--metrics-port": args.metrics_port if args.allow_http and args.allow_metrics else 0}
+    return {flag: port for flag, port in served.items() if port}
 
 
 def _forward_pattern(pattern: str | None, flag: str) -> str | None:
