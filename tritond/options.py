@@ -111,8 +111,8 @@ def start_parser() -> argparse.ArgumentParser:
                         "tokenizer.json) for chat prompts and token counts; nothing is downloaded")
     p.add_argument("--chat-template", metavar="FILE", help="OpenAI API: a Jinja chat template that replaces "
                                                             "the tokenizer's")
-    p.add_argument("--default-max-tokens", type=int, default=16, metavar="N",
-                   help="OpenAI API: the max_tokens of a request that sets none")
+    p.add_argument("--default-max-tokens", type=int, metavar="N",
+                   help="OpenAI API: the max_tokens of a request that sets none (default: 16)")
     p.add_argument("--tool-call-parser", choices=["llama3", "mistral"],
                    help="OpenAI API: parse the tool calls of chat answers in this model family's format")
     _flag(p, "--metrics-use-ssl", False, "tritond's: serve metrics over TLS with the HTTP certificate settings")
@@ -370,7 +370,8 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
     given = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--chat-template", args.chat_template),
                                       ("--openai-address", args.openai_address),
                                       ("--tool-call-parser", args.tool_call_parser),
-                                      ("--openai-restricted-api", args.openai_restricted_api)) if value]
+                                      ("--openai-restricted-api", args.openai_restricted_api),
+                                      ("--default-max-tokens", args.default_max_tokens is not None)) if value]
     if not args.openai_port:
         if given:
             raise UsageError(f"{', '.join(given)} need --openai-port")
@@ -380,8 +381,9 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
     clash = [flag for flag, port in _served_ports(args).items() if port == args.openai_port]
     if clash:
         raise UsageError(f"--openai-port {args.openai_port} is also {clash[0]}")
-    if args.default_max_tokens < 1:
-        raise UsageError(f"--default-max-tokens must be at least 1, got {args.default_max_tokens}")
+    max_tokens = 16 if args.default_max_tokens is None else args.default_max_tokens
+    if max_tokens < 1:
+        raise UsageError(f"--default-max-tokens must be at least 1, got {max_tokens}")
     restricted: dict[str, tuple[str, str]] = {}
     for apis, key, value in args.openai_restricted_api:
         for api in apis.split(","):
@@ -400,7 +402,7 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
         except TokenizerError as e:
             raise UsageError(str(e)) from None
     return {"address": args.openai_address or args.http_address, "port": args.openai_port,
-            "tokenizer": tokenizer, "chat_template": template, "default_max_tokens": args.default_max_tokens,
+            "tokenizer": tokenizer, "chat_template": template, "default_max_tokens": max_tokens,
             "restricted": restricted, "tls": http_tls, "tool_call_parser": args.tool_call_parser or ""}
 
 
