@@ -40,7 +40,7 @@ from .generation import Tally, model_pieces, pieces
 from .mapping import embedding_inputs, interface
 from .responses import Reply, model_object
 from .schemas import CHAT, COMPLETION, EMBEDDING
-from .tokenizer import TemplateRejected, Tokenizer
+from .tokenizer import CannotRender, TemplateRejected, Tokenizer
 from .validation import ValidationFailed, error, validate
 
 log = logging.getLogger("tritond.openai")
@@ -212,6 +212,8 @@ class OpenAIApi:
             gen.prompt = self.tokenizer.render(messages, gen.tools)
         except TemplateRejected as e:
             raise client_error(f"the chat template refused the messages: {e}") from None
+        except CannotRender as e:
+            raise client_error(f"the chat template cannot render these messages: {e}") from None
         except ValueError as e:
             raise server_error(str(e)) from None
         return await self.generate(request, entry, gen, chat=True)
