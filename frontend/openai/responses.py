@@ -53,7 +53,7 @@ class Reply:
             reason = tally.finish_reason(i, self.gen.max_tokens)
             logprobs = self.logprobs(tally.logprobs[i], self.echoed)
             if self.chat:
-                calls = parse_calls(self.gen.tool_parser, text) if self.gen.tool_parser else None
+                calls = parse_calls(self.gen.tool_parser, text, self.tool_names) if self.gen.tool_parser else None
                 choices.append({"index": i, "message": {"content": "" if calls else text, "role": "assistant",
                                                         "tool_calls": calls},
                                 "logprobs": logprobs, "finish_reason": "tool_calls" if calls else reason})
@@ -62,6 +62,11 @@ class Reply:
                                 "text": (self.gen.prompt + text) if self.gen.echo else text})
         return {**self.head(self.object), "choices": choices,
                 "usage": tally.usage(self.gen.prompt, self.chat, self.tokenizer)}
+
+    @property
+    def tool_names(self) -> set[str]:
+        """The names of the tools the request offers: what a tool call may name."""
+        return {tool["function"]["name"] for tool in self.gen.tools or ()}
 
     @property
     def echoed(self) -> int:
@@ -116,7 +121,7 @@ class Reply:
                 i = piece.index
                 if holding[i]:
                     held[i] += text
-                    calls = parse_calls(parser, held[i]) if piece.final else None
+                    calls = parse_calls(parser, held[i], self.tool_names) if piece.final else None
                     if calls:
                         yield self.calls_chunk(i, calls)
                     elif piece.final or not may_be_calls(parser, held[i]):

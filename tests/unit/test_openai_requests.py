@@ -139,13 +139,22 @@ def test_tools_go_to_the_template_and_the_parser():
 
 def test_tool_call_formats():
     from tritond.frontend.openai.tool_calls import may_be_calls, parse
-    calls = parse("llama3", '<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "arguments": {}}')
+    names = {"f", "g"}
+    calls = parse("llama3", '<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "arguments": {}}',
+                  names)
     assert [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("function", "f", {"x": 1}), ("function", "g", {})]
-    assert parse("llama3", '{"name": "f", "parameters": {}}')[0]["id"].startswith("call-")
-    assert parse("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": "b"}}]')[0]["function"] == \
+    assert parse("llama3", '{"name": "f", "parameters": {}}', names)[0]["id"].startswith("call-")
+    assert parse("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": "b"}}]', names)[0]["function"] == \
         {"name": "f", "arguments": '{"a": "b"}'}
-    assert parse("llama3", "plain text") is None and parse("llama3", '{"no": "name"}') is None
-    assert parse("mistral", "[not json") is None
+    assert parse("llama3", "plain text", names) is None and parse("llama3", '{"no": "name"}', names) is None
+    assert parse("mistral", "[not json", names) is None
     assert may_be_calls("llama3", "<|py") and may_be_calls("llama3", '{"na') and not may_be_calls("llama3", "Hi")
     assert may_be_calls("mistral", "[TOOL") and not may_be_calls("mistral", "Sure")
+
+
+def test_json_answers_that_are_not_calls_of_offered_tools_stay_text():
+    from tritond.frontend.openai.tool_calls import parse
+    assert parse("llama3", '{"name": "f", "age": 3}', {"f"}) is None
+    assert parse("llama3", '{"name": "h", "arguments": {}}', {"f"}) is None
+    assert parse("mistral", '[TOOL_CALLS] [{"name": "f"}]', {"f"}) is None

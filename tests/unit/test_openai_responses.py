@@ -53,8 +53,11 @@ def test_an_error_after_the_stream_began_is_an_event_that_ends_it():
     assert "[DONE]" not in got
 
 
+TOOL = {"type": "function", "function": {"name": "f"}}
+
+
 def test_a_streamed_answer_is_held_while_it_could_be_tool_calls():
-    gen = Generation("m", "p", 64, stream=True, tools=[{}], tool_parser="llama3")
+    gen = Generation("m", "p", 64, stream=True, tools=[TOOL], tool_parser="llama3")
     call = ['{"name": "f",', ' "parameters": {"x": 1}}', ""]
     got = run(Reply("c", 0, gen, True, None), [Piece(0, t, i == 2) for i, t in enumerate(call)])
     (chunk,) = [g for g in got[1:] if g != "[DONE]"]
