@@ -106,6 +106,7 @@ class Reply:
         started = [False] * gen.n
         parser = gen.tool_parser
         held = [""] * gen.n
+        held_positions: list[Positions] = [[] for _ in range(gen.n)]    # the logprobs of the held text
         holding = [bool(parser)] * gen.n
         piece: Piece | None = first
         try:
@@ -121,12 +122,13 @@ class Reply:
                 i = piece.index
                 if holding[i]:
                     held[i] += text
+                    held_positions[i] += piece.logprobs or []
                     calls = parse_calls(parser, held[i], self.tool_names) if piece.final else None
                     if calls:
                         yield self.calls_chunk(i, calls)
                     elif piece.final or not may_be_calls(parser, held[i]):
                         holding[i] = False
-                        yield self.chunk(i, held[i], reason, logprobs=logprobs)
+                        yield self.chunk(i, held[i], reason, logprobs=self.logprobs(held_positions[i], self.echoed))
                 else:
                     yield self.chunk(i, text, reason, logprobs=logprobs)
                 piece = await anext(rest, None)

@@ -68,3 +68,13 @@ def test_a_streamed_answer_is_held_while_it_could_be_tool_calls():
     assert [g["choices"][0]["delta"].get("content") for g in got[1:-1]] == ["{nope!"]
     got = run(Reply("c", 0, gen, True, None), [Piece(0, "Hi", False), Piece(0, " you", True)])
     assert [g["choices"][0]["delta"].get("content") for g in got[1:-1]] == ["Hi", " you"]
+
+
+def test_a_held_answer_keeps_the_logprobs_of_its_pieces():
+    gen = Generation("m", "p", 64, stream=True, tools=[TOOL], tool_parser="llama3", logprobs=0)
+    pieces = [Piece(0, t, i == 2, logprobs=[{"7": {"logprob": -1.0 - i, "rank": 1, "decoded_token": t}}])
+              for i, t in enumerate(["{no", "pe", "!"])]
+    got = run(Reply("c", 0, gen, True, None), pieces)
+    (chunk,) = got[1:-1]
+    assert chunk["choices"][0]["delta"]["content"] == "{nope!"
+    assert [c["logprob"] for c in chunk["choices"][0]["logprobs"]["content"]] == [-1.0, -2.0, -3.0]
