@@ -130,7 +130,7 @@ def conversation(messages: list[dict]) -> list[dict[str, Any]]:
             for call in m["tool_calls"]:
                 try:
                     arguments = json.loads(call["function"]["arguments"])
-                except ValueError:
+                except (ValueError, RecursionError):     # nested too deep for the parser, too
                     raise client_error(f"the arguments of tool call '{call['id']}' are not JSON") from None
                 calls.append({"id": call["id"], "type": "function",
                               "function": {"name": call["function"]["name"], "arguments": arguments}})

@@ -121,6 +121,9 @@ def test_chat_request():
     ({"tool_choice": "required"}, "tool_choice 'required' or a named tool needs guided decoding"),
     ({"parallel_tool_calls": False}, "parallel_tool_calls=false is not supported"),
     ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 5000 + "]" * 5000}}]}]},
+     "the arguments of tool call 'c1' are not JSON"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "only text message is supported, but got image_url"),
 ])
