@@ -38,9 +38,10 @@ def _integers(body: dict) -> dict:
     return {k: int(v) if k in INTEGERS and isinstance(v, float) else v for k, v in body.items()}
 
 
-def _common(body: dict, default_max_tokens: int, max_tokens: int | None) -> dict[str, Any]:
+def _common(body: dict, default_max_tokens: int, max_tokens: int | None, logit_bias: str) -> dict[str, Any]:
+    """The settings both routes take; `logit_bias`: the route's words refusing one."""
     if body.get("logit_bias") is not None:
-        raise client_error("logit bias is not supported")
+        raise client_error(logit_bias)
     stream = bool(body.get("stream"))
     options = body.get("stream_options")
     if options is not None and not stream:
@@ -70,7 +71,7 @@ def completion(body: dict, default_max_tokens: int) -> Generation:
     if best_of is not None and best_of > 1:
         raise client_error(f"Received best_of={best_of}, but only single choice (best_of=1) is currently supported")
     return Generation(prompt=prompt, echo=bool(body.get("echo")), logprobs=body.get("logprobs") or None,
-                      **_common(body, default_max_tokens, body.get("max_tokens")))
+                      **_common(body, default_max_tokens, body.get("max_tokens"), "logit bias is not supported"))
 
 
 def chat(body: dict, default_max_tokens: int, tool_parser: str = "") -> tuple[Generation, list[dict[str, Any]]]:
@@ -79,8 +80,6 @@ def chat(body: dict, default_max_tokens: int, tool_parser: str = "") -> tuple[Ge
     to the model through the template and its answer parsed for calls in `tool_parser`'s format;
     forcing a call (`required`, a named tool) would need guided decoding and is refused."""
     body = _integers(body)
-    if body.get("logit_bias") is not None:
-        raise client_error("logit bias is not currently supported")
     top = body.get("top_logprobs")
     if top is not None and not body.get("logprobs"):
         raise client_error("`top_logprobs` can only be used when `logprobs` is True")
@@ -106,7 +105,8 @@ def chat(body: dict, default_max_tokens: int, tool_parser: str = "") -> tuple[Ge
         limit = body.get("max_tokens")
     logprobs = (1 if top is None else top) if body.get("logprobs") else None
     return (Generation(prompt="", logprobs=logprobs, tools=tools, tool_parser=tool_parser if tools else "",
-                       **_common(body, default_max_tokens, limit)), conversation(body["messages"]))
+                       **_common(body, default_max_tokens, limit, "logit bias is not currently supported")),
+            conversation(body["messages"]))
 
 
 def conversation(messages: list[dict]) -> list[dict[str, Any]]:
