@@ -91,6 +91,9 @@ def chat(body: dict, default_max_tokens: int, tool_parser: str = "") -> tuple[Ge
         raise client_error('"auto" tool choice requires --tool-call-parser to be set')
     if tools and choice is None and not tool_parser:
         raise client_error("having tools in the request requires --tool-call-parser to be set")
+    if any(tool["function"].get("strict") for tool in tools or ()):
+        raise client_error("strict function calling (a tool's 'strict': true) needs guided decoding, which this "
+                           "server does not do")
     if body.get("parallel_tool_calls") is False:
         raise client_error("parallel_tool_calls=false is not supported by this server")
     if choice == "none":
@@ -122,6 +125,8 @@ def conversation(messages: list[dict]) -> list[dict[str, Any]]:
                 if not isinstance(part.get("text"), str):
                     raise client_error("a text part of a message needs its 'text'")
             msg["content"] = [{"type": "text", "text": p["text"]} for p in msg["content"]]
+        if m.get("function_call") is not None:
+            raise client_error("a message's function_call is not supported by this server; use tool_calls")
         for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
                 msg[key] = m[key]

@@ -121,6 +121,8 @@ def test_chat_request():
     ({"tool_choice": "required"}, "tool_choice 'required' or a named tool needs guided decoding"),
     ({"parallel_tool_calls": False}, "parallel_tool_calls=false is not supported"),
     ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),
+    ({"messages": [{"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}]},
+     "a message's function_call is not supported by this server; use tool_calls"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 5000 + "]" * 5000}}]}]},
      "the arguments of tool call 'c1' are not JSON"),
@@ -129,6 +131,12 @@ def test_chat_request():
 ])
 def test_chat_refusals(body, text):
     assert text in refusal(lambda b, d: requests.chat(b, d), {"model": "m", "messages": MESSAGES, **body})
+
+
+def test_strict_tools_are_refused():
+    tools = [{"type": "function", "function": {"name": "f", "strict": True}}]
+    assert "a tool's 'strict': true) needs guided decoding" in refusal(
+        lambda b, d: requests.chat(b, d, "llama3"), {"model": "m", "messages": MESSAGES, "tools": tools})
 
 
 def test_tools_go_to_the_template_and_the_parser():
