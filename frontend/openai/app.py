@@ -209,7 +209,7 @@ class OpenAIApi:
         if self.tokenizer is None or self.tokenizer.template is None:
             raise server_error("Unknown tokenizer")
         try:
-            gen.prompt = self.tokenizer.render(messages, gen.tools)
+            gen.prompt = requests.check_prompt(self.tokenizer.render(messages, gen.tools))
         except TemplateRejected as e:
             raise client_error(f"the chat template refused the messages: {e}") from None
         except CannotRender as e:

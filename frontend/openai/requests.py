@@ -30,6 +30,17 @@ class Generation:
     sampling: dict[str, Any] = field(default_factory=dict)   # what the client set, by OpenAI name
 
 
+MAX_CHOICES = 16             # n: each choice is a model request of its own
+MAX_PROMPT_CHARS = 1 << 20   # a prompt (a chat's as rendered) longer than any context a model here serves
+
+
+def check_prompt(prompt: str) -> str:
+    """`prompt`, unless it is longer than this server takes (400)."""
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise client_error(f"the prompt is {len(prompt)} characters long; at most {MAX_PROMPT_CHARS} are taken")
+    return prompt
+
+
 # Integer fields, which the schema also takes as floats without a fraction (as pydantic does).
 INTEGERS = ("n", "max_tokens", "max_completion_tokens", "min_tokens", "seed", "best_of", "logprobs", "top_logprobs")
 
@@ -46,12 +57,15 @@ def _common(body: dict, default_max_tokens: int, max_tokens: int | None, logit_b
     options = body.get("stream_options")
     if options is not None and not stream:
         raise client_error("`stream_options` can only be used when `stream` is True")
+    n = body.get("n") or 1
+    if n > MAX_CHOICES:
+        raise client_error(f"n={n}: at most {MAX_CHOICES} choices are generated for one request")
     sampling = {k: body[k] for k in SAMPLING if body.get(k) is not None}
     if isinstance(sampling.get("stop"), str):
         sampling["stop"] = [sampling["stop"]]
     if sampling.get("stop") == []:
         del sampling["stop"]
-    return {"model": body["model"], "stream": stream, "n": body.get("n") or 1,
+    return {"model": body["model"], "stream": stream, "n": n,
             "include_usage": bool(options and options.get("include_usage")),
             "max_tokens": default_max_tokens if max_tokens is None else max_tokens,
             "max_tokens_given": max_tokens is not None, "sampling": sampling}
@@ -67,6 +81,7 @@ def completion(body: dict, default_max_tokens: int) -> Generation:
         raise client_error("prompt must be non-empty")
     if not isinstance(prompt, str):
         raise client_error("only single string input is supported")
+    check_prompt(prompt)
     best_of = body.get("best_of")
     if best_of is not None and best_of > 1:
         raise client_error(f"Received best_of={best_of}, but only single choice (best_of=1) is currently supported")

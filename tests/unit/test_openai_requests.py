@@ -70,6 +70,27 @@ def test_messages_errors():
         "Input should be 'float' or 'base64'"
 
 
+def test_a_body_full_of_mistakes_answers_a_small_422():
+    import orjson
+    found = errors(CHAT, {"model": "m", "messages": [{"x": 1}] * 2000})
+    assert len(found) == 10 and all("input" not in e for e in found if e["type"] == "missing")
+    found = errors(CHAT, {"model": "m", "messages": [{"x": 1}] * 131_072})
+    assert [(e["type"], e["loc"]) for e in found] == [("too_long", ["body", "messages"])]
+    assert found[0]["msg"] == "List should have at most 2048 items after validation, not 131072"
+    assert len(orjson.dumps(found)) < 1000
+    found = errors(CHAT, {"model": "m", "messages": MESSAGES, "user": ["x" * 100_000] * 100, **{
+        f"k{i}": "y" * 100_000 for i in range(50)}})
+    assert len(found) == 10 and len(orjson.dumps(found)) < 5000
+
+
+@pytest.mark.parametrize("body, text", [
+    ({"prompt": "p" * ((1 << 20) + 1)}, "at most 1048576 are taken"),
+    ({"prompt": "p", "n": 17}, "n=17: at most 16 choices are generated for one request"),
+])
+def test_what_is_too_large_for_this_server(body, text):
+    assert text in refusal(requests.completion, {"model": "m", **body})
+
+
 def test_completion_request():
     gen = requests.completion({"model": "m", "prompt": "p", "stop": ".", "temperature": 0, "seed": 3, "n": 2,
                                "echo": True, "user": "u", "stream": True, "stream_options": {"include_usage": True}},
