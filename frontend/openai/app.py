@@ -209,7 +209,8 @@ class OpenAIApi:
         if self.tokenizer is None or self.tokenizer.template is None:
             raise server_error("Unknown tokenizer")
         try:
-            gen.prompt = requests.check_prompt(self.tokenizer.render(messages, gen.tools))
+            # rendering is CPU work of unbounded length: off the event loop every request shares
+            gen.prompt = requests.check_prompt(await asyncio.to_thread(self.tokenizer.render, messages, gen.tools))
         except TemplateRejected as e:
             raise client_error(f"the chat template refused the messages: {e}") from None
         except CannotRender as e:
@@ -225,7 +226,7 @@ class OpenAIApi:
         stream = pieces(self.dp, entry, iface, gen, reply.id)
         if not gen.stream:
             tally = await until_disconnect(request.receive, _collect(stream, Tally(gen.n)))
-            return json_response(reply.body(tally))
+            return json_response(await asyncio.to_thread(reply.body, tally))     # counts tokens
         try:
             first = await until_disconnect(request.receive, anext(stream))
         except BaseException:
@@ -257,7 +258,8 @@ class OpenAIApi:
         if prompt_tokens is None:
             text = body["input"]
             prompt_tokens = (len(text) if isinstance(text, list) else
-                             self.tokenizer.count(text, special_tokens=True) if self.tokenizer is not None else None)
+                             await asyncio.to_thread(self.tokenizer.count, text, True) if self.tokenizer is not None
+                             else None)
         usage = None if prompt_tokens is None else {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
         return json_response({"object": "list", "data": [{"object": "embedding", "embedding": vector, "index": 0}],
                               "model": body["model"], "usage": usage})

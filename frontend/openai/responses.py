@@ -1,6 +1,7 @@
 """The OpenAI response bodies and Server-Sent Events, shaped as Triton's frontend writes them."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -140,6 +141,7 @@ class Reply:
         finally:
             await rest.aclose()
         if gen.include_usage:
+            usage = await asyncio.to_thread(tally.usage, gen.prompt, self.chat, self.tokenizer)   # counts tokens
             yield event({**self.head(f"{self.object}.chunk" if self.chat else "text_completion"),
-                         "choices": [], "usage": tally.usage(gen.prompt, self.chat, self.tokenizer)})
+                         "choices": [], "usage": usage})
         yield DONE

@@ -78,3 +78,18 @@ def test_a_held_answer_keeps_the_logprobs_of_its_pieces():
     (chunk,) = got[1:-1]
     assert chunk["choices"][0]["delta"]["content"] == "{nope!"
     assert [c["logprob"] for c in chunk["choices"][0]["logprobs"]["content"]] == [-1.0, -2.0, -3.0]
+
+
+def test_stream_usage_is_counted_off_the_event_loop():
+    import threading
+    from types import SimpleNamespace
+    threads = []
+
+    def count(text, special_tokens):
+        threads.append(threading.current_thread())
+        return 1
+
+    gen = Generation("m", "p", 8, stream=True, include_usage=True)
+    got = run(Reply("c", 0, gen, False, SimpleNamespace(encoder=object(), count=count)), [Piece(0, "a", True)])
+    assert got[-2]["usage"] == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    assert threads and threading.main_thread() not in threads

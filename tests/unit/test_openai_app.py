@@ -1,0 +1,67 @@
+"""The OpenAI app through ASGI with a stand-in for the dataplane: who may call which route (its
+own and HTTP's restrictions), and CPU work kept off the event loop."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from types import SimpleNamespace
+
+from tritond.frontend.openai.app import OpenAIApi, json_response
+from tritond.wire.options import OpenAIConfig
+
+CHAT_BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+class Client:
+    table = SimpleNamespace(names={"m"}, table=None)
+
+    @staticmethod
+    def ready(strict: bool) -> bool:
+        return True
+
+
+def api(tokenizer=None, **kwargs) -> OpenAIApi:
+    dp = SimpleNamespace(client=Client(), entry=lambda name: SimpleNamespace(name=name))
+    return OpenAIApi(dp, OpenAIConfig(address="127.0.0.1", port=9), tokenizer, 1 << 20, **kwargs)
+
+
+def call(app, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+         ) -> tuple[int, dict | None]:
+    """One request through the ASGI app: its status and JSON body."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 9),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in {**(headers or {}),
+                                                                      "content-length": str(len(body))}.items()]}
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()
+        return {}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    raw = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], json.loads(raw) if raw else None
+
+
+def test_the_chat_template_renders_off_the_event_loop():
+    threads = []
+
+    def render(messages, tools):
+        threads.append(threading.current_thread())
+        return "prompt"
+
+    async def generate(request, entry, gen, chat):
+        return json_response({"prompt": gen.prompt})
+
+    a = api(SimpleNamespace(template=object(), render=render))
+    a.generate = generate
+    assert call(a.app(), "POST", "/v1/chat/completions", CHAT_BODY) == (200, {"prompt": "prompt"})
+    assert threads and threads[0] is not threading.main_thread()
