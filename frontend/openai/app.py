@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
@@ -30,6 +31,7 @@ from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError
 from tritond.wire.options import OpenAIConfig
 
+from ..client_subject import SubjectRule
 from ..dataplane import Dataplane
 from ..errors import http_status
 from ..http.disconnect import until_disconnect
@@ -60,11 +62,39 @@ def _request_error(message: str, status: int, code: str, kind: str = "invalid_re
     return json_response({"error": {"message": message, "type": kind, "code": code}}, status)
 
 
+# The HTTP API categories whose restrictions an OpenAI API inherits: the port serves the same
+# models, so what HTTP keeps from a client it keeps too.
+HTTP_CATEGORIES = {"inference": ("inference",), "model-repository": ("model-repository", "metadata"),
+                   "health": ("health",), "metrics": ()}
+
+
+@dataclass
+class HttpRestrictions:
+    """HTTP's restricted APIs (--http-restricted-api, --http-restricted-api-subject), applied
+    to the OpenAI routes of the categories in HTTP_CATEGORIES."""
+    headers: dict[str, tuple[str, str]] = field(default_factory=dict)    # category -> (header, value)
+    subjects: dict[str, SubjectRule] = field(default_factory=dict)       # category -> certificate subjects
+    client_certificate: Callable[[dict], bytes | None] | None = None     # DER certificate of the client
+
+    def refusal(self, api: str, request: Request) -> str | None:
+        """Why `request` may not call `api` (None: it may)."""
+        for category in HTTP_CATEGORIES[api]:
+            header = self.headers.get(category)
+            if header is not None and request.headers.get(header[0]) != header[1]:
+                return f"This API is restricted, expecting header '{header[0]}'"
+            rule = self.subjects.get(category)
+            if rule is not None and not rule.admits(
+                    self.client_certificate(request.scope) if self.client_certificate else None):
+                return "This API is restricted to clients with an authorized certificate subject"
+        return None
+
+
 class OpenAIApi:
     def __init__(self, dataplane: Dataplane, cfg: OpenAIConfig, tokenizer: Tokenizer | None,
                  max_input_size: int, metrics: MetricsEndpoint | None = None, strict_readiness: bool = True,
-                 explicit: bool = False) -> None:
+                 explicit: bool = False, http: HttpRestrictions | None = None) -> None:
         self.dp = dataplane
+        self.http = http or HttpRestrictions()
         self.client = dataplane.client
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -79,14 +109,17 @@ class OpenAIApi:
 
     def guard(self, fn: Callable[[Request], Awaitable[Response]], api: str
               ) -> Callable[[Request], Awaitable[Response]]:
-        """Wrap a handler: the API's restriction (401), errors as Triton's frontend answers them,
-        nothing escapes."""
+        """Wrap a handler: the API's restriction (401) and HTTP's (403), errors as Triton's frontend
+        answers them, nothing escapes."""
         restriction = self.cfg.restricted.get(api)
 
         async def endpoint(request: Request) -> Response:
             if restriction is not None and request.headers.get(restriction[0]) != restriction[1]:
                 return _request_error(f"This API is restricted, expecting header '{restriction[0]}' with valid "
                                       f"value", 401, "invalid_auth", "authentication_error")
+            refusal = self.http.refusal(api, request)
+            if refusal is not None:
+                return _request_error(refusal, 403, "permission_denied", "permission_error")
             try:
                 return await fn(request)
             except _TooLarge as e:

@@ -7,7 +7,7 @@ import json
 import threading
 from types import SimpleNamespace
 
-from tritond.frontend.openai.app import OpenAIApi, json_response
+from tritond.frontend.openai.app import HttpRestrictions, OpenAIApi, json_response
 from tritond.wire.options import OpenAIConfig
 
 CHAT_BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -65,3 +65,27 @@ def test_the_chat_template_renders_off_the_event_loop():
     a.generate = generate
     assert call(a.app(), "POST", "/v1/chat/completions", CHAT_BODY) == (200, {"prompt": "prompt"})
     assert threads and threads[0] is not threading.main_thread()
+
+
+def test_https_restricted_apis_hold_on_the_openai_port():
+    async def generate(request, entry, gen, chat):
+        return json_response({})
+
+    class Admins:
+        @staticmethod
+        def admits(certificate: bytes | None) -> bool:
+            return certificate == b"admin"
+
+    who = {"certificate": b"user"}
+    a = api(SimpleNamespace(template=object(), render=lambda m, t: "p"), http=HttpRestrictions(
+        {"inference": ("infer-key", "s")}, {"metadata": Admins()}, lambda scope: who["certificate"]))
+    a.generate = generate
+    app = a.app()
+    status, body = call(app, "POST", "/v1/chat/completions", CHAT_BODY)
+    assert status == 403 and body["error"]["message"] == "This API is restricted, expecting header 'infer-key'"
+    assert call(app, "POST", "/v1/chat/completions", CHAT_BODY, {"infer-key": "s"})[0] == 200
+    status, body = call(app, "GET", "/v1/models")
+    assert status == 403 and "authorized certificate subject" in body["error"]["message"]
+    assert call(app, "GET", "/health/ready")[0] == 200
+    who["certificate"] = b"admin"
+    assert call(app, "GET", "/v1/models") == (200, {"object": "list", "data": []})
