@@ -305,6 +305,8 @@ class OpenAIApi:
     async def metrics(self, request: Request) -> Response:
         if self.metrics_endpoint is None:
             return _detail("metrics are off (--allow-metrics=false)", 404)
+        if self.metrics_endpoint.task is None:       # the host sampler polls only for a port that is scraped
+            self.metrics_endpoint.start()
         try:
             body = await self.metrics_endpoint.render()
         except TritonError as e:

@@ -40,10 +40,7 @@ async def run(opts: ServerOptions, tokenizer: Tokenizer | None) -> None:
     http = HttpRestrictions(opts.http_restricted, subjects, peers.certificate if peers else None)
     async with frontend_dataplane(opts, "openai", reloader.reload if reloader else None) as (
             dataplane, stop, listening):
-        metrics = None
-        if opts.metrics_port:
-            metrics = MetricsEndpoint(dataplane.client, opts)
-            metrics.start()
+        metrics = MetricsEndpoint(dataplane.client, opts) if opts.metrics_port else None   # sampled once scraped
         api = OpenAIApi(dataplane, cfg, tokenizer, opts.http_max_input_size, metrics, opts.strict_readiness,
                         explicit=opts.model_control_mode == "explicit", http=http)
         sock = listen_socket(cfg.address, cfg.port)

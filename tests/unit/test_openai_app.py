@@ -27,8 +27,8 @@ def api(tokenizer=None, **kwargs) -> OpenAIApi:
 
 
 def call(app, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-         ) -> tuple[int, dict | None]:
-    """One request through the ASGI app: its status and JSON body."""
+         ) -> tuple[int, dict | bytes]:
+    """One request through the ASGI app: its status and body (parsed when JSON)."""
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
              "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
              "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 9),
@@ -48,7 +48,10 @@ def call(app, method: str, path: str, body: bytes = b"", headers: dict[str, str]
 
     asyncio.run(app(scope, receive, send))
     raw = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return sent[0]["status"], json.loads(raw) if raw else None
+    try:
+        return sent[0]["status"], json.loads(raw)
+    except ValueError:
+        return sent[0]["status"], raw
 
 
 def test_the_chat_template_renders_off_the_event_loop():
@@ -89,3 +92,23 @@ def test_https_restricted_apis_hold_on_the_openai_port():
     assert call(app, "GET", "/health/ready")[0] == 200
     who["certificate"] = b"admin"
     assert call(app, "GET", "/v1/models") == (200, {"object": "list", "data": []})
+
+
+def test_the_host_sampler_starts_with_the_first_scrape():
+    class Endpoint:
+        task = None
+        starts = 0
+
+        def start(self) -> None:
+            self.starts += 1
+            self.task = object()
+
+        async def render(self) -> bytes:
+            return b"metrics"
+
+    endpoint = Endpoint()
+    app = api(metrics=endpoint).app()
+    assert endpoint.starts == 0
+    for _ in range(2):
+        assert call(app, "GET", "/metrics")[0] == 200
+    assert endpoint.starts == 1
