@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError
@@ -265,7 +266,7 @@ class OpenAIApi:
         except BaseException:
             await stream.aclose()
             raise
-        return StreamingResponse(reply.events(first, stream), media_type=SSE_MEDIA_TYPE)
+        return ClosingStreamingResponse(reply.events(first, stream), media_type=SSE_MEDIA_TYPE)
 
     async def embeddings(self, request: Request) -> Response:
         """POST /v1/embeddings: one input (a string or token ids) through a model with vLLM's
@@ -333,6 +334,18 @@ class OpenAIApi:
             return _detail("Method Not Allowed" if exc.status_code == 405 else "Not Found", exc.status_code)
 
         return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A stream whose events are closed when the response ends however it ends: a client that
+    goes away cancels the response, maybe inside send(), which leaves the events suspended (and
+    the model request running) until garbage collection."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await asyncio.shield(self.body_iterator.aclose())
 
 
 class _TooLarge(Exception):

@@ -1,5 +1,6 @@
 """The OpenAI app through ASGI with a stand-in for the dataplane: who may call which route (its
-own and HTTP's restrictions), and CPU work kept off the event loop."""
+own and HTTP's restrictions), CPU work kept off the event loop, the host sampler started by the
+first scrape, and a stream closed as soon as its client leaves."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +8,10 @@ import json
 import threading
 from types import SimpleNamespace
 
-from tritond.frontend.openai.app import HttpRestrictions, OpenAIApi, json_response
+import pytest
+from starlette.requests import ClientDisconnect
+
+from tritond.frontend.openai.app import ClosingStreamingResponse, HttpRestrictions, OpenAIApi, json_response
 from tritond.wire.options import OpenAIConfig
 
 CHAT_BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -112,3 +116,30 @@ def test_the_host_sampler_starts_with_the_first_scrape():
     for _ in range(2):
         assert call(app, "GET", "/metrics")[0] == 200
     assert endpoint.starts == 1
+
+
+def test_a_stream_the_client_left_is_closed_at_once():
+    closed = []
+
+    async def events():
+        try:
+            yield b"data: 1\n\n"
+            yield b"data: 2\n\n"
+        finally:
+            closed.append(True)
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body":
+            raise OSError("the client went away")
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()
+        return {}
+
+    async def respond() -> list:
+        response = ClosingStreamingResponse(events(), media_type="text/event-stream")
+        with pytest.raises(ClientDisconnect):
+            await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+        return list(closed)     # before the loop's shutdown closes what is left open
+
+    assert asyncio.run(respond()) == [True]
