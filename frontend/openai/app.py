@@ -40,7 +40,7 @@ from ..metrics import CONTENT_TYPE, MetricsEndpoint
 from . import requests
 from .errors import ApiError, client_error, server_error
 from .generation import Tally, model_pieces, pieces
-from .mapping import embedding_inputs, interface
+from .mapping import embedding_inputs, interface, limit_max_tokens
 from .responses import Reply, model_object
 from .schemas import CHAT, COMPLETION, EMBEDDING
 from .tokenizer import CannotRender, TemplateRejected, Tokenizer
@@ -256,6 +256,7 @@ class OpenAIApi:
     async def generate(self, request: Request, entry: S.ModelEntry, gen: requests.Generation, chat: bool
                        ) -> Response:
         iface = interface(entry)
+        limit_max_tokens(entry, gen)
         reply = Reply(f"cmpl-{uuid.uuid4()}", int(time.time()), gen, chat, self.tokenizer)
         stream = pieces(self.dp, entry, iface, gen, reply.id)
         if not gen.stream:
