@@ -33,6 +33,8 @@ from pathlib import Path
 from anchors import Triton, anchors_ready
 from bench_core import READY_TIMEOUT_S, Server, build_repository, free_port
 
+from tritond.perf.sse import chunk_events
+
 READ_TIMEOUT_S = 30.0
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -80,16 +82,9 @@ async def client(kind: str, port: int, tokens: int, until: float, start: float, 
             if b" 200 " not in await line():
                 out.errors += 1
                 return
-            while (await line()) not in (b"\r\n", b""):
-                pass
             seen = 0
-            while True:
-                size = int((await line()).strip(), 16)
-                chunk = await asyncio.wait_for(reader.readexactly(size + 2), READ_TIMEOUT_S)
-                if size == 0:
-                    break
-                now = time.perf_counter()
-                for _ in range(chunk.count(b"data: ") - chunk.count(b"data: [DONE]")):
+            async for now, count in chunk_events(reader, READ_TIMEOUT_S):
+                for _ in range(count):
                     if seen >= skip:
                         if now >= start:
                             out.tokens += 1

@@ -40,6 +40,8 @@ from anchors import Triton, anchors_ready
 from bench_core import READY_TIMEOUT_S, Server, build_repository
 from loadgen import HttpConnection, split_target
 
+from tritond.perf.sse import chunk_events
+
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 OLDEST = "oldest { max_candidate_sequences: 64 }"
@@ -128,16 +130,9 @@ async def sse_streamer(target: str, tokens: int, until: float, start: float, out
             if b" 200 " not in status:
                 out.errors += 1
                 return
-            while (await line()) not in (b"\r\n", b""):
-                pass
             seen = 0
-            while True:
-                size = int((await line()).strip(), 16)
-                chunk = await asyncio.wait_for(reader.readexactly(size + 2), READ_TIMEOUT_S)
-                if size == 0:
-                    break
-                now = time.perf_counter()
-                for _ in range(chunk.count(b"data: ")):
+            async for now, count in chunk_events(reader, READ_TIMEOUT_S):
+                for _ in range(count):
                     if now >= start:
                         out.responses += 1
                         (out.ttft if seen == 0 else out.gaps).append(now - last)

@@ -111,8 +111,8 @@ def start_parser() -> argparse.ArgumentParser:
                         "tokenizer.json) for chat prompts and token counts; nothing is downloaded")
     p.add_argument("--chat-template", metavar="FILE", help="OpenAI API: a Jinja chat template that replaces "
                                                             "the tokenizer's")
-    p.add_argument("--default-max-tokens", type=int, default=16, metavar="N",
-                   help="OpenAI API: the max_tokens of a request that sets none")
+    p.add_argument("--default-max-tokens", type=int, metavar="N",
+                   help="OpenAI API: the max_tokens of a request that sets none (default: 16)")
     p.add_argument("--tool-call-parser", choices=["llama3", "mistral"],
                    help="OpenAI API: parse the tool calls of chat answers in this model family's format")
     _flag(p, "--metrics-use-ssl", False, "tritond's: serve metrics over TLS with the HTTP certificate settings")
@@ -370,19 +370,20 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
     given = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--chat-template", args.chat_template),
                                       ("--openai-address", args.openai_address),
                                       ("--tool-call-parser", args.tool_call_parser),
-                                      ("--openai-restricted-api", args.openai_restricted_api)) if value]
+                                      ("--openai-restricted-api", args.openai_restricted_api),
+                                      ("--default-max-tokens", args.default_max_tokens is not None)) if value]
     if not args.openai_port:
         if given:
             raise UsageError(f"{', '.join(given)} need --openai-port")
         return None
     if not 0 < args.openai_port < 65536:
         raise UsageError(f"--openai-port must be from 1 to 65535, got {args.openai_port}")
-    taken = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
-    clash = [flag for flag, port in taken.items() if port == args.openai_port]
+    clash = [flag for flag, port in _served_ports(args).items() if port == args.openai_port]
     if clash:
         raise UsageError(f"--openai-port {args.openai_port} is also {clash[0]}")
-    if args.default_max_tokens < 1:
-        raise UsageError(f"--default-max-tokens must be at least 1, got {args.default_max_tokens}")
+    max_tokens = 16 if args.default_max_tokens is None else args.default_max_tokens
+    if max_tokens < 1:
+        raise UsageError(f"--default-max-tokens must be at least 1, got {max_tokens}")
     restricted: dict[str, tuple[str, str]] = {}
     for apis, key, value in args.openai_restricted_api:
         for api in apis.split(","):
@@ -401,8 +402,17 @@ def _openai(args: argparse.Namespace, http_tls: dict[str, Any] | None) -> dict[s
         except TokenizerError as e:
             raise UsageError(str(e)) from None
     return {"address": args.openai_address or args.http_address, "port": args.openai_port,
-            "tokenizer": tokenizer, "chat_template": template, "default_max_tokens": args.default_max_tokens,
+            "tokenizer": tokenizer, "chat_template": template, "default_max_tokens": max_tokens,
             "restricted": restricted, "tls": http_tls, "tool_call_parser": args.tool_call_parser or ""}
+
+
+def _served_ports(args: argparse.Namespace) -> dict[str, int]:
+    """The ports the other frontends listen on: one that is off takes none (metrics are
+    served by the HTTP frontend)."""
+    served = {"--http-port": args.http_port if args.allow_http else 0,
+              "--grpc-port": args.grpc_port if args.allow_grpc else 0,
+              "--metrics-port": args.metrics_port if args.allow_http and args.allow_metrics else 0}
+    return {flag: port for flag, port in served.items() if port}
 
 
 def _forward_pattern(pattern: str | None, flag: str) -> str | None:

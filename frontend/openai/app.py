@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
@@ -25,11 +26,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from tritond.wire import schema as S
 from tritond.wire.errors import Code, TritonError
 from tritond.wire.options import OpenAIConfig
 
+from ..client_subject import SubjectRule
 from ..dataplane import Dataplane
 from ..errors import http_status
 from ..http.disconnect import until_disconnect
@@ -37,10 +40,10 @@ from ..metrics import CONTENT_TYPE, MetricsEndpoint
 from . import requests
 from .errors import ApiError, client_error, server_error
 from .generation import Tally, model_pieces, pieces
-from .mapping import embedding_inputs, interface
+from .mapping import embedding_inputs, interface, limit_max_tokens
 from .responses import Reply, model_object
 from .schemas import CHAT, COMPLETION, EMBEDDING
-from .tokenizer import TemplateRejected, Tokenizer
+from .tokenizer import CannotRender, TemplateRejected, Tokenizer
 from .validation import ValidationFailed, error, validate
 
 log = logging.getLogger("tritond.openai")
@@ -60,11 +63,39 @@ def _request_error(message: str, status: int, code: str, kind: str = "invalid_re
     return json_response({"error": {"message": message, "type": kind, "code": code}}, status)
 
 
+# The HTTP API categories whose restrictions an OpenAI API inherits: the port serves the same
+# models, so what HTTP keeps from a client it keeps too.
+HTTP_CATEGORIES = {"inference": ("inference",), "model-repository": ("model-repository", "metadata"),
+                   "health": ("health",), "metrics": ()}
+
+
+@dataclass
+class HttpRestrictions:
+    """HTTP's restricted APIs (--http-restricted-api, --http-restricted-api-subject), applied
+    to the OpenAI routes of the categories in HTTP_CATEGORIES."""
+    headers: dict[str, tuple[str, str]] = field(default_factory=dict)    # category -> (header, value)
+    subjects: dict[str, SubjectRule] = field(default_factory=dict)       # category -> certificate subjects
+    client_certificate: Callable[[dict], bytes | None] | None = None     # DER certificate of the client
+
+    def refusal(self, api: str, request: Request) -> str | None:
+        """Why `request` may not call `api` (None: it may)."""
+        for category in HTTP_CATEGORIES[api]:
+            header = self.headers.get(category)
+            if header is not None and request.headers.get(header[0]) != header[1]:
+                return f"This API is restricted, expecting header '{header[0]}'"
+            rule = self.subjects.get(category)
+            if rule is not None and not rule.admits(
+                    self.client_certificate(request.scope) if self.client_certificate else None):
+                return "This API is restricted to clients with an authorized certificate subject"
+        return None
+
+
 class OpenAIApi:
     def __init__(self, dataplane: Dataplane, cfg: OpenAIConfig, tokenizer: Tokenizer | None,
                  max_input_size: int, metrics: MetricsEndpoint | None = None, strict_readiness: bool = True,
-                 explicit: bool = False) -> None:
+                 explicit: bool = False, http: HttpRestrictions | None = None) -> None:
         self.dp = dataplane
+        self.http = http or HttpRestrictions()
         self.client = dataplane.client
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -79,14 +110,17 @@ class OpenAIApi:
 
     def guard(self, fn: Callable[[Request], Awaitable[Response]], api: str
               ) -> Callable[[Request], Awaitable[Response]]:
-        """Wrap a handler: the API's restriction (401), errors as Triton's frontend answers them,
-        nothing escapes."""
+        """Wrap a handler: the API's restriction (401) and HTTP's (403), errors as Triton's frontend
+        answers them, nothing escapes."""
         restriction = self.cfg.restricted.get(api)
 
         async def endpoint(request: Request) -> Response:
             if restriction is not None and request.headers.get(restriction[0]) != restriction[1]:
                 return _request_error(f"This API is restricted, expecting header '{restriction[0]}' with valid "
                                       f"value", 401, "invalid_auth", "authentication_error")
+            refusal = self.http.refusal(api, request)
+            if refusal is not None:
+                return _request_error(refusal, 403, "permission_denied", "permission_error")
             try:
                 return await fn(request)
             except _TooLarge as e:
@@ -209,9 +243,12 @@ class OpenAIApi:
         if self.tokenizer is None or self.tokenizer.template is None:
             raise server_error("Unknown tokenizer")
         try:
-            gen.prompt = self.tokenizer.render(messages, gen.tools)
+            # rendering is CPU work of unbounded length: off the event loop every request shares
+            gen.prompt = requests.check_prompt(await asyncio.to_thread(self.tokenizer.render, messages, gen.tools))
         except TemplateRejected as e:
             raise client_error(f"the chat template refused the messages: {e}") from None
+        except CannotRender as e:
+            raise client_error(f"the chat template cannot render these messages: {e}") from None
         except ValueError as e:
             raise server_error(str(e)) from None
         return await self.generate(request, entry, gen, chat=True)
@@ -219,17 +256,18 @@ class OpenAIApi:
     async def generate(self, request: Request, entry: S.ModelEntry, gen: requests.Generation, chat: bool
                        ) -> Response:
         iface = interface(entry)
+        limit_max_tokens(entry, gen)
         reply = Reply(f"cmpl-{uuid.uuid4()}", int(time.time()), gen, chat, self.tokenizer)
         stream = pieces(self.dp, entry, iface, gen, reply.id)
         if not gen.stream:
             tally = await until_disconnect(request.receive, _collect(stream, Tally(gen.n)))
-            return json_response(reply.body(tally))
+            return json_response(await asyncio.to_thread(reply.body, tally))     # counts tokens
         try:
             first = await until_disconnect(request.receive, anext(stream))
         except BaseException:
             await stream.aclose()
             raise
-        return StreamingResponse(reply.events(first, stream), media_type=SSE_MEDIA_TYPE)
+        return ClosingStreamingResponse(reply.events(first, stream), media_type=SSE_MEDIA_TYPE)
 
     async def embeddings(self, request: Request) -> Response:
         """POST /v1/embeddings: one input (a string or token ids) through a model with vLLM's
@@ -255,7 +293,8 @@ class OpenAIApi:
         if prompt_tokens is None:
             text = body["input"]
             prompt_tokens = (len(text) if isinstance(text, list) else
-                             self.tokenizer.count(text, special_tokens=True) if self.tokenizer is not None else None)
+                             await asyncio.to_thread(self.tokenizer.count, text, True) if self.tokenizer is not None
+                             else None)
         usage = None if prompt_tokens is None else {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
         return json_response({"object": "list", "data": [{"object": "embedding", "embedding": vector, "index": 0}],
                               "model": body["model"], "usage": usage})
@@ -268,6 +307,8 @@ class OpenAIApi:
     async def metrics(self, request: Request) -> Response:
         if self.metrics_endpoint is None:
             return _detail("metrics are off (--allow-metrics=false)", 404)
+        if self.metrics_endpoint.task is None:       # the host sampler polls only for a port that is scraped
+            self.metrics_endpoint.start()
         try:
             body = await self.metrics_endpoint.render()
         except TritonError as e:
@@ -294,6 +335,18 @@ class OpenAIApi:
             return _detail("Method Not Allowed" if exc.status_code == 405 else "Not Found", exc.status_code)
 
         return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A stream whose events are closed when the response ends however it ends: a client that
+    goes away cancels the response, maybe inside send(), which leaves the events suspended (and
+    the model request running) until garbage collection."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await asyncio.shield(self.body_iterator.aclose())
 
 
 class _TooLarge(Exception):

@@ -30,6 +30,8 @@ from .requests import Generation
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 EMBEDDING_INPUT = "embedding_request"
+# The config parameter with which a model declares the most tokens it generates for a request.
+MAX_TOKENS_PARAMETER = "max_tokens_limit"
 # TensorRT-LLM's input for an OpenAI setting where the name differs.
 TRTLLM_NAMES = {"stop": "stop_words"}
 
@@ -54,6 +56,21 @@ def interface(entry: S.ModelEntry) -> Interface:
     logprobs = "return_logprobs" in view.inputs and "logprobs" in view.outputs
     return Interface("sampling_parameters" in view.inputs, view.inputs, view.max_batch_size > 0, view.decoupled,
                      logprobs)
+
+
+def limit_max_tokens(entry: S.ModelEntry, gen: Generation) -> None:
+    """Hold the request to the model's declared limit (its config parameter max_tokens_limit),
+    before it takes a model instance's time: a max_tokens the client set above it is refused
+    (400), the default one is lowered to it."""
+    parameters = (entry.config or {}).get("parameters") or {}
+    raw = (parameters.get(MAX_TOKENS_PARAMETER) or {}).get("string_value")
+    if raw is None or not str(raw).strip().isdigit() or gen.max_tokens <= int(raw):
+        return
+    if not gen.max_tokens_given:
+        gen.max_tokens = int(raw)
+        return
+    raise client_error(f"max_tokens {gen.max_tokens} exceeds the {MAX_TOKENS_PARAMETER} {raw.strip()} of model "
+                       f"'{entry.name}'")
 
 
 def _shape(name: str, t: S.TensorView, batching: bool, count: int) -> list[int]:

@@ -1,6 +1,7 @@
 """The OpenAI response bodies and Server-Sent Events, shaped as Triton's frontend writes them."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,7 @@ class Reply:
             reason = tally.finish_reason(i, self.gen.max_tokens)
             logprobs = self.logprobs(tally.logprobs[i], self.echoed)
             if self.chat:
-                calls = parse_calls(self.gen.tool_parser, text) if self.gen.tool_parser else None
+                calls = parse_calls(self.gen.tool_parser, text, self.tool_names) if self.gen.tool_parser else None
                 choices.append({"index": i, "message": {"content": "" if calls else text, "role": "assistant",
                                                         "tool_calls": calls},
                                 "logprobs": logprobs, "finish_reason": "tool_calls" if calls else reason})
@@ -62,6 +63,11 @@ class Reply:
                                 "text": (self.gen.prompt + text) if self.gen.echo else text})
         return {**self.head(self.object), "choices": choices,
                 "usage": tally.usage(self.gen.prompt, self.chat, self.tokenizer)}
+
+    @property
+    def tool_names(self) -> set[str]:
+        """The names of the tools the request offers: what a tool call may name."""
+        return {tool["function"]["name"] for tool in self.gen.tools or ()}
 
     @property
     def echoed(self) -> int:
@@ -101,6 +107,7 @@ class Reply:
         started = [False] * gen.n
         parser = gen.tool_parser
         held = [""] * gen.n
+        held_positions: list[Positions] = [[] for _ in range(gen.n)]    # the logprobs of the held text
         holding = [bool(parser)] * gen.n
         piece: Piece | None = first
         try:
@@ -116,12 +123,13 @@ class Reply:
                 i = piece.index
                 if holding[i]:
                     held[i] += text
-                    calls = parse_calls(parser, held[i]) if piece.final else None
+                    held_positions[i] += piece.logprobs or []
+                    calls = parse_calls(parser, held[i], self.tool_names) if piece.final else None
                     if calls:
                         yield self.calls_chunk(i, calls)
                     elif piece.final or not may_be_calls(parser, held[i]):
                         holding[i] = False
-                        yield self.chunk(i, held[i], reason, logprobs=logprobs)
+                        yield self.chunk(i, held[i], reason, logprobs=self.logprobs(held_positions[i], self.echoed))
                 else:
                     yield self.chunk(i, text, reason, logprobs=logprobs)
                 piece = await anext(rest, None)
@@ -133,6 +141,7 @@ class Reply:
         finally:
             await rest.aclose()
         if gen.include_usage:
+            usage = await asyncio.to_thread(tally.usage, gen.prompt, self.chat, self.tokenizer)   # counts tokens
             yield event({**self.head(f"{self.object}.chunk" if self.chat else "text_completion"),
-                         "choices": [], "usage": tally.usage(gen.prompt, self.chat, self.tokenizer)})
+                         "choices": [], "usage": usage})
         yield DONE

@@ -6,6 +6,7 @@ from .validation import (Check, Field, anything, boolean, either, integer, list_
                          string)
 
 INT64 = (-(1 << 63), (1 << 63) - 1)
+MAX_MESSAGES = 2048      # of a chat request (OpenAI's own limit)
 
 _stop = either(("str", string), ("list[str]", list_of(string)))
 _stream_options = obj({"include_usage": Field(boolean)})
@@ -83,7 +84,7 @@ _tool_choice = either(("ChatCompletionToolChoiceOption1", literal("none", "auto"
 
 CHAT: Check = obj({
     **_COMMON,
-    "messages": Field(list_of(_message, min_length=1), required=True, nullable=False),
+    "messages": Field(list_of(_message, min_length=1, max_length=MAX_MESSAGES), required=True, nullable=False),
     "logprobs": Field(boolean),
     "top_logprobs": Field(integer(0, 20)),
     "max_completion_tokens": Field(integer(ge=0)),

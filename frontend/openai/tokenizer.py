@@ -24,6 +24,11 @@ class TemplateRejected(ValueError):
     """The chat template refused the conversation (its `raise_exception`)."""
 
 
+class CannotRender(ValueError):
+    """The messages hold what the chat template cannot take (a null content, nesting too deep
+    for it): the client's to mend."""
+
+
 def _special(value: Any) -> str:
     """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
     if isinstance(value, dict):
@@ -123,14 +128,18 @@ class Tokenizer:
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt of a conversation (offering `tools`), ending where the assistant's answer begins. Raises
-        TemplateRejected when the template refuses it, ValueError when the template fails."""
+        TemplateRejected when the template refuses it, CannotRender when it cannot take what the messages
+        hold, ValueError when the template fails."""
         if self.template is None:
             raise ValueError("the tokenizer has no chat template")
+        from jinja2 import UndefinedError
         try:
             return self.template.render(messages=messages, add_generation_prompt=True, bos_token=self.bos_token,
                                         eos_token=self.eos_token, tools=tools)
         except TemplateRejected:
             raise
+        except (TypeError, UndefinedError, RecursionError) as e:
+            raise CannotRender(str(e) or type(e).__name__) from None
         except Exception as e:      # whatever the template's expressions raise
             raise ValueError(f"the chat template failed: {e}") from None
 

@@ -5,10 +5,17 @@ fields forbidden) and FastAPI answers a failure with 422 and `{"detail": [{"type
 "msg", "input", ...}]}`; clients and tests read `detail[0]["msg"]`. The same checks are
 written here as small functions over the parsed JSON, so the frontend needs no pydantic, and
 each error carries pydantic's type and words.
+
+Unlike pydantic, checking stops after MAX_ERRORS errors and each error's `input` is cut short
+(left out for `missing`): a large body full of mistakes answers a small 422.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
+
+MAX_ERRORS = 10          # errors reported for one body; checking stops there
+MAX_INPUT_CHARS = 64     # of a string `input` in an error
+MAX_INPUT_ITEMS = 4      # of a list or object `input` in an error, at each level
 
 Loc = tuple[Any, ...]
 Check = Callable[[Any, Loc], list[dict]]      # the errors of a value at a location (none: valid)
@@ -22,8 +29,25 @@ class ValidationFailed(Exception):
         self.errors = errors
 
 
+def _clip(value: Any, depth: int = 2) -> Any:
+    """`value` cut short for an error's `input`: a few items of a few levels, the start of a string."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_INPUT_CHARS else value[:MAX_INPUT_CHARS] + "..."
+    if isinstance(value, (list, dict)) and depth <= 0:
+        return "..."
+    if isinstance(value, list):
+        return [_clip(x, depth - 1) for x in value[:MAX_INPUT_ITEMS]] + (["..."] if len(value) > MAX_INPUT_ITEMS
+                                                                          else [])
+    if isinstance(value, dict):
+        items = list(value.items())[:MAX_INPUT_ITEMS]
+        return {k: _clip(x, depth - 1) for k, x in items} | ({"...": "..."} if len(value) > MAX_INPUT_ITEMS else {})
+    return value
+
+
 def error(kind: str, loc: Loc, msg: str, value: Any, ctx: dict | None = None) -> dict:
-    e = {"type": kind, "loc": ["body", *loc], "msg": msg, "input": value}
+    e = {"type": kind, "loc": ["body", *loc], "msg": msg}
+    if kind != "missing":
+        e["input"] = _clip(value)
     if ctx:
         e["ctx"] = ctx
     return e
@@ -80,7 +104,7 @@ def mapping(v: Any, loc: Loc) -> list[dict]:
     return [] if isinstance(v, dict) else [error("dict_type", loc, "Input should be a valid dictionary", v)]
 
 
-def list_of(item: Check, min_length: int = 0) -> Check:
+def list_of(item: Check, min_length: int = 0, max_length: int | None = None) -> Check:
     def check(v: Any, loc: Loc) -> list[dict]:
         if not isinstance(v, list):
             return [error("list_type", loc, "Input should be a valid list", v)]
@@ -88,7 +112,16 @@ def list_of(item: Check, min_length: int = 0) -> Check:
             return [error("too_short", loc, f"List should have at least {min_length} item after validation, not "
                                             f"{len(v)}", v, {"field_type": "List", "min_length": min_length,
                                                              "actual_length": len(v)})]
-        return [e for i, x in enumerate(v) for e in item(x, (*loc, i))]
+        if max_length is not None and len(v) > max_length:
+            return [error("too_long", loc, f"List should have at most {max_length} items after validation, not "
+                                           f"{len(v)}", v, {"field_type": "List", "max_length": max_length,
+                                                            "actual_length": len(v)})]
+        errors: list[dict] = []
+        for i, x in enumerate(v):
+            errors += item(x, (*loc, i))
+            if len(errors) >= MAX_ERRORS:
+                break
+        return errors
     return check
 
 
@@ -133,8 +166,10 @@ def obj(fields: dict[str, Field], extra: bool = False) -> Check:
         if not isinstance(v, dict):
             return [error("model_attributes_type", loc, "Input should be a valid dictionary or object to extract "
                                                          "fields from", v)]
-        errors = []
+        errors: list[dict] = []
         for name, f in fields.items():
+            if len(errors) >= MAX_ERRORS:
+                return errors
             if name not in v:
                 if f.required:
                     errors.append(error("missing", (*loc, name), "Field required", v))
@@ -144,14 +179,17 @@ def obj(fields: dict[str, Field], extra: bool = False) -> Check:
             else:
                 errors += f.check(v[name], (*loc, name))
         if not extra:
-            errors += [error("extra_forbidden", (*loc, k), "Extra inputs are not permitted", x)
-                       for k, x in v.items() if k not in fields]
+            for k, x in v.items():
+                if len(errors) >= MAX_ERRORS:
+                    break
+                if k not in fields:
+                    errors.append(error("extra_forbidden", (*loc, k), "Extra inputs are not permitted", x))
         return errors
     return check
 
 
 def validate(check: Check, body: Any) -> None:
-    """Raise ValidationFailed with every error of `body`."""
+    """Raise ValidationFailed with the first MAX_ERRORS errors of `body`."""
     errors = check(body, ())
     if errors:
-        raise ValidationFailed(errors)
+        raise ValidationFailed(errors[:MAX_ERRORS])

@@ -40,7 +40,7 @@ REASONS = [
     (NEEDS_LLM + "tool_choice 'required' or a named tool needs the engine's guided decoding; tritond refuses "
      "it (400)", "needs guided decoding"),
     (NEEDS_LLM + "it sends tool-call and tool messages for Llama 3.1's chat template, and the tokenizer built "
-     "here has a plain one", "the chat template failed"),
+     "here has a plain one", "the chat template cannot render these messages"),
 ]
 # Failing cases recorded skipped by name: (why, case prefix, text the failure must contain).
 KNOWN_CASES = [

@@ -364,6 +364,24 @@ def test_errors_as_triton_answers_them(client, openai_server):
     assert client.completions.create(model="tiny_llm", prompt="ok", max_tokens=1).choices[0].text
 
 
+def test_what_is_too_large_or_malformed_is_refused_in_a_few_words(client, openai_server):
+    body = json.dumps({"model": "tiny_llm", "messages": [{"x": 1}] * 131_072}).encode()
+    status, detail = post(openai_server, "/v1/chat/completions", body)
+    assert status == 422 and [e["type"] for e in detail["detail"]] == ["too_long"]
+    body = json.dumps({"model": "tiny_llm", "messages": [{"x": 1}] * 2000}).encode()
+    status, detail = post(openai_server, "/v1/chat/completions", body)
+    assert status == 422 and len(detail["detail"]) == 10
+    deep = "[" * 5000 + "]" * 5000
+    assert "are not JSON" in refused(lambda: client.chat.completions.create(model="tiny_llm", messages=[
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                              "function": {"name": "f", "arguments": deep}}]}]))
+    assert "at most 16 choices" in refused(lambda: client.completions.create(model="tiny_llm", prompt="x", n=17))
+    assert refused(lambda: client.completions.create(model="tiny_llm", prompt="x", max_tokens=10**9)) == \
+        "max_tokens 1000000000 exceeds the max_tokens_limit 4096 of model 'tiny_llm'"
+    assert client.completions.create(model="tiny_llm", prompt="ok", max_tokens=1).choices[0].text
+
+
 def test_restricted_api_metrics_and_health(openai_server):
     get = "GET {} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{}\r\n"
     status, body = raw(openai_server, get.format("/metrics", "").encode())

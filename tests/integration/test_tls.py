@@ -139,12 +139,15 @@ def mtls(pki, example_repo, tmp_path_factory):
     """gRPC and HTTP (uvicorn) under mutual TLS; repository APIs only for CN=tritond-admin
     (over HTTP also behind Triton's header scheme); metrics plain."""
     repo = identity_repo(example_repo, tmp_path_factory.mktemp("tls") / "models")
+    openai_port = free_port()
     s = TritondServer(repo, tls_args(pki, "grpc", True) + tls_args(pki, "http", True) + [
         "--grpc-restricted-protocol-subject=model-repository:CN=tritond-admin",
         "--http-restricted-api-subject=model-repository:CN=tritond-admin,O=ops",
         "--http-restricted-api=model-repository:admin-key=secret",
+        "--openai-port", str(openai_port),
     ], https=pki.context(pki.client))
     with serving(s):
+        s.openai_port = openai_port
         yield s
         pki.serve()
 
@@ -211,6 +214,27 @@ def test_management_apis_restricted_to_a_certificate_subject(mtls, pki):
         admin.get_model_repository_index()
     assert admin.get_model_repository_index(headers=key)[0]["name"] == "identity_fp32"
     assert np.array_equal(infer(user, httpclient), X)
+
+
+def test_the_openai_port_keeps_https_restricted_apis(mtls, pki):
+    """/v1/models is the repository's: the subject and header rules of HTTP hold there too."""
+    def models(who: Issued, headers: dict[str, str]) -> tuple[int, dict]:
+        conn = http.client.HTTPSConnection(mtls.http_url.split(":")[0], mtls.openai_port, context=pki.context(who),
+                                           timeout=30)
+        try:
+            conn.request("GET", "/v1/models", headers=headers)
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            conn.close()
+
+    key = {"admin-key": "secret"}
+    status, body = models(pki.client, key)
+    assert status == 403 and "authorized certificate subject" in body["error"]["message"]
+    status, body = models(pki.admin, {})
+    assert status == 403 and "expecting header 'admin-key'" in body["error"]["message"]
+    status, body = models(pki.admin, key)
+    assert status == 200 and [m["id"] for m in body["data"]] == ["identity_fp32"]
 
 
 def test_metrics_port_stays_plain(mtls):

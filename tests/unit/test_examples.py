@@ -246,3 +246,17 @@ def test_tiny_llm_generation(pb_utils):
     assert len(gen("hello", {})) == 16
     with pytest.raises(ValueError, match="does not support"):
         gen("hello", {"best_of": 2})
+
+
+def test_tiny_llm_refuses_long_answers_and_stops_when_cancelled(pb_utils):
+    module = _load("example_tiny_llm", SOURCE / "tiny_llm" / "1" / "model.py")
+    with pytest.raises(ValueError, match="above tiny_llm's limit of 4096"):
+        module.generate("hello", {"max_tokens": 10**9})
+    with pytest.raises(ValueError, match="limit of 5"):
+        module.generate("hello", {"max_tokens": 6}, limit=5)
+    asked = []
+    with pytest.raises(module.Cancelled):
+        module.generate("hello", {"max_tokens": 4000}, cancelled=lambda: asked.append(1) or len(asked) > 3)
+    assert len(asked) == 4
+    config = _config(SOURCE / "tiny_llm" / "config.pbtxt")
+    assert config.parameters["max_tokens_limit"].string_value == "4096"

@@ -7,7 +7,7 @@ import pytest
 
 from tritond.frontend.dataplane import InferResult, OutputTensor
 from tritond.frontend.openai.errors import ApiError
-from tritond.frontend.openai.mapping import answer, inputs, interface
+from tritond.frontend.openai.mapping import answer, limit_max_tokens, inputs, interface
 from tritond.frontend.openai.requests import Generation
 from tritond.repository.datatypes import bytes_to_array, serialize_bytes
 from tritond.wire import schema as S
@@ -114,3 +114,17 @@ def test_answer_reads_text_and_counts():
     a = answer(result)
     assert (a.text, a.prompt_tokens, a.output_tokens) == ("hell\u00f6", None, 3)
     assert answer(None).text == ""
+
+
+def test_a_max_tokens_above_the_models_declared_limit_is_refused():
+    e = entry(VLLM)
+    e.config = {"parameters": {"max_tokens_limit": {"string_value": "64"}}}
+    limit_max_tokens(e, Generation("llm", "p", 64, max_tokens_given=True))
+    default = Generation("llm", "p", 100)
+    limit_max_tokens(e, default)
+    assert default.max_tokens == 64
+    with pytest.raises(ApiError) as info:
+        limit_max_tokens(e, Generation("llm", "p", 65, max_tokens_given=True))
+    assert info.value.status == 400 and info.value.message == \
+        "max_tokens 65 exceeds the max_tokens_limit 64 of model 'llm'"
+    limit_max_tokens(entry(VLLM), Generation("llm", "p", 10**9, max_tokens_given=True))    # no limit declared

@@ -70,6 +70,27 @@ def test_messages_errors():
         "Input should be 'float' or 'base64'"
 
 
+def test_a_body_full_of_mistakes_answers_a_small_422():
+    import orjson
+    found = errors(CHAT, {"model": "m", "messages": [{"x": 1}] * 2000})
+    assert len(found) == 10 and all("input" not in e for e in found if e["type"] == "missing")
+    found = errors(CHAT, {"model": "m", "messages": [{"x": 1}] * 131_072})
+    assert [(e["type"], e["loc"]) for e in found] == [("too_long", ["body", "messages"])]
+    assert found[0]["msg"] == "List should have at most 2048 items after validation, not 131072"
+    assert len(orjson.dumps(found)) < 1000
+    found = errors(CHAT, {"model": "m", "messages": MESSAGES, "user": ["x" * 100_000] * 100, **{
+        f"k{i}": "y" * 100_000 for i in range(50)}})
+    assert len(found) == 10 and len(orjson.dumps(found)) < 5000
+
+
+@pytest.mark.parametrize("body, text", [
+    ({"prompt": "p" * ((1 << 20) + 1)}, "at most 1048576 are taken"),
+    ({"prompt": "p", "n": 17}, "n=17: at most 16 choices are generated for one request"),
+])
+def test_what_is_too_large_for_this_server(body, text):
+    assert text in refusal(requests.completion, {"model": "m", **body})
+
+
 def test_completion_request():
     gen = requests.completion({"model": "m", "prompt": "p", "stop": ".", "temperature": 0, "seed": 3, "n": 2,
                                "echo": True, "user": "u", "stream": True, "stream_options": {"include_usage": True}},
@@ -121,11 +142,22 @@ def test_chat_request():
     ({"tool_choice": "required"}, "tool_choice 'required' or a named tool needs guided decoding"),
     ({"parallel_tool_calls": False}, "parallel_tool_calls=false is not supported"),
     ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),
+    ({"messages": [{"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}]},
+     "a message's function_call is not supported by this server; use tool_calls"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 5000 + "]" * 5000}}]}]},
+     "the arguments of tool call 'c1' are not JSON"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "only text message is supported, but got image_url"),
 ])
 def test_chat_refusals(body, text):
     assert text in refusal(lambda b, d: requests.chat(b, d), {"model": "m", "messages": MESSAGES, **body})
+
+
+def test_strict_tools_are_refused():
+    tools = [{"type": "function", "function": {"name": "f", "strict": True}}]
+    assert "a tool's 'strict': true) needs guided decoding" in refusal(
+        lambda b, d: requests.chat(b, d, "llama3"), {"model": "m", "messages": MESSAGES, "tools": tools})
 
 
 def test_tools_go_to_the_template_and_the_parser():
@@ -139,13 +171,22 @@ def test_tools_go_to_the_template_and_the_parser():
 
 def test_tool_call_formats():
     from tritond.frontend.openai.tool_calls import may_be_calls, parse
-    calls = parse("llama3", '<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "arguments": {}}')
+    names = {"f", "g"}
+    calls = parse("llama3", '<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "arguments": {}}',
+                  names)
     assert [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("function", "f", {"x": 1}), ("function", "g", {})]
-    assert parse("llama3", '{"name": "f", "parameters": {}}')[0]["id"].startswith("call-")
-    assert parse("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": "b"}}]')[0]["function"] == \
+    assert parse("llama3", '{"name": "f", "parameters": {}}', names)[0]["id"].startswith("call-")
+    assert parse("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": "b"}}]', names)[0]["function"] == \
         {"name": "f", "arguments": '{"a": "b"}'}
-    assert parse("llama3", "plain text") is None and parse("llama3", '{"no": "name"}') is None
-    assert parse("mistral", "[not json") is None
+    assert parse("llama3", "plain text", names) is None and parse("llama3", '{"no": "name"}', names) is None
+    assert parse("mistral", "[not json", names) is None
     assert may_be_calls("llama3", "<|py") and may_be_calls("llama3", '{"na') and not may_be_calls("llama3", "Hi")
     assert may_be_calls("mistral", "[TOOL") and not may_be_calls("mistral", "Sure")
+
+
+def test_json_answers_that_are_not_calls_of_offered_tools_stay_text():
+    from tritond.frontend.openai.tool_calls import parse
+    assert parse("llama3", '{"name": "f", "age": 3}', {"f"}) is None
+    assert parse("llama3", '{"name": "h", "arguments": {}}', {"f"}) is None
+    assert parse("mistral", '[TOOL_CALLS] [{"name": "f"}]', {"f"}) is None

@@ -53,8 +53,11 @@ def test_an_error_after_the_stream_began_is_an_event_that_ends_it():
     assert "[DONE]" not in got
 
 
+TOOL = {"type": "function", "function": {"name": "f"}}
+
+
 def test_a_streamed_answer_is_held_while_it_could_be_tool_calls():
-    gen = Generation("m", "p", 64, stream=True, tools=[{}], tool_parser="llama3")
+    gen = Generation("m", "p", 64, stream=True, tools=[TOOL], tool_parser="llama3")
     call = ['{"name": "f",', ' "parameters": {"x": 1}}', ""]
     got = run(Reply("c", 0, gen, True, None), [Piece(0, t, i == 2) for i, t in enumerate(call)])
     (chunk,) = [g for g in got[1:] if g != "[DONE]"]
@@ -65,3 +68,28 @@ def test_a_streamed_answer_is_held_while_it_could_be_tool_calls():
     assert [g["choices"][0]["delta"].get("content") for g in got[1:-1]] == ["{nope!"]
     got = run(Reply("c", 0, gen, True, None), [Piece(0, "Hi", False), Piece(0, " you", True)])
     assert [g["choices"][0]["delta"].get("content") for g in got[1:-1]] == ["Hi", " you"]
+
+
+def test_a_held_answer_keeps_the_logprobs_of_its_pieces():
+    gen = Generation("m", "p", 64, stream=True, tools=[TOOL], tool_parser="llama3", logprobs=0)
+    pieces = [Piece(0, t, i == 2, logprobs=[{"7": {"logprob": -1.0 - i, "rank": 1, "decoded_token": t}}])
+              for i, t in enumerate(["{no", "pe", "!"])]
+    got = run(Reply("c", 0, gen, True, None), pieces)
+    (chunk,) = got[1:-1]
+    assert chunk["choices"][0]["delta"]["content"] == "{nope!"
+    assert [c["logprob"] for c in chunk["choices"][0]["logprobs"]["content"]] == [-1.0, -2.0, -3.0]
+
+
+def test_stream_usage_is_counted_off_the_event_loop():
+    import threading
+    from types import SimpleNamespace
+    threads = []
+
+    def count(text, special_tokens):
+        threads.append(threading.current_thread())
+        return 1
+
+    gen = Generation("m", "p", 8, stream=True, include_usage=True)
+    got = run(Reply("c", 0, gen, False, SimpleNamespace(encoder=object(), count=count)), [Piece(0, "a", True)])
+    assert got[-2]["usage"] == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    assert threads and threading.main_thread() not in threads

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from chat_tokenizer import render, write_tokenizer
-from tritond.frontend.openai.tokenizer import TemplateRejected, Tokenizer, TokenizerError
+from tritond.frontend.openai.tokenizer import CannotRender, TemplateRejected, Tokenizer, TokenizerError
 
 pytest.importorskip("jinja2")
 pytest.importorskip("tokenizers")
@@ -24,6 +24,21 @@ def test_a_template_that_refuses_the_conversation(tmp_path):
     tok = Tokenizer(str(write_tokenizer(tmp_path / "tok")))
     with pytest.raises(TemplateRejected, match="roles must be"):
         tok.render([{"role": "tool", "content": "x"}])
+
+
+def test_messages_the_template_cannot_take_are_the_clients(tmp_path):
+    tok = Tokenizer(str(write_tokenizer(tmp_path / "tok", "{% for m in messages %}{{ m['content'] + '.' }}"
+                                                           "{% endfor %}{{ tools | tojson }}")))
+    with pytest.raises(CannotRender):
+        tok.render([{"role": "user", "content": None}])
+    deep: dict = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    with pytest.raises(CannotRender):
+        tok.render([{"role": "user", "content": "x"}], [{"type": "function", "function": {"parameters": deep}}])
+    tok = Tokenizer(str(write_tokenizer(tmp_path / "tok2", "{{ messages[0].content.upper() }}")))
+    with pytest.raises(CannotRender):
+        tok.render([{"role": "user"}])
 
 
 def test_the_sandbox_keeps_templates_from_python(tmp_path):

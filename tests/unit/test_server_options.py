@@ -68,6 +68,10 @@ CASES = [
     (["--openai-port=9", f"--chat-template={FIXTURES}/chat_template.jinja"],
      lambda o: o.openai and o.openai.chat_template, f"{FIXTURES}/chat_template.jinja"),
     (["--openai-port=9", "--default-max-tokens=5"], lambda o: o.openai and o.openai.default_max_tokens, 5),
+    (["--openai-port=9"], lambda o: o.openai and o.openai.default_max_tokens, 16),
+    (["--openai-port=8000", "--allow-http=false"], lambda o: o.openai and o.openai.port, 8000),
+    (["--openai-port=8001", "--allow-grpc=false"], lambda o: o.openai and o.openai.port, 8001),
+    (["--openai-port=8002", "--allow-metrics=false"], lambda o: o.openai and o.openai.port, 8002),
     (["--openai-port=9", "--tool-call-parser=llama3"], lambda o: o.openai and o.openai.tool_call_parser, "llama3"),
     (["--openai-port=9", *HTTP_MUTUAL], lambda o: o.openai and o.openai.tls,
      TlsConfig(cert=CERT, key=KEY, root=ROOT, mutual=True)),
@@ -236,6 +240,8 @@ def test_malformed_backend_config_is_refused_in_tritonservers_words(setting, mes
      "restricted api 'health' can not be specified in multiple config groups"),
     (["--openai-port=9", "--tokenizer=/nonexistent"], "not a directory"),
     (["--openai-port=9", "--default-max-tokens=0"], "--default-max-tokens must be at least 1"),
+    (["--default-max-tokens=5"], "--default-max-tokens need --openai-port"),
+    (["--default-max-tokens=16"], "--default-max-tokens need --openai-port"),
 ])
 def test_openai_flags_are_checked_before_anything_starts(flags, message):
     from tritond.options import UsageError

@@ -17,7 +17,8 @@ request, as vLLM refuses an unknown setting. With
 when asked, and prefixes the prompt unless `exclude_input_in_output` is true.
 
 Each request runs on a thread of its own (one instance streams many requests at once). A
-request whose client went away (`is_cancelled()`) stops; the config parameter
+request whose client went away (`is_cancelled()`, asked at every word) stops; a max_tokens
+above the config parameter `max_tokens_limit` (default 4096) is refused; the config parameter
 `cancel_marker_dir` names a directory where each such stop leaves a file (tests read it), and
 `token_delay_ms` paces the words like a real model.
 """
@@ -36,15 +37,25 @@ VOCAB = ["the", "a", "model", "server", "streams", "tokens", "one", "at", "time"
 SETTINGS = {"max_tokens", "temperature", "top_p", "seed", "stop", "min_tokens", "frequency_penalty",
             "presence_penalty", "ignore_eos", "logprobs"}
 DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_LIMIT = 4096
 
 
-def generate(prompt: str, settings: dict, steps: list | None = None) -> list:
+class Cancelled(Exception):
+    """The request was cancelled while its words were generated."""
+
+
+def generate(prompt: str, settings: dict, steps: list | None = None, limit: int = MAX_TOKENS_LIMIT,
+             cancelled=lambda: False) -> list:
     """The words of the answer to `prompt`, the last one cut before a stop string; `steps`, when
-    given, gets each word's log-probabilities over the vocabulary (of the unscaled logits)."""
+    given, gets each word's log-probabilities over the vocabulary (of the unscaled logits).
+    Raises ValueError for more than `limit` words, Cancelled once `cancelled()` says so (asked
+    at every word, so a long answer stops soon)."""
     unknown = set(settings) - SETTINGS
     if unknown:
         raise ValueError(f"tiny_llm does not support the sampling parameter(s) {sorted(unknown)}")
     count = int(settings.get("max_tokens", DEFAULT_MAX_TOKENS))
+    if count > limit:
+        raise ValueError(f"max_tokens {count} is above tiny_llm's limit of {limit} (its max_tokens_limit parameter)")
     temperature = float(settings.get("temperature", 1.0))
     top_p = float(settings.get("top_p", 1.0))
     frequency = float(settings.get("frequency_penalty", 0.0))
@@ -54,6 +65,8 @@ def generate(prompt: str, settings: dict, steps: list | None = None) -> list:
     used = np.zeros(len(VOCAB))
     words = []
     for _ in range(count):
+        if cancelled():
+            raise Cancelled
         logits = logits_rng.normal(size=len(VOCAB)) * 3 - frequency * used - presence * (used > 0)
         if temperature == 0:
             pick = int(np.argmax(logits))
@@ -114,6 +127,7 @@ class TritonPythonModel:
         params = json.loads(args["model_config"]).get("parameters", {})
         self.delay_s = float(params.get("token_delay_ms", {}).get("string_value", "0")) / 1000
         self.cancel_dir = params.get("cancel_marker_dir", {}).get("string_value", "")
+        self.max_tokens_limit = int(params.get("max_tokens_limit", {}).get("string_value", MAX_TOKENS_LIMIT))
 
     def execute(self, requests):
         for request in requests:
@@ -127,7 +141,11 @@ class TritonPythonModel:
             sampling = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
             settings = json.loads(sampling.as_numpy().reshape(-1)[0]) if sampling is not None else {}
             steps = [] if _flag(request, "return_logprobs", False) else None
-            words = generate(prompt, settings, steps)
+            words = generate(prompt, settings, steps, self.max_tokens_limit, request.is_cancelled)
+        except Cancelled:
+            self.cancelled(0)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
         except (ValueError, TypeError, UnicodeDecodeError) as e:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
