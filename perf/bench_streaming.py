@@ -38,7 +38,7 @@ import numpy as np
 
 from anchors import Triton, anchors_ready
 from bench_core import READY_TIMEOUT_S, Server, build_repository
-from loadgen import HttpConnection, split_target
+from tritond.perf.loadgen import HttpConnection, split_target
 
 from tritond.perf.sse import chunk_events
 
