@@ -330,6 +330,8 @@ class Broker:
             if reply is None:
                 return
             requester = caller
+            if msg.parent_trace:
+                trace, reply = self.tracer.bls_child(reply, msg, mv)
         else:
             if msg.trace is not None:
                 trace, reply = self.tracer.start(reply, msg, mv)

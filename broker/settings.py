@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 
 from tritond.wire.errors import Code, TritonError, invalid
-from tritond.wire.options import TraceConfig
-from tritond.wire.replies import LogSettingValues, TraceSettingValues
+from tritond.wire.options import OtelConfig, TraceConfig
+from tritond.wire.replies import LogSettingValues
 from tritond.wire.schema import LOG_FORMATS, LogConfig
 
 TRACE_LEVELS = ("OFF", "TIMESTAMPS")
@@ -26,11 +26,40 @@ def trace_values(cfg: TraceConfig) -> dict[str, Any]:
     }
 
 
+def otel_values(cfg: OtelConfig) -> dict[str, str]:
+    """What the API shows in opentelemetry mode, as tritonserver lists its `opentelemetry,...`
+    settings: the url and resource given, then the batch span processor's."""
+    shown = {} if cfg.url == OtelConfig().url else {"url": cfg.url}
+    if cfg.resource:
+        key, value = list(cfg.resource.items())[-1]      # one key in a JSON object: the last given
+        shown["resource"] = f"{key}={value}"
+    return {**shown, "bsp_max_queue_size": str(cfg.bsp_max_queue_size),
+            "bsp_schedule_delay": str(cfg.bsp_schedule_delay),
+            "bsp_max_export_batch_size": str(cfg.bsp_max_export_batch_size)}
+
+
+def settings_view(values: dict[str, Any], otel: dict[str, str]) -> dict[str, str | list[str]]:
+    """One scope's settings as tritonserver answers them: the file and log frequency in mode
+    triton, the opentelemetry settings in mode opentelemetry."""
+    view = {k: values[k] for k in ("trace_level", "trace_rate", "trace_count")}
+    if values["trace_mode"] == "triton":
+        view.update(log_frequency=values["log_frequency"], trace_file=values["trace_file"])
+    view["trace_mode"] = values["trace_mode"]
+    return {**view, **otel} if values["trace_mode"] == "opentelemetry" else view
+
+
+INT32_MAX = 2 ** 31 - 1
+
+
 def _uint_setting(key: str, value: Any, minimum: int = 0) -> str:
+    """An integer setting as tritonserver reads it (std::stoi: an int32), refused in its words."""
     try:
         n = int(value)
     except (TypeError, ValueError):
         raise invalid(f"Unable to parse '{key}', expecting an integer string, got: {value}") from None
+    if not -INT32_MAX - 1 <= n <= INT32_MAX:
+        shown = f"{minimum}, {INT32_MAX}" if minimum < 0 else f"0, {2 ** 32 - 1}"      # its message's bounds
+        raise invalid(f"Unable to parse '{key}', value is out of range [ {shown} ], got: {value}")
     if n < minimum:
         raise invalid(f"'{key}' must be at least {minimum}, got: {value}")
     return str(n)
@@ -41,6 +70,7 @@ class Settings:
         self.log_config = log
         self.trace: dict[str, Any] = trace_values(trace)
         self.startup_trace = dict(self.trace)    # what clearing a server-wide setting restores
+        self.otel_view = otel_values(trace.otel)
         self.model_trace: dict[str, dict[str, Any]] = {}
         self.on_change = on_change
 
@@ -79,7 +109,7 @@ class Settings:
         self.log_config = msgspec.structs.replace(self.log_config, generation=self.log_config.generation + 1)
         self.on_change()
 
-    def update_trace(self, model: str, updates: dict[str, Any]) -> TraceSettingValues:
+    def update_trace(self, model: str, updates: dict[str, Any]) -> dict[str, str | list[str]]:
         """Server-wide settings (model ''), or a model's overrides (None clears one)."""
         if "trace_file" in updates and updates["trace_file"] not in (None, "", []):
             raise invalid("trace file location can not be updated through network protocol")
@@ -101,7 +131,7 @@ class Settings:
                 target[k] = self.startup_trace[k]
         if checked:
             self.on_change()
-        return msgspec.convert({**base, **(self.model_trace.get(model, {}) if model else {})}, TraceSettingValues)
+        return settings_view({**base, **(self.model_trace.get(model, {}) if model else {})}, self.otel_view)
 
     @staticmethod
     def _check(key: str, value: Any) -> Any:

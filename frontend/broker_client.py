@@ -145,6 +145,7 @@ class BrokerClient:
         self.futures: dict[int, asyncio.Future] = {}
         self.streams: dict[int, ReplyStream] = {}
         self.orphans: dict[int, Callable[[], None]] = {}
+        self.cancelled_traces: dict[int, Callable[[S.InferReply], None]] = {}
         self.ids = itertools.count(1)
         self.table = ModelTable()
         self.table_event = asyncio.Event()
@@ -311,6 +312,10 @@ class BrokerClient:
             fut.set_result(msg)
             return
         self.release_outputs(msg)
+        if self.cancelled_traces and not msg.more:
+            traced = self.cancelled_traces.pop(msg.rid, None)
+            if traced is not None and msg.trace is not None:
+                traced(msg)
         orphan = None if msg.more else self.orphans.pop(msg.rid, None)
         if orphan is not None:
             orphan()
@@ -340,6 +345,7 @@ class BrokerClient:
         orphans, self.orphans = self.orphans, {}
         for orphan in orphans.values():
             orphan()
+        self.cancelled_traces.clear()
 
     def _note_boot(self, boot: int) -> None:
         """A new broker: fail what the old one held, and introduce ourselves (it checks our
@@ -394,6 +400,10 @@ class BrokerClient:
                 if on_orphan is not None:
                     self.orphans[msg.rid] = on_orphan
             raise
+
+    def after_cancel(self, rid: int, traced: Callable[[S.InferReply], None]) -> None:
+        """A traced request whose caller was cancelled: `traced` gets the broker's late reply."""
+        self.cancelled_traces[rid] = traced
 
     def open_stream(self, msg: S.Infer) -> ReplyStream:
         """Send a request whose replies come as a stream (msg.window bounds them)."""

@@ -75,6 +75,9 @@ class Brokers:
     async def infer(self, msg: S.Infer, on_orphan: Callable[[], None] | None = None) -> S.InferReply:
         return await self._client(msg.rid).infer(msg, on_orphan)
 
+    def after_cancel(self, rid: int, traced: Callable[[S.InferReply], None]) -> None:
+        self._client(rid).after_cancel(rid, traced)
+
     def open_stream(self, msg: S.Infer) -> ReplyStream:
         return self._client(msg.rid).open_stream(msg)
 

@@ -7,7 +7,7 @@ arena, none when the transport already wrote them there), asks the broker, and h
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +100,8 @@ class RequestOptions:
     flags: int = 0
     trace: S.TraceStart | None = None
     empty_final: bool = False        # gRPC stream: send the bare final flag of a decoupled request
+    # A traced request whose client goes away: called with the broker's late reply (its trace)
+    on_cancelled: Callable[[S.InferReply], None] | None = None
 
 
 FLAG_START = 1
@@ -393,6 +395,8 @@ class Dataplane:
             reply = await self.client.infer(msg, on_orphan=orphaned)
         except asyncio.CancelledError:
             blocks = []   # the broker still holds the request: freed when it answers
+            if opts.on_cancelled is not None:
+                self.client.after_cancel(msg.rid, opts.on_cancelled)
             raise
         finally:
             self._free(blocks)

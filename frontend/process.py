@@ -68,6 +68,8 @@ async def frontend_dataplane(opts: ServerOptions, kind: str, on_hangup: Callable
     maps = SegmentMaps()
     client.on_gone = maps.drop_prefix
     tracer = FrontendTracer(client, opts.trace.otel)
+    if opts.trace.mode == "opentelemetry":
+        tracer.start_exporter()     # as tritonserver: its batch span processor runs from startup
     try:
         # Only explicit mode loads after startup: elsewhere a load request must not fetch anything.
         explicit = opts.model_control_mode == "explicit"

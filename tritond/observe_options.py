@@ -167,8 +167,8 @@ def _bsp(value: str, what: str) -> int:
         n = int(value.strip())
     except ValueError:
         n = -1
-    if not 1 <= n < 2 ** 32:
-        raise FlagError(f"Bad option: {what}.\nInvalid argument: '{value}' is not a positive 32-bit integer")
+    if not 0 <= n < 2 ** 32:
+        raise FlagError(f"Bad option: {what}.\nInvalid argument: '{value}' is not an unsigned 32-bit integer")
     return n
 
 
@@ -211,7 +211,7 @@ def trace_settings(entries: list[str]) -> dict[str, Any]:
         else:
             otel = cfg["otel"]
             if setting == "url":
-                otel["url"] = value if "://" in value else f"http://{value}"
+                otel["url"] = value         # as given, as the trace API reports it (the exporter adds http://)
             elif setting == "resource":
                 key, eq2, val = value.partition("=")
                 if not eq2 or not key:
@@ -238,8 +238,6 @@ def trace_settings(entries: list[str]) -> dict[str, Any]:
             env = f"OTEL_{setting.upper()}"
             if setting not in given and os.environ.get(env) is not None:
                 otel[setting] = _bsp(os.environ[env], f'"{env}"')
-    if otel["bsp_max_export_batch_size"] > otel["bsp_max_queue_size"]:
-        raise FlagError("--trace-config opentelemetry,bsp_max_export_batch_size must not exceed bsp_max_queue_size")
     return cfg
 
 

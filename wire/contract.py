@@ -113,8 +113,8 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 13
-SCHEMA_FINGERPRINT = "9afcee9c4ee2ef21"
+RECORDED_VERSION = 14
+SCHEMA_FINGERPRINT = "58cef22884d9b093"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -148,8 +148,7 @@ STRUCTS = {
     "replies.StatsReply": "318734b9edba",
     "replies.SummarySnapshot": "a6b1c22cb3b1",
     "replies.SystemRegionStatus": "72a2516c9bfa",
-    "replies.TraceSettingValues": "e54d71cddbac",
-    "replies.TraceSettingsReply": "b30abcd72d3d",
+    "replies.TraceSettingsReply": "853e9ed110d6",
     "replies.WorkerProcess": "5ae384a67478",
     "replies._Reply": "2eb1ac50ac76",
     "schema.BatchDone": "4a5e0033d3a8",
@@ -167,13 +166,13 @@ STRUCTS = {
     "schema.DynamicBatching": "9e5b09b801a6",
     "schema.EndSequences": "4bca449d0908",
     "schema.Exec": "5eeb574013b2",
-    "schema.ExecRequest": "f9ede879a8af",
+    "schema.ExecRequest": "e49d08f6188b",
     "schema.ExecResult": "507391b291e0",
     "schema.Gone": "da0ed2334bd4",
     "schema.Grant": "e2f4cbac8b36",
     "schema.Heartbeat": "8342a9b93715",
     "schema.Hello": "7e69f3240178",
-    "schema.Infer": "4c742f13931d",
+    "schema.Infer": "f34bf0615e74",
     "schema.InferReply": "3a5ce77539fe",
     "schema.Inline": "d3262ce55494",
     "schema.LoadModel": "6e2ca930ed77",
@@ -207,10 +206,12 @@ STRUCTS = {
     "schema.Table": "b5b80765e131",
     "schema.TensorDesc": "afec35b544ee",
     "schema.TensorView": "019b9e66a2f9",
+    "schema.TraceChild": "554c631d55c9",
     "schema.TraceDone": "cc709f09aa90",
-    "schema.TraceInfo": "a8fa576febbd",
+    "schema.TraceInfo": "6ccce6aa7afb",
+    "schema.TraceRef": "b564995f629d",
     "schema.TraceSettings": "b0c53733faa6",
-    "schema.TraceStart": "b4238b5e76c3",
+    "schema.TraceStart": "93869966e5fc",
     "schema.UnloadModel": "de5d0537b224",
     "schema.Unmap": "c458b2102b7e",
     "schema.WorkerDown": "6fcc156705c0",

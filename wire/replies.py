@@ -126,22 +126,14 @@ class LogSettingValues(msgspec.Struct):
     log_format: str
 
 
-class TraceSettingValues(msgspec.Struct):
-    """Strings, as Triton answers them; the level is a list."""
-    trace_file: str
-    trace_level: list[str]
-    trace_rate: str
-    trace_count: str
-    log_frequency: str
-    trace_mode: str
-
-
 class LogSettingsReply(_Reply, tag="log_settings"):
     settings: LogSettingValues
 
 
 class TraceSettingsReply(_Reply, tag="trace_settings"):
-    settings: TraceSettingValues
+    """Strings, as Triton answers them (the level is a list), in its order: the keys depend on
+    the mode (a trace file and log frequency, or the opentelemetry settings)."""
+    settings: dict[str, str | list[str]]
 
 
 class DrainReply(_Reply, tag="drained"):

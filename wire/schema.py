@@ -31,7 +31,7 @@ import msgspec
 from .errors import Code, TritonError
 from .replies import ControlResult
 
-PROTOCOL_VERSION = 13
+PROTOCOL_VERSION = 14
 # Inline tensors up to this size ride inside the message; larger ones go through shm. Where
 # the two cost the same CPU per request (HTTP binary, c=16): below it a block's allocation,
 # lease and release cost more than copying the bytes through every hop; above it, less.
@@ -133,6 +133,7 @@ class TraceStart(_S, gc=False):
     recv_end: int
     protocol: str = "HTTP"      # HTTP | GRPC: names the timestamps
     forced: bool = False        # the client sent a trace context: traced whatever the rate
+    context: str = ""           # OpenTelemetry: the W3C context the model's span will have (JSON)
 
 
 # A request parameter's value, as Triton's parameters take them (bool, int64, double, string).
@@ -164,12 +165,32 @@ class Infer(_S, tag="infer", gc=False):
     window: int = 0         # streamed replies the requester buffers before its Credit (0: no bound)
     cache_key: bytes = b""          # digest of the inputs (frontends only; response cache)
     trace: TraceStart | None = None
+    parent_trace: int = 0           # a BLS call made with its request's trace(): that trace's id
+
+
+class TraceRef(_S, gc=False):
+    """A traced request's trace as its model sees it: BLS calls made with it are traced as its
+    children; `context` is what request.trace().get_context() answers (OpenTelemetry mode)."""
+    id: int
+    context: str = ""
+
+
+class TraceChild(_S, gc=False):
+    """The trace of a request a traced request made (an ensemble step's), in OpenTelemetry mode:
+    the frontend exports its spans below its parent's."""
+    id: int
+    parent_id: int
+    model: str
+    version: int
+    stamps: list[Stamp] = []
 
 
 class TraceInfo(_S, gc=False):
-    """A traced request's id and the timestamps the broker and the worker took."""
+    """A traced request's id and the timestamps the broker and the worker took (and, in
+    OpenTelemetry mode, its children's traces)."""
     id: int
     stamps: list[Stamp] = []
+    children: list[TraceChild] = []
 
 
 class InferReply(_S, tag="reply"):
@@ -475,6 +496,7 @@ class ExecRequest(_S, gc=False):
     seq: int = 0            # the sequence whose implicit state it reads and writes (0: none)
     pad: bool = False       # padding of a sequence batch: executed, never answered
     window: int = 0         # streamed replies the model may send ahead of the requester's credit
+    trace: TraceRef | None = None   # this request's, when it is traced
 
 
 class Exec(_S, tag="exec", gc=False):

@@ -78,7 +78,7 @@ class BlsClient:
 
     def _request(self, model_name: str, model_version: int, inputs: dict[str, np.ndarray],
                  requested_output_names: list[str], request_id: str, parameters: dict,
-                 correlation_id: Any, flags: int, timeout_us: int) -> tuple[int, bytes, list]:
+                 correlation_id: Any, flags: int, timeout_us: int, trace_id: int = 0) -> tuple[int, bytes, list]:
         """(rid, the Infer frame, arena blocks holding its inputs until the call is over)."""
         blocks: list = []
         descs = []
@@ -93,7 +93,8 @@ class BlsClient:
             rid = next(self.rids)
         frame = P.encode(P.Infer(
             rid, model_name, int(model_version), descs, [P.OutputSpec(n) for n in requested_output_names],
-            request_id, dict(parameters or {}), 0, int(timeout_us or 0), correlation_id or 0, int(flags or 0)))
+            request_id, dict(parameters or {}), 0, int(timeout_us or 0), correlation_id or 0, int(flags or 0),
+            parent_trace=trace_id))
         return rid, frame, blocks
 
     def _free(self, blocks: list) -> None:

@@ -213,7 +213,7 @@ class Worker:
                 flow.open(r.key, r.window if decoupled else 0)
             requests.append(WorkerRequest(inputs, [o.name for o in r.outputs], r.id, r.params,
                                           r.correlation_id, r.flags, r.timeout_us, responder,
-                                          output_buffers(r.outputs, maps) if into_regions else None))
+                                          output_buffers(r.outputs, maps) if into_regions else None, r.trace))
             slots.append(None)
         if self.stateful:
             runs = [r for r, slot in zip(msg.requests, slots) if slot is None]

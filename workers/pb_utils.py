@@ -291,10 +291,16 @@ class PreferredMemory:
 
 
 class InferenceTrace:
-    """Trace handle of a request; tritond does not propagate trace contexts to models."""
+    """Trace handle of a request: a BLS request built with it is traced as the request's child.
+    In OpenTelemetry mode its context is the W3C trace context of the request's span (JSON with
+    `traceparent`), as Triton gives it; None otherwise."""
+
+    def __init__(self, trace_id: int = 0, context: str = "") -> None:
+        self._id = trace_id
+        self._context = context
 
     def get_context(self) -> str | None:
-        return None
+        return self._context or None
 
 
 _DEFAULT_MEMORY = PreferredMemory(MemoryType.TRITONSERVER_MEMORY_DEFAULT)
@@ -380,7 +386,7 @@ def set_bls_handler(handler: BlsHandler | None, stream_handler: BlsHandler | Non
     """Install the worker's BLS entry points.
 
     handler(model_name, model_version, inputs, requested_output_names, request_id,
-    parameters, correlation_id, flags, timeout_us) -> (outputs, tritond.wire.errors.TritonError | None)
+    parameters, correlation_id, flags, timeout_us, trace_id) -> (outputs, tritond.wire.errors.TritonError | None)
     stream_handler(same arguments) -> (iterator of (outputs, error), cancel callable)
     """
     global _bls_handler, _bls_stream_handler
@@ -409,7 +415,8 @@ class InferenceRequest:
                  trace: InferenceTrace | None = None, parameters: dict | None = None) -> None:
         if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
             raise TritonModelException("Correlation ID must be integer or string")
-        self.model_name = model_name
+        # bytes as Triton's binding takes them: a model name read from a BYTES input tensor
+        self.model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self._model_version = int(model_version)
         self._inputs = list(inputs)
         self._requested_output_names = list(requested_output_names)
@@ -487,7 +494,7 @@ class InferenceRequest:
     def _bls_arguments(self) -> tuple:
         return (self.model_name, self._model_version, {t.name(): t.as_numpy() for t in self._inputs},
                 list(self._requested_output_names), self._request_id, json.loads(self._parameters),
-                self._correlation_id, self._flags, self._timeout)
+                self._correlation_id, self._flags, self._timeout, self._trace._id)
 
     def _run_bls(self) -> InferenceResponse:
         handler = _bls_handler

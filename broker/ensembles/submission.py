@@ -28,7 +28,7 @@ log = logging.getLogger("tritond.broker")
 class Ensembles:
     """Loads ensembles after what they compose and runs their requests."""
 
-    def __init__(self, registry: ModelRegistry, admit: Callable[[ReplyTo, Infer, ModelVersion], Req | None],
+    def __init__(self, registry: ModelRegistry, admit: Callable[[ReplyTo, Infer, ModelVersion, Any], Req | None],
                  regions: ClientRegions, route_release: Callable[[Release], None], clock: Clock,
                  config_name: str = "", cancel: Callable[[Req], None] | None = None) -> None:
         self.registry = registry
@@ -137,10 +137,7 @@ class Ensembles:
         `trace`: the request's (broker/observe/tracing.py), when it is traced."""
         if isinstance(mv, EnsembleVersion):
             return self.run(reply, msg, mv, trace)
-        req = self._admit(reply, msg, mv)
-        if trace is not None and req is not None:
-            req.trace = trace
-        return req
+        return self._admit(reply, msg, mv, trace)
 
     def run(self, reply: ReplyTo, msg: Infer, mv: "EnsembleVersion", trace: Any = None) -> EnsembleRun | None:
         """Start an ensemble request (from a frontend, a BLS call or an enclosing ensemble);

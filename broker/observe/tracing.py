@@ -12,7 +12,8 @@ writer, appends the trace to the file in Triton's JSON layout: with `log_frequen
 N traces go to `<file>.<index>`; a setting whose `count` is used up writes its traces to the
 next index file too; what remains at shutdown (or when a setting is replaced) goes to
 `<file>.<index>` when a frequency was set, else to `<file>`. Mode `opentelemetry`: the
-timestamps go back with the reply and the frontend exports spans (frontend/tracing.py).
+timestamps (and an ensemble's steps' traces) go back with the reply and the frontend exports
+spans (frontend/tracing.py).
 Timestamps are CLOCK_MONOTONIC nanoseconds, which every process on the host shares.
 """
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Any
 
 import msgspec
 
-from tritond.wire.schema import TRACE_SHARD_SHIFT, BatchDone, Infer, InferReply, Stamp, TraceDone, TraceInfo
+from tritond.wire.schema import (TRACE_SHARD_SHIFT, BatchDone, Infer, InferReply, Stamp, TraceChild, TraceDone,
+                                 TraceInfo, TraceRef)
 
 from tritond.broker.clock import Clock
 from tritond.broker.tables.inflight import ReplyTo
@@ -78,11 +80,13 @@ class Setting:
 
 
 class Trace:
-    __slots__ = ("id", "setting", "model", "version", "request_id", "stamps", "born_ns", "parent_id")
+    __slots__ = ("id", "setting", "model", "version", "request_id", "stamps", "born_ns", "parent_id", "root",
+                 "children", "ref")
 
     def __init__(self, tid: int, setting: Setting, mv: ModelVersion, request_id: str, now_ns: int,
-                 parent_id: int = 0) -> None:
+                 parent_id: int = 0, context: str = "") -> None:
         self.id = tid
+        self.ref = TraceRef(tid, context)   # what the model's request.trace() holds
         self.setting = setting
         self.model = mv.name
         self.version = mv.version
@@ -90,6 +94,8 @@ class Trace:
         self.stamps: list[Stamp] = []
         self.born_ns = now_ns
         self.parent_id = parent_id          # an ensemble step's request: the ensemble request's trace
+        self.root = self                    # the client's request's trace, which the frontend exports
+        self.children: list[TraceChild] = []    # OpenTelemetry mode: the root's descendants, as they end
 
     def compute(self, dispatch_ns: int, done: BatchDone) -> None:
         """The batch this request ran in: when it was formed, and the worker's times."""
@@ -111,6 +117,7 @@ class Tracer:
         self.file_suffix = f".broker{shard}" if shard else ""
         self.scopes: dict[str, Setting] = {}
         self.pending: dict[int, Trace] = {}
+        self.live: dict[int, Trace] = {}        # traced requests in flight: BLS calls name them as parents
         self.main_files: dict[str, list[dict]] = {}
         self.indexes: dict[str, itertools.count] = {}
         self.reload()
@@ -149,37 +156,61 @@ class Tracer:
         if not setting.mode_if_active() or not setting.sample(start.forced):
             return None, reply
         now = self.clock.now_ns()
-        trace = Trace(next(self.ids), setting, mv, msg.id, now)
+        trace = Trace(next(self.ids), setting, mv, msg.id, now, context=start.context)
         recv_start, recv_end = RECV.get(start.protocol, RECV["HTTP"])
         trace.stamps += [Stamp(recv_start, start.recv_start), Stamp(recv_end, start.recv_end),
                          Stamp("REQUEST_START", now), Stamp("QUEUE_START", now)]
         if setting.count == 0 and setting.mode == "triton":
             self.on_change()        # the last trace of this setting: frontends stop stamping
+        self.live[trace.id] = trace
 
         def end(r: InferReply) -> None:
+            self.live.pop(trace.id, None)
             t = self.clock.now_ns()
             trace.stamps += [Stamp("INFER_RESPONSE_COMPLETE", t), Stamp("REQUEST_END", t)]
             if setting.mode == "opentelemetry":
-                r.trace = TraceInfo(trace.id, trace.stamps)
+                r.trace = TraceInfo(trace.id, trace.stamps, trace.children)
             else:
                 r.trace = TraceInfo(trace.id)
                 self.pending[trace.id] = trace
             reply(r)
         return trace, end
 
-    def child(self, parent: Trace, mv: ModelVersion) -> Trace | None:
-        """The trace of a request an ensemble makes for one of its steps, as Triton traces it:
-        with its parent (in Triton mode), neither sampled nor counted apart."""
-        if parent.setting.mode != "triton":
-            return None
+    def child(self, parent: Trace, mv: ModelVersion, request_id: str | None = None) -> Trace:
+        """The trace of a request an ensemble makes for one of its steps (which has the
+        ensemble request's id), as Triton traces it: with its parent, neither sampled nor
+        counted apart."""
         now = self.clock.now_ns()
-        trace = Trace(next(self.ids), parent.setting, mv, parent.request_id, now, parent.id)
+        request_id = parent.request_id if request_id is None else request_id
+        trace = Trace(next(self.ids), parent.setting, mv, request_id, now, parent.id)
+        trace.root = parent.root
         trace.stamps += [Stamp("REQUEST_START", now), Stamp("QUEUE_START", now)]
+        self.live[trace.id] = trace
         return trace
 
+    def bls_child(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> tuple[Trace | None, ReplyTo]:
+        """A BLS call a model made with its request's trace (`request.trace()`): traced as that
+        request's child while the parent is in flight, as Triton spawns a child trace."""
+        parent = self.live.get(msg.parent_trace)
+        if parent is None:
+            return None, reply
+        trace = self.child(parent, mv, msg.id)
+
+        def end(r: InferReply) -> None:
+            if not r.more:
+                self.end_child(trace)
+            reply(r)
+        return trace, end
+
     def end_child(self, trace: Trace) -> None:
-        """A step's request answered: its trace goes with its parent's into the file."""
+        """A step's request answered: its trace goes with its parent's into the file, or (in
+        OpenTelemetry mode) with the client's request's reply to the frontend."""
+        self.live.pop(trace.id, None)
         t = self.clock.now_ns()
+        if trace.setting.mode == "opentelemetry":
+            trace.stamps.append(Stamp("REQUEST_END", t))
+            trace.root.children.append(TraceChild(trace.id, trace.parent_id, trace.model, trace.version, trace.stamps))
+            return
         trace.stamps += [Stamp("INFER_RESPONSE_COMPLETE", t), Stamp("REQUEST_END", t)]
         trace.setting.stream += self.records(trace)
 

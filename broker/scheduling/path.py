@@ -76,9 +76,10 @@ class RequestPath:
 
     # ---------------------------------------------------------------- admission
 
-    def admit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion) -> Req | None:
+    def admit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion, trace: Any = None) -> Req | None:
         """Queue a request on the model's scheduling (or answer it at once when it cannot
-        wait); returns it while it is still queued or executing."""
+        wait); returns it while it is still queued or executing. `trace`: its trace
+        (broker/observe/tracing.py), when it is traced: held before it may be dispatched."""
         sched = mv.scheduler
         try:
             if sched is not None:
@@ -94,7 +95,7 @@ class RequestPath:
             reply(InferReply(msg.rid, error=err))
             return None
         now = self.clock.now_ns()
-        req = Req(reply, msg, mv, now, None, regions=regions, key=next(self.keys))
+        req = Req(reply, msg, mv, now, None, regions=regions, trace=trace, key=next(self.keys))
         try:
             sched.admit(req, msg, now)
         except TritonError as e:
@@ -363,4 +364,5 @@ class RequestPath:
 
 def _exec_requests(reqs: list[Req]) -> list[ExecRequest]:
     return [ExecRequest(r.msg.inputs, r.msg.outputs, r.msg.id, r.msg.params, r.msg.correlation_id, r.msg.flags,
-                        r.msg.timeout_us, r.key, window=r.msg.window) for r in reqs]
+                        r.msg.timeout_us, r.key, window=r.msg.window, trace=r.trace.ref if r.trace is not None else None)
+            for r in reqs]

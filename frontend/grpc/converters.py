@@ -387,6 +387,6 @@ def trace_updates(request: Any) -> dict[str, Any]:
 
 def trace_settings(reply: R.TraceSettingsReply) -> pb.TraceSettingResponse:
     out = pb.TraceSettingResponse()
-    for key, value in msgspec.structs.asdict(reply.settings).items():
+    for key, value in reply.settings.items():
         out.settings[key].value.extend(value if isinstance(value, list) else [value])
     return out

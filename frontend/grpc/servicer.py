@@ -223,6 +223,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             logs.REQUEST_ID.set(request_id)      # this RPC's task: its log lines carry the id
         if pending is not None:
             opts.trace = pending.start()
+            opts.on_cancelled = functools.partial(self.dp.tracer.cancelled, pending, entry.name, request_id)
         inputs = cv.parse_inputs(request, raw)
         outputs = cv.parse_outputs(request) if request.outputs else []
         result = await self.dp.infer(entry, inputs, outputs, opts)
@@ -273,6 +274,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 forwarded = self.forward.parameters(context.invocation_metadata() or ())
             except TritonError as e:
                 forwarded = e
+        parent = traceparent(context)
         lock = asyncio.Lock()
         slots = asyncio.Semaphore(STREAM_OUTSTANDING)
         tasks: set[asyncio.Task] = set()
@@ -294,7 +296,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def answer(request: pb.ModelInferRequest) -> None:
             self.inflight += 1
             try:
-                await self._stream_answer(request, write, forwarded)
+                await self._stream_answer(request, write, forwarded, parent)
             except TritonError as e:
                 await failed(request, e)
             except Exception:  # a bug must not take the stream down
@@ -335,9 +337,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _stream_answer(self, request: pb.ModelInferRequest, write: Callable[[bytes], Awaitable[None]],
-                             forwarded: dict[str, str] | TritonError | None = None) -> None:
+                             forwarded: dict[str, str] | TritonError | None = None, parent: str = "") -> None:
         """Answer one request of a stream: every response of a decoupled model as it comes,
-        the bare final flag only when asked for (`triton_enable_empty_final_response`)."""
+        the bare final flag only when asked for (`triton_enable_empty_final_response`). A
+        request to a model that is not decoupled is traced as a unary one (`parent`: the
+        stream's W3C trace context)."""
+        client = self.client
+        mode = client.trace_mode(request.model_name) if client.tracing else ""
         entry = self._entry(request.model_name, request.model_version)
         opts = cv.request_options(request.parameters)
         if forwarded is not None:
@@ -347,12 +353,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         opts.id = request.id
         inputs, outputs = cv.parse_inputs(request), cv.parse_outputs(request)
         if entry.view is None or not entry.view.decoupled:
+            pending = Pending("GRPC", mode, parent) if mode else None
+            if pending is not None:
+                opts.trace = pending.start()
+                opts.on_cancelled = functools.partial(self.dp.tracer.cancelled, pending, entry.name, request.id)
             result = await self.dp.infer(entry, inputs, outputs, opts)
+            info = result.reply.trace if result.reply is not None else None
             try:
                 message = self.encoder.stream_response(result, True)
             finally:
                 self.dp.release(result)
+            sent = time.monotonic_ns() if info is not None else 0
             await write(message)
+            if info is not None:
+                self.dp.tracer.finish(info, pending, entry.name, result.model_version, request.id, sent,
+                                      time.monotonic_ns())
             return
         # One write in flight while the next response is made ready: a write waits for gRPC
         # to take the message, which would otherwise add to every response's latency.

@@ -273,7 +273,7 @@ class HttpApi:
         if not isinstance(settings, dict):
             raise invalid("trace settings must be a JSON object")
         reply = await self.client.control(S.TraceSettings(model, settings))
-        return json_response(msgspec.to_builtins(reply.settings))
+        return json_response(reply.settings)
 
     # ------------------------------------------------------------- app
 

@@ -16,6 +16,7 @@ import logging
 import re
 import time
 import zlib
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 import orjson
@@ -267,6 +268,7 @@ class InferRoute:
             logs.REQUEST_ID.set(request_id)      # this request's task: its log lines carry the id
         if pending is not None:
             opts.trace = pending.start()
+            opts.on_cancelled = partial(self.dp.tracer.cancelled, pending, name, request_id)
         result = await until_disconnect(receive, self.dp.infer(entry, inputs, outputs, opts,
                                                                sink.take() if sink is not None else None))
         info = result.reply.trace if result.reply is not None else None

@@ -10,7 +10,7 @@ from suites_ensembles import l0_simple_ensemble
 from suites_http import l0_grpc, l0_http, l0_input_validation, l0_shared_memory
 from suites_models import l0_batch_input, l0_batcher, l0_infer, l0_lifecycle
 from suites_observe import (l0_cmdline_trace, l0_iterative_sequence, l0_logging, l0_metrics, l0_rate_limiter,
-                            l0_response_cache, l0_response_statistics, l0_trace)
+                            l0_response_cache, l0_response_statistics)
 from suites_protocols import (l0_backend_bls, l0_data_compression, l0_http_fuzz, l0_https, l0_io, l0_json,
                               l0_large_payload, l0_output_validation, l0_pytorch_python_runtime, l0_query,
                               l0_secure_grpc)
@@ -22,6 +22,7 @@ from suites_sequence import (l0_dyna_sequence_batcher, l0_http_generate, l0_impl
 from suites_tensors import (l0_client_nobatch, l0_infer_reshape, l0_infer_variable, l0_infer_zero, l0_nan_inf,
                             l0_nullchar_string, l0_optional_input, l0_output_name, l0_parameters, l0_scalar_io,
                             l0_server_status, l0_string_io)
+from suites_trace import l0_trace
 from suites_updates import l0_model_update
 
 SUITES = {

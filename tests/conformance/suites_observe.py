@@ -1,5 +1,5 @@
 """Observability and scheduling suites: L0_metrics, L0_response_cache, L0_response_statistics,
-L0_logging, L0_trace, L0_cmdline_trace, L0_rate_limiter, L0_iterative_sequence.
+L0_logging, L0_cmdline_trace, L0_rate_limiter, L0_iterative_sequence (L0_trace: suites_trace.py).
 
 What these test.sh files read inside Triton, or need a GPU for, is recorded skipped with the
 reason: GPU metrics (utilization, energy, peer-access memory), the pinned-memory pool (tritond
@@ -809,24 +809,3 @@ def _refused_env(qa, d: Path, repo: str, env: str) -> None:
     text = _log(qa, f"{env}.server.log")
     qa.check(f"refused: {env}=bad_value", server is None and text.count(f'Bad option: "{env}"') == 1,
              text[-400:])
-
-
-# ====================================================================== L0_trace
-def l0_trace(qa) -> None:
-    """The trace settings API (trace_endpoint_test.py) on test.sh's server for it. Not added yet:
-    the trace-file checks of its other servers (rates, counts, log frequency, BLS and ensemble
-    parents, cancellation), and the OpenTelemetry parts, which need an `otelcol` binary (test.sh
-    downloads it) or a collector on fixed ports."""
-    d = qa.qa / "L0_trace"
-    print("  (not run yet: the trace-file and OpenTelemetry parts of test.sh; trace_endpoint_test.py runs)",
-          flush=True)
-    base = "onnx_int32_int32_int32"
-    models = _fresh(d / "trace_models")
-    for name in ("simple", "global_simple"):
-        _copytree(qa.data / "qa_model_repository" / base, models / name)
-        for v in ("2", "3"):
-            shutil.rmtree(models / name / v)
-        _sed(models / name / "config.pbtxt", r"(?m)^name:.*", f'name: "{name}"')
-    _run(qa, d, f"--trace-config triton,file=global_unittest.log --trace-config level=TIMESTAMPS "
-                f"--trace-config rate=1 --model-repository={models}", "unittest.server.log",
-         "trace_endpoint_test.py", [])

@@ -197,7 +197,7 @@ def test_trace_sampling_rate_count_and_files(harness, tmp_path):
     heads = [r for r in records if "model_name" in r]
     assert [r["request_id"] for r in heads] == ["r1", "r3"]      # every 2nd, 2 at most
     assert h.to_frontends(S.Observe)[-1][1].tracing[""] == ""    # count used up: frontends stop stamping
-    assert h.control(S.TraceSettings("", {}), ident=b"fe").result.settings.trace_count == "0"
+    assert h.control(S.TraceSettings("", {}), ident=b"fe").result.settings["trace_count"] == "0"
 
 
 def test_an_ensemble_steps_requests_are_traced_with_their_parent(harness, tmp_path):
@@ -225,9 +225,81 @@ def test_clearing_a_server_wide_trace_setting_restores_its_startup_value(harness
     h.control(S.TraceSettings("plain", {"trace_rate": "12"}))
     h.control(S.TraceSettings("", {"trace_rate": "56", "trace_count": "78", "trace_level": ["OFF"]}))
     settings = h.control(S.TraceSettings("", {"trace_rate": None, "trace_count": None})).result.settings
-    assert (settings.trace_rate, settings.trace_count, settings.trace_level) == ("1", "-1", ["OFF"])
+    assert (settings["trace_rate"], settings["trace_count"], settings["trace_level"]) == ("1", "-1", ["OFF"])
     model = h.control(S.TraceSettings("plain", {"trace_rate": None})).result.settings
-    assert (model.trace_rate, model.trace_level, model.trace_file) == ("1", ["OFF"], "t.json")
+    assert (model["trace_rate"], model["trace_level"], model["trace_file"]) == ("1", ["OFF"], "t.json")
+
+
+OTEL = {"level": "TIMESTAMPS", "rate": 1, "count": -1, "mode": "opentelemetry", "file": "t.json",
+        "otel": {"url": "localhost:10000/v1/traces"}}
+
+
+def test_settings_beyond_an_int32_are_refused_as_tritonserver_refuses_them(harness):
+    h = harness()
+    for key in ("trace_rate", "trace_count", "log_frequency"):
+        reply = h.control(S.TraceSettings("plain", {key: "10000000000"}))
+        assert reply.error is not None and "value is out of range" in reply.error.message, reply
+    assert h.control(S.TraceSettings("plain", {"trace_rate": str(2 ** 31 - 1)})).error is None
+
+
+def test_trace_settings_list_what_their_mode_uses_as_tritonserver_answers(harness):
+    h = harness(trace={**OTEL, "rate": 0})
+    # L0_trace greps these: the url as given, the batch span processor's defaults, no file
+    assert h.control(S.TraceSettings("plain", {})).result.settings == {
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "0", "trace_count": "-1", "trace_mode": "opentelemetry",
+        "url": "localhost:10000/v1/traces", "bsp_max_queue_size": "2048", "bsp_schedule_delay": "5000",
+        "bsp_max_export_batch_size": "512"}
+    assert h.control(S.TraceSettings("plain", {"trace_mode": "triton"})).result.settings == {
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "0", "trace_count": "-1", "log_frequency": "0",
+        "trace_file": "t.json", "trace_mode": "triton"}
+
+
+def test_an_ensembles_steps_go_back_with_its_reply_in_opentelemetry_mode(harness):
+    h = harness(trace=OTEL)
+    rid = next(h.rids)
+    h.from_frontend(S.Infer(rid, "pipe", -1, [S.TensorDesc("X", "FP32", [4], S.Inline(X.tobytes()))], id="1",
+                            trace=S.TraceStart(1, 2)))
+    execute(h, "plain")
+    info = h.replies()[rid].trace
+    (step,) = info.children
+    assert (step.parent_id, step.model, step.version) == (info.id, "plain", 1)
+    names = [s.name for s in step.stamps]
+    assert names[:2] == ["REQUEST_START", "QUEUE_START"] and "COMPUTE_START" in names and names[-1] == "REQUEST_END"
+
+
+def test_a_model_is_told_its_requests_trace_context(harness):
+    h = harness(trace=OTEL)
+    context = '{"traceparent":"00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"}'
+    h.from_frontend(S.Infer(next(h.rids), "plain", -1, [S.TensorDesc("X", "FP32", [4], S.Inline(X.tobytes()))],
+                            trace=S.TraceStart(1, 2, context=context)))
+    ((_, ex),) = h.executing("plain")
+    assert ex.requests[0].trace.context == context
+
+
+def test_a_bls_call_made_with_its_requests_trace_is_traced_as_its_child(harness, tmp_path):
+    trace = {"level": "TIMESTAMPS", "rate": 1, "count": -1, "mode": "triton", "file": str(tmp_path / "t.json"),
+             "log_frequency": 1}
+    h = harness(trace=trace)
+    x = [S.TensorDesc("X", "FP32", [4], S.Inline(X.tobytes()))]
+    rid = next(h.rids)
+    h.from_frontend(S.Infer(rid, "m", -1, x, id="1", trace=S.TraceStart(1, 2)))
+    ((inst, ex),) = h.executing("m")
+    parent = ex.requests[0].trace.id       # the worker learns the id of its request's trace
+    h.from_worker(inst, S.Infer(7, "plain", -1, x, id="1", parent_trace=parent))
+    execute(h, "plain")
+    h.answer(inst, ex, {"Y": S.Inline(b"y" * 16), "Z": S.Inline(b"z" * 16)})
+    h.from_frontend(S.TraceDone(h.replies()[rid].trace.id, [S.Stamp("HTTP_SEND_START", 1), S.Stamp("HTTP_SEND_END", 2)]))
+    heads = [r for r in json.loads((tmp_path / "t.json.0").read_text()) if "model_name" in r]
+    assert [(r["model_name"], r.get("parent_id")) for r in heads] == [("plain", parent), ("m", None)]
+
+
+def test_opentelemetry_flags_are_kept_as_tritonserver_reads_them():
+    o = options("--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,url=localhost:10000/v1/traces",
+                "--trace-config=opentelemetry,bsp_schedule_delay=0")
+    assert (o.trace.otel.url, o.trace.otel.bsp_schedule_delay) == ("localhost:10000/v1/traces", 0)
+    # a queue smaller than the default export batch (L0_trace's bsp_max_queue_size=1) is taken
+    o = options("--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,bsp_max_queue_size=1")
+    assert (o.trace.otel.bsp_max_queue_size, o.trace.otel.bsp_max_export_batch_size) == (1, 512)
 
 
 def test_trace_settings_of_a_model_that_is_not_ready_are_refused_in_tritons_words(harness):

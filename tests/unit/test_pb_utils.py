@@ -227,13 +227,32 @@ def test_bls_exec_calls_handler():
                         timeout=100, parameters={"p": "v"}).exec()
     assert not resp.has_error()
     np.testing.assert_array_equal(pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy(), [2, 4])
-    model, version, inputs, outputs, rid, params, corr, flags, timeout = calls[0]
+    model, version, inputs, outputs, rid, params, corr, flags, timeout, trace = calls[0]
     assert (model, version, list(inputs), outputs, rid) == ("target", 3, ["IN"], ["OUT"], "b1")
-    assert (params, corr, flags, timeout) == ({"p": "v"}, 7, 2, 100)
+    assert (params, corr, flags, timeout, trace) == ({"p": "v"}, 7, 2, 100, 0)
     responses = _bls_request().exec(decoupled=True)
     assert [[t.name() for t in r.output_tensors()] for r in responses] == [["OUT"], []]
     responses.cancel()
     assert cancelled == [True]
+
+
+def test_a_bls_model_name_read_from_a_bytes_tensor_is_taken():
+    # L0_trace's bls_simple passes MODEL_NAME's as_numpy()[0], a bytes object
+    calls = []
+    pb_utils.set_bls_handler(lambda *args: calls.append(args) or ({}, None))
+    pb_utils.InferenceRequest(model_name=b"target", inputs=[], requested_output_names=[]).exec()
+    assert calls[0][0] == "target"
+
+
+def test_a_bls_request_made_with_a_requests_trace_names_it():
+    calls = []
+    pb_utils.set_bls_handler(lambda *args: calls.append(args) or ({}, None))
+    received = pb_utils.InferenceRequest(inputs=[], requested_output_names=[], model_name="bls",
+                                         trace=pb_utils.InferenceTrace(42))
+    assert received.trace().get_context() is None       # mode triton
+    assert pb_utils.InferenceTrace(42, '{"traceparent":"00-1-2-01"}').get_context() == '{"traceparent":"00-1-2-01"}'
+    _bls_request(trace=received.trace()).exec()
+    assert calls[0][-1] == 42
 
 
 def test_bls_error_propagation():

@@ -52,6 +52,9 @@ class WorkerRequest:
     # Writable views of the client's system shared-memory regions its outputs go to, by
     # output name, for a backend that `writes_into_regions`; None otherwise.
     output_buffers: dict[str, memoryview] | None = None
+    # This request's trace when it is traced (tritond.wire.schema.TraceRef): BLS calls made
+    # with request.trace() are traced as its children.
+    trace: Any = None
 
 
 @dataclass(slots=True)

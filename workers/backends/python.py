@@ -186,6 +186,7 @@ class PythonBackend(Backend):
             requested_output_names=request.requested_outputs or self._all_outputs,
             model_name=self.instance.model_name, model_version=self.instance.model_version,
             flags=request.flags, timeout=request.timeout_us, parameters=request.parameters,
+            trace=pb_utils.InferenceTrace(request.trace.id, request.trace.context) if request.trace else None,
         )
         responder = request.responder
         if responder is not None:
