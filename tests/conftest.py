@@ -287,6 +287,12 @@ class TritondServer:
         return "\n".join(_unescaped(line) for line in raw.split("\n"))
 
     @property
+    def log_outside_tables(self) -> str:
+        """The log without the rows of Triton's start-up model table, which repeats each
+        failure's reason: what a test counts when a message must be said once."""
+        return "\n".join(line for line in self.log.splitlines() if not line.startswith(("|", "+-")))
+
+    @property
     def server_id(self) -> str:
         m = re.search(r"server id ([0-9a-f]{32})", self.log)
         return m.group(1) if m else ""

@@ -376,9 +376,10 @@ def test_a_killed_composing_worker_fails_only_its_requests(server, client, tmp_p
 # ---------------------------------------------------------------------- validation
 
 def test_invalid_ensembles_are_unavailable_with_their_reason(server, client):
-    """Each with its reason in the repository index and, once, in the server log."""
+    """Each with its reason in the repository index and, once, in the server log (besides its
+    row of the start-up model table)."""
     index = {m["name"]: m for m in client.get_model_repository_index()}
-    log = server.log
+    log = server.log_outside_tables
     for name, fragments in INVALID.items():
         entry = index[name]
         assert entry.get("state") == "UNAVAILABLE", (name, entry)

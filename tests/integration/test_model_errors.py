@@ -46,11 +46,6 @@ ensemble_scheduling { step [{ model_name: "divides" model_version: -1
 """
 
 
-def outside_tables(log: str) -> str:
-    """The log without the lines of Triton's start-up table, which repeats each failure's reason."""
-    return "\n".join(line for line in log.splitlines() if not line.startswith(("|", "+-")))
-
-
 def python_model(repo: Path, name: str, code: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(f'backend: "python"\n{IO}')
@@ -110,7 +105,7 @@ def test_an_exception_in_initialize_is_logged_once_with_its_type_and_frames(eser
     entry = next(m for m in httpclient.InferenceServerClient(eserver.http_url).get_model_repository_index()
                  if m["name"] == "broken_init")
     assert entry["state"] == "UNAVAILABLE" and text in entry["reason"], entry
-    assert outside_tables(eserver.log).count("KeyError: 'the weights are missing'") == 1, eserver.log
+    assert eserver.log_outside_tables.count("KeyError: 'the weights are missing'") == 1, eserver.log
     assert f"model 'broken_init' version 1 is UNAVAILABLE: load failed for model 'broken_init': {text}" in eserver.log
 
 
@@ -133,7 +128,7 @@ def test_a_startup_load_error_is_logged_once_and_without_a_version_it_does_not_h
     (repo / "divides" / "config.pbtxt").write_text(f'backend: "python"\n{IO}\nno_such_field: 1\n')
     s = TritondServer(repo).start(wait="exit")
     assert s.returncode == 1
-    said = outside_tables(s.log)
+    said = s.log_outside_tables
     assert said.count('has no field named "no_such_field"') == 1, s.log
     assert "version 0" not in said
     # Triton's start-up table names it once more, with the reason
