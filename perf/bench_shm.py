@@ -8,6 +8,7 @@ For inputs of 64 KB, 1 MB, 4 MB and 16 MB (FP32) on a Python identity model (max
   shm over HTTP    input and output in registered system shared-memory regions
   shm over gRPC    the same over gRPC
   in-place/HTTP    output requested into the very bytes that hold the input
+  shm/HTTP ONNX    shm/HTTP on an ONNX Runtime Identity over FP32 [N] (the ONNX backend's path)
 then prints how flat each shared-memory path stays: its 16 MB p50 against 1.3x its 64 KB p50
 plus one memcpy of 16 MB whose ends are not in cache (measured in this run), and gRPC / shm at
 16 MB (goal >= 5). The shm
@@ -46,8 +47,9 @@ import tritonclient.utils.shared_memory as shm
 from bench_core import READY_TIMEOUT_S, ROOT, Server, ServerStartError
 
 MODEL = "identity_fp32"
+ONNX_MODEL = "identity_onnx"    # the same tensors through ONNX Runtime (an Identity graph)
 SIZES = ((64 << 10, "64 KB"), (1 << 20, "1 MB"), (4 << 20, "4 MB"), (16 << 20, "16 MB"))
-PATHS = ("HTTP binary", "gRPC", "shm/HTTP", "shm/gRPC", "in-place/HTTP")
+PATHS = ("HTTP binary", "gRPC", "shm/HTTP", "shm/gRPC", "in-place/HTTP", "shm/HTTP ONNX")
 THROUGHPUT = re.compile(r"Concurrency: (\d+), throughput: ([0-9.]+) infer/sec")
 
 
@@ -74,7 +76,27 @@ class ShmServer(Server):
 
 def make_repository(dest: Path) -> Path:
     shutil.copytree(ROOT / "examples" / "model_repository" / MODEL, dest / MODEL)
+    write_onnx_identity(dest / ONNX_MODEL)
     return dest
+
+
+def write_onnx_identity(model_dir: Path) -> None:
+    """An ONNX Identity over FP32 [N]: ONNX Runtime's path for a tensor of any size (the output's
+    dim named as the input's, so its shape is known before the run and it can be bound)."""
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "identity",
+                              [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["N"])],
+                              [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["N"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (model_dir / "1").mkdir(parents=True)
+    onnx.save(model, str(model_dir / "1" / "model.onnx"))
+    (model_dir / "config.pbtxt").write_text(
+        f'name: "{ONNX_MODEL}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        'input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [-1] }]\n'
+        'output [{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [-1] }]\n'
+        'instance_group [{ kind: KIND_CPU, count: 1 }]\n')
 
 
 def cold_memcpy_ms(nbytes: int, reps: int = 15) -> float:
@@ -136,12 +158,12 @@ class Regions:
             for n in self.names:
                 c.register_system_shared_memory(n, "/" + n, x.nbytes)
 
-    def call(self, client, mod, x: np.ndarray, in_place: bool = False):
+    def call(self, client, mod, x: np.ndarray, in_place: bool = False, model: str = MODEL):
         inp = mod.InferInput("INPUT0", list(x.shape), "FP32")
         inp.set_shared_memory(self.names[0], x.nbytes)
         out = mod.InferRequestedOutput("OUTPUT0")
         out.set_shared_memory(self.names[0 if in_place else 1], x.nbytes)
-        return lambda: client.infer(MODEL, [inp], outputs=[out])
+        return lambda: client.infer(model, [inp], outputs=[out])
 
     def check(self, x: np.ndarray) -> None:
         got = shm.get_contents_as_numpy(self.handles[1], np.float32, list(x.shape))
@@ -160,6 +182,8 @@ def latency_table(http: str, grpc: str, args) -> tuple[dict, str]:
     hc = httpclient.InferenceServerClient(http, network_timeout=300)
     gc = grpcclient.InferenceServerClient(grpc)
     rows: dict[str, dict[str, float]] = {}
+    onnx = hc.is_model_ready(ONNX_MODEL)      # a running server given by address may lack it
+    paths = [p for p in PATHS if onnx or "ONNX" not in p]
     try:
         for nbytes, label in SIZES:
             x = np.random.default_rng(0).random(nbytes // 4, dtype=np.float32)
@@ -168,9 +192,12 @@ def latency_table(http: str, grpc: str, args) -> tuple[dict, str]:
             try:
                 row = p50_ms({"HTTP binary": body_call(hc, httpclient, x, True),
                               "gRPC": body_call(gc, grpcclient, x, False)}, n, args.warmup)
-                row.update(p50_ms({"shm/HTTP": regions.call(hc, httpclient, x),
-                                   "shm/gRPC": regions.call(gc, grpcclient, x),
-                                   "in-place/HTTP": regions.call(hc, httpclient, x, in_place=True)}, n, args.warmup))
+                calls = {"shm/HTTP": regions.call(hc, httpclient, x),
+                         "shm/gRPC": regions.call(gc, grpcclient, x),
+                         "in-place/HTTP": regions.call(hc, httpclient, x, in_place=True)}
+                if onnx:
+                    calls["shm/HTTP ONNX"] = regions.call(hc, httpclient, x, model=ONNX_MODEL)
+                row.update(p50_ms(calls, n, args.warmup))
                 regions.check(x)
             finally:
                 regions.close()
@@ -179,15 +206,16 @@ def latency_table(http: str, grpc: str, args) -> tuple[dict, str]:
     finally:
         hc.close()
         gc.close()
-    lines = ["p50 latency (ms), one request at a time, identity_fp32 (Python), FP32 input of",
-             f"{'size':>8} " + "".join(f"{p:>15}" for p in PATHS)]
+    lines = [f"p50 latency (ms), one request at a time, {MODEL} (Python; {ONNX_MODEL}: ONNX Runtime), "
+             "FP32 input of",
+             f"{'size':>8} " + "".join(f"{p:>15}" for p in paths)]
     for label, row in rows.items():
-        lines.append(f"{label:>8} " + "".join(f"{row[p]:>15.2f}" for p in PATHS))
+        lines.append(f"{label:>8} " + "".join(f"{row[p]:>15.2f}" for p in paths))
     small, big = rows[SIZES[0][1]], rows[SIZES[-1][1]]
     copy_ms = cold_memcpy_ms(SIZES[-1][0])
     lines.append("")
     lines.append(f"one memcpy of 16 MB on this host, neither side in cache: {copy_ms:.2f} ms")
-    for path in ("shm/HTTP", "shm/gRPC", "in-place/HTTP"):
+    for path in paths[2:]:
         copies = 0 if path.startswith("in-place") else 1
         bound = 1.3 * small[path] + copies * copy_ms
         lines.append(f"{path}: 16 MB / 64 KB = {big[path] / small[path]:.2f}x; 16 MB {big[path]:.2f} ms against "

@@ -1,5 +1,6 @@
 """ONNX Runtime writes a request's outputs straight into the client's shared-memory region
-(output binding) when the model fixes their shape, so the worker has no copy left to make;
+(output binding) when the model fixes their shape or names their dims as an input's, so the
+worker has no copy left to make;
 otherwise, and when the region overlaps an input, it runs as usual."""
 from __future__ import annotations
 
@@ -27,10 +28,12 @@ def save_model(path, batch_dim, width) -> None:
     onnx.save(model, str(path / "1" / "model.onnx"))
 
 
-def backend(tmp_path, max_batch_size: int = 8, width: int | None = 4):
+def backend(tmp_path, max_batch_size: int = 8, width: int | str | None = 4):
+    """width: fixed, named (a dim_param shared by the input and the outputs) or None (open)."""
     path = tmp_path / "m"
     save_model(path, "batch" if max_batch_size else 2, width)
-    dims = [width or -1] if max_batch_size else [2, width or -1]
+    w = width if type(width) is int else -1
+    dims = [w] if max_batch_size else [2, w]
     config = {"name": "m", "platform": "onnxruntime_onnx", "max_batch_size": max_batch_size,
               "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": dims}],
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": dims},
@@ -81,3 +84,15 @@ def test_otherwise_the_output_is_onnx_runtimes_own(tmp_path, case):
     for r in results:
         np.testing.assert_array_equal(r.outputs["OUTPUT0"], expected)
         assert not np.shares_memory(r.outputs["OUTPUT0"], np.frombuffer(out, np.uint8))
+
+
+@pytest.mark.parametrize("max_batch_size", [8, 0])
+def test_an_output_whose_dims_are_named_as_an_inputs_is_bound_to_the_inputs_size(tmp_path, max_batch_size):
+    b = backend(tmp_path, max_batch_size=max_batch_size, width="W")
+    for width in (3, 5):                # the size comes from each request's input
+        x = np.arange(2 * width, dtype=np.float32).reshape(2, width)
+        out = region(4 * 2 * width + 8)
+        (r,) = b.execute([WorkerRequest({"INPUT0": x}, [], output_buffers={"OUTPUT0": out})])
+        y = r.outputs["OUTPUT0"]
+        assert y.shape == (2, width) and np.shares_memory(y, np.frombuffer(out, np.uint8))
+        np.testing.assert_array_equal(y, x + 1)

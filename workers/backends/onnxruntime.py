@@ -1,7 +1,8 @@
 """ONNX Runtime backend: one InferenceSession per worker; requests of a batch are
 concatenated once along the batch dimension and the outputs split back as views. A request
 executed alone whose outputs go to a client's shared-memory region has ONNX Runtime write them
-there (output binding), when the model's output shapes are known before it runs."""
+there (output binding), when the model's output shapes are known before it runs: fixed dims,
+or named dims (dim_param) that an input has too, read from that input's shape."""
 from __future__ import annotations
 
 import numpy as np
@@ -57,9 +58,15 @@ class OnnxBackend(Backend):
         self.ragged = RaggedPlan.from_config(self.view, self.config)
         self.bindable = {} if self.ragged is not None or self.instance.kind == "GPU" else self._bindable()
 
-    def _bindable(self) -> dict[str, tuple[np.dtype, list[int]]]:
-        """Outputs whose dims (behind the batch dimension of a batching model) the model fixes:
-        their shape is known before a run, so they can be bound to a client's region."""
+    def _bindable(self) -> dict[str, tuple[np.dtype, list[int | tuple[str, int]]]]:
+        """Outputs whose dims (behind the batch dimension of a batching model) are known before
+        a run, so they can be bound to a client's region: each dim fixed, or named as a dim of
+        an input is named (ONNX gives one name one size), given as (that input, its axis)."""
+        named: dict[str, tuple[str, int]] = {}
+        for i in self.session.get_inputs():
+            for axis, d in enumerate(i.shape or []):
+                if type(d) is str and d:
+                    named.setdefault(d, (i.name, axis))
         out = {}
         for o in self.session.get_outputs():
             dtype = _ORT_DTYPES.get(o.type)
@@ -68,8 +75,9 @@ class OnnxBackend(Backend):
                 if not shape or type(shape[0]) is int:      # no free batch dimension to fill in
                     continue
                 shape = shape[1:]
-            if dtype is not None and all(type(d) is int and d >= 0 for d in shape):
-                out[o.name] = (np.dtype(dtype), shape)
+            dims = [d if type(d) is int and d >= 0 else named.get(d) if type(d) is str else None for d in shape]
+            if dtype is not None and None not in dims:
+                out[o.name] = (np.dtype(dtype), dims)
         return out
 
     def _feed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -103,7 +111,10 @@ class OnnxBackend(Backend):
             if spec is None:
                 continue
             dtype, dims = spec
-            shape = batch + dims
+            try:
+                shape = batch + [d if type(d) is int else feed[d[0]].shape[d[1]] for d in dims]
+            except (KeyError, IndexError):      # an optional input left out, or of fewer dims
+                continue
             count = int(np.prod(shape, dtype=np.int64))
             if count == 0 or count * dtype.itemsize > len(buf):
                 continue
