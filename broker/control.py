@@ -22,7 +22,7 @@ from tritond.broker.tables.client_regions import ClientRegions
 from tritond.broker.drain import Drain
 from tritond.broker.ensembles.submission import Ensembles
 from tritond.broker.lifecycle.operations import ModelControl
-from tritond.broker.tables.model_version import READY, UNAVAILABLE
+from tritond.broker.tables.model_version import READY, UNAVAILABLE, ModelVersion
 from tritond.broker.tables.registry import ModelRegistry
 from tritond.broker.settings import Settings
 
@@ -46,6 +46,7 @@ class ControlHandler:
         self.allow_client_shm = opts.allow_client_shm
         self.registry = registry
         self.model_ops = model_ops
+        self.pager = model_ops.pager
         self.ensembles = ensembles
         self.regions = regions
         self.drain = drain
@@ -109,16 +110,32 @@ class ControlHandler:
     # ---------------------------------------------------------------- statistics
 
     def stats(self, op: S.Statistics, answer: Answer) -> R.StatsReply:
-        ready = [mv for mv in self.registry.versions() if mv.state == READY]
+        listed = self._listed
         if not op.name:
-            return R.StatsReply([mv.stats.statistics() for mv in ready])
+            return R.StatsReply([self._statistics(mv) for mv in self.registry.versions() if listed(mv)])
         versions = self.registry.get(op.name)
-        if not any(mv.state == READY for mv in versions.values()):
+        if not any(listed(mv) for mv in versions.values()):
             self.registry.resolve(op.name, op.version)      # Triton's error for the name
             raise TritonError(Code.NOT_FOUND, f"Request for unknown model: '{op.name}' has no available versions")
         if op.version >= 0:
-            return R.StatsReply([self.registry.resolve(op.name, op.version).stats.statistics()])
-        return R.StatsReply([mv.stats.statistics() for _, mv in sorted(versions.items()) if mv.state == READY])
+            mv = versions.get(op.version)
+            if mv is None or not listed(mv):
+                mv = self.registry.resolve(op.name, op.version)     # Triton's error for the version
+            return R.StatsReply([self._statistics(mv)])
+        return R.StatsReply([self._statistics(mv) for _, mv in sorted(versions.items()) if listed(mv)])
+
+    def _listed(self, mv: ModelVersion) -> bool:
+        """READY versions have statistics; in paged mode paged-out ones too (`restarting`)."""
+        return mv.state == READY or (self.pager is not None and mv.restarting)
+
+    def _statistics(self, mv: ModelVersion) -> R.ModelStatistics:
+        stats = mv.stats.statistics()
+        paging = self.pager.statistics(mv.name) if self.pager is not None else None
+        if paging is not None:
+            stats.paging = paging
+            if paging.resident and paging.memory_bytes:
+                stats.memory_usage = [R.MemoryUsage("CPU", 0, paging.memory_bytes)]
+        return stats
 
     def metrics(self, op: S.ModelMetrics, answer: Answer) -> R.MetricsReply:
         """What one /metrics scrape reports (broker/observe/metrics.py)."""
