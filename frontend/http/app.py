@@ -52,6 +52,7 @@ class HttpOptions:
     client_certificate: Callable[[Scope], bytes | None] | None = None   # DER certificate of the client
     header_forward: str | None = None   # pattern of the headers forwarded to models
     init_failed: bool = False       # started although a repository failed (--exit-on-error=false)
+    paged: bool = False             # --model-control-mode=paged: a paged-out model has metadata too
 
 
 class HttpApi:
@@ -124,9 +125,10 @@ class HttpApi:
     async def model_metadata(self, request: Request) -> Response:
         name = request.path_params["model"]
         version = self.version(request)
-        entry = self.client.table.resolve(name, version)
+        entry = self.client.table.resolve(name, version, restarting_ok=self.opts.paged)
         versions = [str(version)] if version >= 0 else sorted(
-            (str(v) for v, e in self.client.table.by_name[name].items() if e.state is S.ModelState.READY), key=int)
+            (str(v) for v, e in self.client.table.by_name[name].items()
+             if e.state is S.ModelState.READY or (self.opts.paged and e.restarting)), key=int)
         return json_response(model_metadata(entry.config or {}, name, versions))
 
     async def model_ready(self, request: Request) -> Response:
@@ -146,7 +148,11 @@ class HttpApi:
     async def model_stats(self, request: Request) -> Response:
         name = request.path_params.get("model", "")
         reply = await self.client.control(S.Statistics(name, self.version(request)))
-        return json_response({"model_stats": msgspec.to_builtins(reply.model_stats)})
+        stats = msgspec.to_builtins(reply.model_stats)
+        for entry in stats:     # a model's paging, in paged mode only
+            if entry["paging"] is None:
+                del entry["paging"]
+        return json_response({"model_stats": stats})
 
     # ------------------------------------------------------------- inference
 
