@@ -50,6 +50,6 @@ def victims(budget: int, used: int, need: int, candidates: Iterable[Candidate]) 
     return None
 
 
-def backoff_s(failures: int, first_s: float = 1.0, most_s: float = 60.0) -> float:
+def backoff_s(failures: int, first_s: float = 5.0, most_s: float = 300.0) -> float:
     """How long a model whose load failed `failures` times in a row waits before it is tried again."""
     return min(most_s, first_s * 2 ** max(0, failures - 1))

@@ -37,8 +37,8 @@ def test_a_model_never_measured_is_expected_to_take_the_average():
 
 
 def test_backoff_doubles_and_is_bounded():
-    assert [backoff_s(n) for n in (1, 2, 3)] == [1.0, 2.0, 4.0]
-    assert backoff_s(30) == 60.0
+    assert [backoff_s(n) for n in (1, 2, 3)] == [5.0, 10.0, 20.0]
+    assert backoff_s(30) == 300.0
 
 
 def test_pss_of_this_process_and_of_a_missing_one():
