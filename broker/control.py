@@ -112,7 +112,7 @@ class ControlHandler:
     def stats(self, op: S.Statistics, answer: Answer) -> R.StatsReply:
         listed = self._listed
         if not op.name:
-            return R.StatsReply([self._statistics(mv) for mv in self.registry.versions() if listed(mv)])
+            return self._reply([mv for mv in self.registry.versions() if listed(mv)])
         versions = self.registry.get(op.name)
         if not any(listed(mv) for mv in versions.values()):
             self.registry.resolve(op.name, op.version)      # Triton's error for the name
@@ -121,21 +121,27 @@ class ControlHandler:
             mv = versions.get(op.version)
             if mv is None or not listed(mv):
                 mv = self.registry.resolve(op.name, op.version)     # Triton's error for the version
-            return R.StatsReply([self._statistics(mv)])
-        return R.StatsReply([self._statistics(mv) for _, mv in sorted(versions.items()) if listed(mv)])
+            return self._reply([mv])
+        return self._reply([mv for _, mv in sorted(versions.items()) if listed(mv)])
 
     def _listed(self, mv: ModelVersion) -> bool:
         """READY versions have statistics; in paged mode paged-out ones too (`restarting`)."""
         return mv.state == READY or (self.pager is not None and mv.restarting)
 
-    def _statistics(self, mv: ModelVersion) -> R.ModelStatistics:
-        stats = mv.stats.statistics()
-        paging = self.pager.statistics(mv.name) if self.pager is not None else None
-        if paging is not None:
-            stats.paging = paging
-            if paging.resident and paging.memory_bytes:
-                stats.memory_usage = [R.MemoryUsage("CPU", 0, paging.memory_bytes)]
-        return stats
+    def _reply(self, versions: list[ModelVersion]) -> R.StatsReply:
+        """Their statistics; in paged mode with each pageable model's paging, and Triton's
+        memory_usage holding the measured size of a resident one."""
+        stats = [mv.stats.statistics() for mv in versions]
+        if self.pager is None:
+            return R.StatsReply(stats)
+        paging = {}
+        for mv, one in zip(versions, stats):
+            p = self.pager.statistics(mv.name)
+            if p is not None:
+                paging[mv.name] = p
+                if p.resident and p.memory_bytes:
+                    one.memory_usage = [R.MemoryUsage("CPU", 0, p.memory_bytes)]
+        return R.StatsReply(stats, paging)
 
     def metrics(self, op: S.ModelMetrics, answer: Answer) -> R.MetricsReply:
         """What one /metrics scrape reports (broker/observe/metrics.py)."""

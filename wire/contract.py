@@ -114,7 +114,7 @@ def record() -> str:
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
 RECORDED_VERSION = 15
-SCHEMA_FINGERPRINT = "11d03c6610679242"
+SCHEMA_FINGERPRINT = "038f9daba761f6f3"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -142,13 +142,13 @@ STRUCTS = {
     "replies.ModelIndex": "a49661f17d9b",
     "replies.ModelPaging": "5f7bfa0f763d",
     "replies.ModelSnapshot": "5ca587e5bf74",
-    "replies.ModelStatistics": "a46812b9c200",
+    "replies.ModelStatistics": "e666ec69828b",
     "replies.PagingSnapshot": "989e87127b87",
     "replies.PagingStatistics": "43f6dbc5ca27",
     "replies.Peer": "bf95b1aaf7cb",
     "replies.ShmStatusReply": "9fb7c49e7970",
     "replies.StatisticDuration": "4e22c5955dbd",
-    "replies.StatsReply": "318734b9edba",
+    "replies.StatsReply": "d98181d22ba3",
     "replies.SummarySnapshot": "a6b1c22cb3b1",
     "replies.SystemRegionStatus": "72a2516c9bfa",
     "replies.TraceSettingsReply": "853e9ed110d6",
@@ -223,3 +223,7 @@ STRUCTS = {
     "schema.Zeros": "9cd0d19aa965",
     "schema._S": "c4554829a979",
 }
+
+
+if __name__ == "__main__":
+    print(record())

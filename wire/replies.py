@@ -82,11 +82,11 @@ class ModelStatistics(msgspec.Struct):
     response_stats: dict[str, InferResponseStatistics] = {}
     batch_stats: list[InferBatchStatistics] = []
     memory_usage: list[MemoryUsage] = []
-    paging: PagingStatistics | None = None
 
 
 class StatsReply(_Reply, tag="stats"):
     model_stats: list[ModelStatistics]
+    paging: dict[str, PagingStatistics] = {}     # by model name, in paged mode (HTTP renders it)
 
 
 # ---------------------------------------------------------------- repository index

@@ -280,12 +280,9 @@ def model_metadata(doc: dict[str, Any]) -> pb.ModelMetadataResponse:
 
 
 def model_statistics(reply: R.StatsReply) -> pb.ModelStatisticsResponse:
-    """The statistics Structs have the proto's field names and shapes, but for paging (a
-    tritond extra that the proto has no field for)."""
-    stats = msgspec.to_builtins(reply.model_stats)
-    for entry in stats:
-        del entry["paging"]
-    return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+    """The statistics Structs have the proto's field names and shapes."""
+    return json_format.ParseDict({"model_stats": msgspec.to_builtins(reply.model_stats)},
+                                 pb.ModelStatisticsResponse())
 
 
 def repository_index(reply: R.IndexReply) -> pb.RepositoryIndexResponse:

@@ -149,9 +149,10 @@ class HttpApi:
         name = request.path_params.get("model", "")
         reply = await self.client.control(S.Statistics(name, self.version(request)))
         stats = msgspec.to_builtins(reply.model_stats)
-        for entry in stats:     # a model's paging, in paged mode only
-            if entry["paging"] is None:
-                del entry["paging"]
+        if reply.paging:        # paged mode: each pageable model's paging (the proto has no field for it)
+            for entry in stats:
+                if entry["name"] in reply.paging:
+                    entry["paging"] = msgspec.to_builtins(reply.paging[entry["name"]])
         return json_response({"model_stats": stats})
 
     # ------------------------------------------------------------- inference
