@@ -57,7 +57,7 @@ class Paged:
     phase: str = OUT
     last_used: float = 0.0           # wall-clock seconds of its page-in (its executions count too)
     asked_ns: int = 0                # when the request that paged it in arrived
-    executions: int = 0              # its execution count at the page-in
+    executions: int = 0              # its execution count when its page-in began
     page_ins: int = 0
     page_outs: int = 0
     first_response: Summary = field(default_factory=Summary)     # µs from the request to its answer
@@ -166,8 +166,8 @@ class Pager:
             self._settle(rec, now)
         for rec in list(self.first.values()):
             self._first_response(rec)
-        while self.wanted and self._page_in(self.models[self.wanted[0]]):
-            self.wanted.pop(0)
+        if self.wanted:
+            self._admit()
         if now >= self.next_measure and not self.measuring:
             self._sweep(now)
             self._measure()
@@ -189,23 +189,41 @@ class Pager:
         est = self.sizes.estimate
         return self.pinned + sum(est(name) for name in self.active) + sum(size for _, size in self.exiting)
 
-    def _page_in(self, rec: Paged) -> bool:
-        """Start paging `rec` in when it fits (paging others out first); False: it waits."""
+    def _admit(self) -> None:
+        """Page in what was asked for, in order of asking. Each model that must wait keeps its
+        expected size reserved, so those behind it cannot take its room; the workers paged out
+        for it are stopped at once, so exits run side by side."""
+        reserved = 0
+        for name in list(self.wanted):
+            need = self._page_in(self.models[name], reserved)
+            if need is None:
+                self.wanted.remove(name)
+            else:
+                reserved += need
+
+    def _page_in(self, rec: Paged, reserved: int) -> int | None:
+        """Start paging `rec` in when it fits beside `reserved` (paging others out first, and
+        waiting for their workers to exit): None once started (or refused), else the bytes it
+        waits for."""
         if rec.phase != OUT:
-            return True
-        if not self.sizes.known and self.active:
-            return False        # nothing measured yet: one model at a time until one is
+            return None
         need = self.sizes.estimate(rec.name)
-        out = victims(self.budget, self.used(), need, self._candidates())
+        if not self.sizes.known and self.active:
+            return need             # nothing measured yet: one model at a time until one is
+        exiting = sum(size for _, size in self.exiting)
+        # room once the workers on their way out have exited: who else must leave for it to fit
+        out = victims(self.budget, self.used() - exiting + reserved, need, self._candidates())
         if out is None:
             if self._too_big(rec.name):
                 self._refuse(rec)
-                return True
-            if self.active or self.exiting:
-                return False        # it waits for resident models to become idle
+                return None
+            if self.active or self.exiting or reserved:
+                return need         # it waits for resident models to become idle
             out = []                # alone it is expected not to fit: it is let in and measured
         for name in out:
             self.page_out(self.models[name])
+        if self.exiting and self.used() + reserved + need > self.budget:
+            return need             # it starts once they have exited: their memory is still in use
         rec.phase = LOADING_IN
         self.active[rec.name] = rec
         self.loading[rec.name] = rec
@@ -213,13 +231,15 @@ class Pager:
         rec.last_used = time.time()
         started = self.clock.now()
         log.info("paging in model '%s' (%d of %d bytes in use)", rec.name, self.used(), self.budget)
-        for mv in self.registry.get(rec.name).values():
+        versions = self.registry.get(rec.name).values()
+        rec.executions = sum(mv.stats.execution_count for mv in versions)
+        for mv in versions:
             mv.load_started = started
             mv.unloaded = False
             self.registry.set_state(mv, LOADING, "paging in")
             for inst in mv.instances:
                 self.lifecycle.start_instance(mv, inst)
-        return True
+        return None
 
     def _too_big(self, name: str) -> bool:
         """Measured bigger than the budget leaves beside the pinned models."""
@@ -281,7 +301,6 @@ class Pager:
             rec.phase = IN
             rec.failures = 0
             rec.failure = ""
-            rec.executions = sum(mv.stats.execution_count for mv in versions)
             self.first[rec.name] = rec
             self.next_measure = now      # measure it at once
             return
@@ -312,6 +331,7 @@ class Pager:
             us = (self.clock.now_ns() - rec.asked_ns) / 1000
             rec.first_response.observe(us)
             self.first_response.observe(us)
+            self.next_measure = self.clock.now()     # what its first execution allocated counts now
         elif all(_idle(mv) for mv in versions):
             del self.first[rec.name]        # what paged it in left unanswered by it (expired, cancelled)
 
