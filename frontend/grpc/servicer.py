@@ -140,7 +140,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             await asyncio.sleep(0.05)
 
     def ready(self) -> bool:
-        return not self.opts.init_failed and self.client.ready(self.opts.strict_readiness)
+        return not self.opts.init_failed and self.client.ready(self.opts.strict_readiness, self.opts.paged)
 
     # ------------------------------------------------------------- health and metadata
 

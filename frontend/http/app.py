@@ -115,7 +115,7 @@ class HttpApi:
         return Response(status_code=400 if self.opts.init_failed or not self.client.serving else 200)
 
     async def ready(self, request: Request) -> Response:
-        ok = not self.opts.init_failed and self.client.ready(self.opts.strict_readiness)
+        ok = not self.opts.init_failed and self.client.ready(self.opts.strict_readiness, self.opts.paged)
         return Response(status_code=200 if ok else 400)
 
     async def server_metadata(self, request: Request) -> Response:
