@@ -11,10 +11,12 @@ runs. Paging out puts a fresh paged-out version in the table (its statistics car
 retires the resident one (lifecycle/retire.py), whose memory counts until its workers exited.
 
 Memory is what the workers use (their PSS, measured on the job pool every MEASURE_S and after
-every page-in), never file sizes. A model measured bigger than the whole budget is refused;
-one whose load fails fails what waited for it and is not tried again before its backoff ends.
+every page-in and its first answer), never file sizes. A page-in starts once the workers paged
+out for it have exited, so their memory and its own are never counted twice. A model measured
+bigger than what the budget leaves beside the pinned models is refused; when a load fails, what
+waited for it fails with the reason and the model is not tried again before its backoff ends.
 Pinned models (--load-model, parameter `paging_pinned`, ensembles and what they compose) are
-loaded at startup by model control and are none of the pager's business.
+loaded at startup by model control; the pager only counts their memory.
 """
 from __future__ import annotations
 
