@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from broker_harness import Harness, python_model
+from broker_harness import Harness, ensemble_model, python_model
 
 from tritond.broker.paging import pager as pager_module
 from tritond.broker.supervision.pool import InstanceState
@@ -165,3 +165,20 @@ def test_statistics_and_metrics_carry_paging(h):
     snap = h.control(S.ModelMetrics()).result.paging
     assert (snap.budget, snap.used, snap.resident) == (BUDGET, SIZE, 1)
     assert snap.first_response.count == 1
+
+
+def test_an_ensemble_and_what_it_composes_are_pinned_and_load_model_pins_too(tmp_path):
+    repo = tmp_path / "models"
+    python_model(repo, "step", ["IN"], ["OUT"])
+    python_model(repo, "named", ["INPUT0"], ["OUTPUT0"])
+    python_model(repo, "other", ["INPUT0"], ["OUTPUT0"])
+    ensemble_model(repo, "ens", 'name: "ens" platform: "ensemble" max_batch_size: 0 '
+                                'input [{ name: "IN" data_type: TYPE_FP32 dims: [-1] }] '
+                                'output [{ name: "OUT" data_type: TYPE_FP32 dims: [-1] }] '
+                                'ensemble_scheduling { step [ { model_name: "step" model_version: -1 '
+                                'input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }')
+    h = Harness(repo, model_control_mode="paged", model_memory_budget=BUDGET, load_models=["named"]).load("*")
+    assert {n: state(h, n) for n in ("step", "named", "ens", "other")} == {
+        "step": S.ModelState.READY, "named": S.ModelState.READY, "ens": S.ModelState.READY,
+        "other": S.ModelState.UNAVAILABLE}
+    assert set(h.broker.model_ops.pager.models) == {"other"}
