@@ -350,9 +350,10 @@ class Pager:
         if not pids and not pinned:
             return
         self.measuring = True
-        self.jobs.submit(lambda: (models_pss(pids), sum(pss_bytes(p) or 0 for p in pinned)), self._measured)
+        self.jobs.submit(lambda: (models_pss(pids), sum(pss_bytes(p) or 0 for p in pinned)),
+                         lambda fut: self._measured(fut, pids))
 
-    def _measured(self, fut: Any) -> None:
+    def _measured(self, fut: Any, pids: dict[str, list[int]]) -> None:
         self.measuring = False
         try:
             sizes, self.pinned = fut.result()
@@ -360,7 +361,8 @@ class Pager:
             log.exception("measuring the models' memory failed")
             return
         for name, size in sizes.items():
-            if self.models[name].phase == IN:
+            now = [i.pid for mv in self.registry.get(name).values() for i in mv.instances if i.pid]
+            if self.models[name].phase == IN and now == pids[name]:     # still the workers measured
                 self.sizes.record(name, size)
                 if self._too_big(name):
                     log.error("%s", self._too_big_error(name).message)
