@@ -507,7 +507,8 @@ class Broker:
                 if self.instances.fds_changed or self.frontend_leases.fds_changed or self.secondaries_changed():
                     self.instances.fds_changed = self.frontend_leases.fds_changed = False
                     registered = self.watch_exits(slow, registered)
-                self.publish_if_changed()
+                if self.registry.dirty:
+                    self.publish_if_changed()
                 wake = self.end_turn()
                 if wake:    # a batch waits for its queue delay: the poll ends by then
                     timeout = min(timeout, max(0.0, (wake - self.clock.now_ns()) / 1e9))
@@ -524,7 +525,8 @@ class Broker:
                 for sock in links:
                     if sock in events:
                         self.links.receive(sock)
-                self.publish_if_changed()
+                if self.registry.dirty:
+                    self.publish_if_changed()
         finally:
             slow.close()
         self.end_turn()
