@@ -22,7 +22,7 @@ from tritond.broker.tables.client_regions import ClientRegions
 from tritond.broker.drain import Drain
 from tritond.broker.ensembles.submission import Ensembles
 from tritond.broker.lifecycle.operations import ModelControl
-from tritond.broker.tables.model_version import READY, UNAVAILABLE
+from tritond.broker.tables.model_version import READY, UNAVAILABLE, ModelVersion
 from tritond.broker.tables.registry import ModelRegistry
 from tritond.broker.settings import Settings
 
@@ -46,6 +46,7 @@ class ControlHandler:
         self.allow_client_shm = opts.allow_client_shm
         self.registry = registry
         self.model_ops = model_ops
+        self.pager = model_ops.pager
         self.ensembles = ensembles
         self.regions = regions
         self.drain = drain
@@ -109,16 +110,38 @@ class ControlHandler:
     # ---------------------------------------------------------------- statistics
 
     def stats(self, op: S.Statistics, answer: Answer) -> R.StatsReply:
-        ready = [mv for mv in self.registry.versions() if mv.state == READY]
+        listed = self._listed
         if not op.name:
-            return R.StatsReply([mv.stats.statistics() for mv in ready])
+            return self._reply([mv for mv in self.registry.versions() if listed(mv)])
         versions = self.registry.get(op.name)
-        if not any(mv.state == READY for mv in versions.values()):
+        if not any(listed(mv) for mv in versions.values()):
             self.registry.resolve(op.name, op.version)      # Triton's error for the name
             raise TritonError(Code.NOT_FOUND, f"Request for unknown model: '{op.name}' has no available versions")
         if op.version >= 0:
-            return R.StatsReply([self.registry.resolve(op.name, op.version).stats.statistics()])
-        return R.StatsReply([mv.stats.statistics() for _, mv in sorted(versions.items()) if mv.state == READY])
+            mv = versions.get(op.version)
+            if mv is None or not listed(mv):
+                mv = self.registry.resolve(op.name, op.version)     # Triton's error for the version
+            return self._reply([mv])
+        return self._reply([mv for _, mv in sorted(versions.items()) if listed(mv)])
+
+    def _listed(self, mv: ModelVersion) -> bool:
+        """READY versions have statistics; in paged mode paged-out ones too (`restarting`)."""
+        return mv.state == READY or (self.pager is not None and mv.restarting)
+
+    def _reply(self, versions: list[ModelVersion]) -> R.StatsReply:
+        """Their statistics; in paged mode with each pageable model's paging, and Triton's
+        memory_usage holding the measured size of a resident one."""
+        stats = [mv.stats.statistics() for mv in versions]
+        if self.pager is None:
+            return R.StatsReply(stats)
+        paging = {}
+        for mv, one in zip(versions, stats):
+            p = self.pager.statistics(mv.name)
+            if p is not None:
+                paging[mv.name] = p
+                if p.resident and p.memory_bytes:
+                    one.memory_usage = [R.MemoryUsage("CPU", 0, p.memory_bytes)]
+        return R.StatsReply(stats, paging)
 
     def metrics(self, op: S.ModelMetrics, answer: Answer) -> R.MetricsReply:
         """What one /metrics scrape reports (broker/observe/metrics.py)."""

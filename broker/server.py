@@ -67,6 +67,7 @@ CHECK_INTERVAL_S = 0.25
 # wait bound (supervision/restart_wait.py) is checked then.
 TIMER_WALK_NS = 1_000_000_000
 STOP_WAIT_S = 5.0
+PAGED_PUBLISH_GAP_S = 0.2
 SHUTTING_DOWN = "Server is shutting down and has stopped accepting new requests"
 
 
@@ -101,6 +102,11 @@ class Broker:
         self.peers: dict[bytes, tuple[str, int]] = {}     # frontend identity -> (kind, pid)
         self.broker_peers: set[bytes] = set()     # the identities the other brokers (--broker-shards) said hello with
         self.supervisors: set[bytes] = set()      # the supervisor's (it sees every broker's table)
+        # Paged mode changes the table with every page-in and page-out, and a frontend decodes
+        # every model's entry each time; paged models route alike in or out (restarting), so
+        # the table goes out at most every PAGED_PUBLISH_GAP_S there.
+        self.publish_gap_s = PAGED_PUBLISH_GAP_S if opts.model_control_mode == "paged" else 0.0
+        self.next_publish = 0.0
         self.settings = Settings(opts.log, opts.trace, self.observe_changed)
 
         self.registry = ModelRegistry()
@@ -237,7 +243,8 @@ class Broker:
         self.to_workers(msg)
 
     def publish_if_changed(self) -> None:
-        if self.registry.dirty:
+        if self.registry.dirty and (not self.publish_gap_s or self.clock.now() >= self.next_publish):
+            self.next_publish = self.clock.now() + self.publish_gap_s
             self.publish_table()
 
     # ------------------------------------------------------------------ frontends
@@ -430,6 +437,8 @@ class Broker:
                 next_s = min(next_s, self.secondaries.tick(now))
         self.model_ops.tick(now)
         self.tracer.tick(now_ns)
+        if self.publish_gap_s and self.registry.dirty:      # a table held back goes out by then
+            next_s = min(next_s, max(0.0, self.next_publish - now))
         if self.drain.stopping:     # what a drain looks at costs nothing while none runs
             idle = not self.inflight and not self.streams.open and self.registry.idle()
             cancel, stop = self.drain.tick(now, idle, os.getppid() == self.opts.supervisor_pid)
@@ -499,7 +508,7 @@ class Broker:
                     self.instances.fds_changed = self.frontend_leases.fds_changed = False
                     registered = self.watch_exits(slow, registered)
                 if self.registry.dirty:
-                    self.publish_table()
+                    self.publish_if_changed()
                 wake = self.end_turn()
                 if wake:    # a batch waits for its queue delay: the poll ends by then
                     timeout = min(timeout, max(0.0, (wake - self.clock.now_ns()) / 1e9))
@@ -517,7 +526,7 @@ class Broker:
                     if sock in events:
                         self.links.receive(sock)
                 if self.registry.dirty:
-                    self.publish_table()
+                    self.publish_if_changed()
         finally:
             slow.close()
         self.end_turn()

@@ -62,7 +62,9 @@ class ModelTable:
                     return max(with_config, key=lambda e: e.version)
             raise
 
-    def ready(self, strict: bool) -> bool:
+    def ready(self, strict: bool, paged: bool = False) -> bool:
+        """`paged` (--model-control-mode=paged): a model paging in or out (`restarting`) is
+        not one that failed, so it does not make the server unready."""
         t = self.table
         if t is None or not t.startup_done or t.stopping:
             return False
@@ -70,7 +72,7 @@ class ModelTable:
             return True
         for versions in self.by_name.values():
             for e in versions.values():
-                if e.state is not S.ModelState.READY and not e.unloaded:
+                if e.state is not S.ModelState.READY and not e.unloaded and not (paged and e.restarting):
                     return False
         return True
 
@@ -364,9 +366,9 @@ class BrokerClient:
         mode = tracing.get(model)
         return tracing.get("", "") if mode is None else mode
 
-    def ready(self, strict: bool) -> bool:
+    def ready(self, strict: bool, paged: bool = False) -> bool:
         """Server readiness as this frontend reports it."""
-        return self.alive and self.serving and self.table.ready(strict)
+        return self.alive and self.serving and self.table.ready(strict, paged)
 
     def _check(self) -> None:
         if not self.alive:

@@ -63,8 +63,8 @@ class Brokers:
     def trace_mode(self, model: str) -> str:
         return self.clients[self.route.get(model, 0)].trace_mode(model)
 
-    def ready(self, strict: bool) -> bool:
-        return self.serving and self.alive and self.table.ready(strict)
+    def ready(self, strict: bool, paged: bool = False) -> bool:
+        return self.serving and self.alive and self.table.ready(strict, paged)
 
     def next_id(self, model: str = "") -> int:
         return next(self.ids) * self.shards + self.route.get(model, 0)

@@ -408,6 +408,32 @@ def server_families(f: Families, snap: R.MetricsReply, sampler: HostSampler, ser
         f.add("tritond_cache_used_bytes", g, "Response cache bytes held by entries", {}, cache.used)
         f.add("tritond_cache_entries", g, "Response cache entries", {}, cache.entries)
         f.add("tritond_cache_evictions", c, "Response cache entries evicted to make room", {}, cache.evictions)
+    if snap.paging is not None:
+        paging_families(f, snap.paging)
+
+
+def paging_families(f: Families, p: R.PagingSnapshot) -> None:
+    """--model-control-mode=paged: the budget, what is resident, and what paging cost per model."""
+    g, c = "gauge", "counter"
+    f.add("tritond_model_memory_budget_bytes", g, "Host memory the models' workers may use together "
+          "(--model-memory-budget), in bytes", {}, p.budget)
+    f.add("tritond_model_memory_used_bytes", g, "Host memory the resident, loading and exiting models' workers "
+          "use (their PSS as last measured), in bytes", {}, p.used)
+    f.add("tritond_models_resident", g, "Pageable models resident now", {}, p.resident)
+    f.summary("tritond_page_in_first_response_us", "Time from the request that paged a model in to its "
+              "answer, in microseconds", {}, p.first_response)
+    for m in p.models:
+        labels = {"model": m.name}
+        f.add("tritond_model_resident", g, "1 while the model is resident, 0 while it is paged out", labels,
+              int(m.resident))
+        f.add("tritond_model_page_ins", c, "Times the model was paged in", labels, m.page_ins)
+        f.add("tritond_model_page_outs", c, "Times the model was paged out", labels, m.page_outs)
+        f.add("tritond_model_page_in_first_response_count", c, "Page-ins whose first request was answered",
+              labels, m.first_response_count)
+        f.add("tritond_model_page_in_first_response_duration_us", c, "Time from the requests that paged the model "
+              "in to their answers, summed, in microseconds", labels, m.first_response_ns // 1000)
+        f.add("tritond_model_memory_bytes", g, "The model's workers' memory (PSS) when last measured resident, "
+              "in bytes", labels, m.memory_bytes)
 
 
 class _Snapshot(Collector):

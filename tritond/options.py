@@ -132,12 +132,17 @@ def start_parser() -> argparse.ArgumentParser:
     _flag(p, "--exit-on-error", _D.exit_on_error, "exit when a model fails to load at startup")
     _flag(p, "--strict-readiness", _D.strict_readiness, "ready only when every model is ready")
     _flag(p, "--allow-client-shm", _D.allow_client_shm, "allow client shared-memory registration")
-    p.add_argument("--model-control-mode", type=str.lower, choices=["none", "poll", "explicit"],
+    p.add_argument("--model-control-mode", type=str.lower, choices=["none", "poll", "explicit", "paged"],
                    default=_D.model_control_mode,
                    help="none: load the repository at startup; poll: follow its changes; explicit: load and "
-                        "unload through the repository API")
+                        "unload through the repository API; paged (tritond's): load each model on its first "
+                        "request and unload the least recently used ones to keep within --model-memory-budget")
     p.add_argument("--load-model", dest="load_models", action="append", default=[], metavar="NAME",
-                   help="explicit mode: load this model at startup, '*' for all (repeatable)")
+                   help="explicit mode: load this model at startup, '*' for all; paged mode: load it at "
+                        "startup and never page it out (repeatable)")
+    p.add_argument("--model-memory-budget", type=int, default=_D.model_memory_budget, metavar="BYTES",
+                   help="tritond's, paged mode: host memory the models' workers may use together, measured as "
+                        "their processes' proportional set size")
     p.add_argument("--repository-poll-secs", type=int, default=_D.repository_poll_secs, metavar="SECS",
                    help="poll mode: rescan the repository this often (0: only on SIGHUP)")
     p.add_argument("--model-load-thread-count", type=int, default=_D.model_load_thread_count, metavar="N",
@@ -273,7 +278,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                 check_available(repo)
             except RemoteError as e:
                 raise UsageError(str(e)) from None
-    if args.model_control_mode != "explicit" and args.load_models:
+    _paging(args)
+    if args.model_control_mode not in ("explicit", "paged") and args.load_models:
         # tritonserver's words (Triton's OpenAI tests match them)
         raise UsageError("Error: Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
     if "*" in args.load_models and len(args.load_models) > 1:
@@ -342,6 +348,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         "allow_client_shm": args.allow_client_shm,
         "model_control_mode": args.model_control_mode,
         "load_models": args.load_models,
+        "model_memory_budget": args.model_memory_budget,
         "repository_poll_secs": args.repository_poll_secs,
         "model_load_thread_count": args.model_load_thread_count,
         "model_unload_timeout_secs": args.model_unload_timeout_secs,
@@ -441,6 +448,25 @@ def _connection_limits(args: argparse.Namespace) -> dict[str, Any]:
         return connection_limits.options(args)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def _paging(args: argparse.Namespace) -> None:
+    """Paged mode and its budget go together; what paging cannot honour yet is refused."""
+    if args.model_control_mode != "paged":
+        if args.model_memory_budget:
+            raise UsageError("--model-memory-budget needs --model-control-mode=paged")
+        return
+    if args.model_memory_budget <= 0:
+        raise UsageError("--model-control-mode=paged needs --model-memory-budget=BYTES (greater than 0): the host "
+                         "memory the models' workers may use together")
+    if "*" in args.load_models:
+        raise UsageError("--load-model=* pins every model, which leaves nothing to page; use "
+                         "--model-control-mode=none to load them all")
+    if args.broker_shards > 1:
+        raise UsageError("--model-control-mode=paged needs --broker-shards=1: one broker keeps the budget for "
+                         "every model")
+    if args.rate_limit != "off":
+        raise UsageError("--model-control-mode=paged does not work with --rate-limit=execution_count yet")
 
 
 def _model_loading(args: argparse.Namespace) -> None:

@@ -14,7 +14,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Logging", ("--log-verbose", "--log-info", "--log-warning", "--log-error", "--log-format", "--log-file")),
     ("Model Repository", (
         "--model-repository", "--exit-on-error", "--disable-auto-complete-config", "--strict-readiness",
-        "--model-control-mode", "--repository-poll-secs", "--load-model", "--model-config-name",
+        "--model-control-mode", "--repository-poll-secs", "--load-model", "--model-memory-budget",
+        "--model-config-name",
         "--model-load-thread-count", "--model-load-retry-count", "--model-namespacing", "--enable-peer-access",
         "--model-unload-timeout-secs", "--model-file-override-max-bytes")),
     ("HTTP", (

@@ -113,15 +113,15 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 14
-SCHEMA_FINGERPRINT = "58cef22884d9b093"
+RECORDED_VERSION = 15
+SCHEMA_FINGERPRINT = "038f9daba761f6f3"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
     "options.MetricsConfig": "316263254ca0",
     "options.OpenAIConfig": "e7658b91b545",
     "options.OtelConfig": "49c6ec3bfd03",
-    "options.ServerOptions": "b5f2478a87b5",
+    "options.ServerOptions": "dc67d2cb25ca",
     "options.TlsConfig": "73eb470ed7ce",
     "options.TraceConfig": "cee912e8cf94",
     "options._O": "7157e6c72e21",
@@ -138,14 +138,17 @@ STRUCTS = {
     "replies.LogSettingValues": "875b5f815d07",
     "replies.LogSettingsReply": "78e6c2dc92ff",
     "replies.MemoryUsage": "63c43abeec08",
-    "replies.MetricsReply": "2961880762b4",
+    "replies.MetricsReply": "c9717eb057f2",
     "replies.ModelIndex": "a49661f17d9b",
+    "replies.ModelPaging": "5f7bfa0f763d",
     "replies.ModelSnapshot": "5ca587e5bf74",
     "replies.ModelStatistics": "e666ec69828b",
+    "replies.PagingSnapshot": "989e87127b87",
+    "replies.PagingStatistics": "43f6dbc5ca27",
     "replies.Peer": "bf95b1aaf7cb",
     "replies.ShmStatusReply": "9fb7c49e7970",
     "replies.StatisticDuration": "4e22c5955dbd",
-    "replies.StatsReply": "318734b9edba",
+    "replies.StatsReply": "d98181d22ba3",
     "replies.SummarySnapshot": "a6b1c22cb3b1",
     "replies.SystemRegionStatus": "72a2516c9bfa",
     "replies.TraceSettingsReply": "853e9ed110d6",

@@ -123,8 +123,9 @@ class ServerOptions(_O):
     exit_on_error: bool = True
     strict_readiness: bool = True
     allow_client_shm: bool = False
-    model_control_mode: Literal["none", "poll", "explicit"] = "none"
-    load_models: list[str] = []
+    model_control_mode: Literal["none", "poll", "explicit", "paged"] = "none"
+    load_models: list[str] = []      # explicit mode: loaded at startup; paged mode: pinned
+    model_memory_budget: int = 0     # paged mode: bytes of host memory the models' workers may use
     repository_poll_secs: int = 15
     model_load_thread_count: int = 4
     model_unload_timeout_secs: float = 30.0

@@ -59,6 +59,17 @@ class MemoryUsage(msgspec.Struct):
     byte_size: int
 
 
+class PagingStatistics(msgspec.Struct):
+    """A pageable model's paging (--model-control-mode=paged): in the HTTP statistics only."""
+    resident: bool
+    page_ins: int
+    page_outs: int
+    first_response_count: int        # page-ins whose first request was answered
+    first_response_ns: int           # their time from that request's arrival to its answer, summed
+    memory_bytes: int                # its workers' PSS when last resident (0: never measured)
+    last_failure: str = ""           # why its last load failed
+
+
 class ModelStatistics(msgspec.Struct):
     """One model version's statistics; tritond counts neither per-response statistics nor
     memory usage, which stay empty (Triton's body has them)."""
@@ -75,6 +86,7 @@ class ModelStatistics(msgspec.Struct):
 
 class StatsReply(_Reply, tag="stats"):
     model_stats: list[ModelStatistics]
+    paging: dict[str, PagingStatistics] = {}     # by model name, in paged mode (HTTP renders it)
 
 
 # ---------------------------------------------------------------- repository index
@@ -216,6 +228,25 @@ class CacheUsage(_Reply):
     hits: int
 
 
+class ModelPaging(_Reply):
+    name: str
+    resident: bool
+    page_ins: int
+    page_outs: int
+    first_response_count: int
+    first_response_ns: int
+    memory_bytes: int
+
+
+class PagingSnapshot(_Reply):
+    """The memory budget and what paging did (--model-control-mode=paged)."""
+    budget: int
+    used: int
+    resident: int
+    first_response: SummarySnapshot      # µs from a paging-in request's arrival to its answer
+    models: list[ModelPaging]
+
+
 class MetricsReply(_Reply, tag="metrics"):
     """Everything one scrape reports, taken in one turn of the broker's loop."""
     models: list[ModelSnapshot]
@@ -224,6 +255,7 @@ class MetricsReply(_Reply, tag="metrics"):
     queued: int
     inflight_batches: int
     cache: CacheUsage | None = None
+    paging: PagingSnapshot | None = None
 
 
 # A load, an unload, a region's registration, a log reopen and a stop answer None.

@@ -53,19 +53,42 @@ log = logging.getLogger("tritond.worker")
 HEARTBEAT_INTERVAL_S = 0.5
 
 
-def heartbeat(ctx: zmq.Context, spec: P.WorkerSpec, stop: threading.Event, flow: Flow) -> None:
+class StopSignal:
+    """Tells the heartbeat thread to end at once: its poll wakes on the pipe, so a stopping
+    worker exits without waiting out a heartbeat interval (an unload, a model paged out)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.fd, self._write = os.pipe()
+
+    def set(self) -> None:
+        self._event.set()
+        os.write(self._write, b"s")
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self._write)
+
+
+def heartbeat(ctx: zmq.Context, spec: P.WorkerSpec, stop: StopSignal, flow: Flow) -> None:
     """Tell the broker this worker lives, every HEARTBEAT_INTERVAL_S, and pass on what it says
     about executing requests."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, P.heartbeat_identity(spec.identity.encode()))
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(spec.workers)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(stop.fd, zmq.POLLIN)
     frame = P.encode(P.Heartbeat())
     decoder = P.decoder(P.BrokerToWorker)
     due = time.monotonic() + HEARTBEAT_INTERVAL_S
     while not stop.is_set():
         wait_ms = max(0, int((due - time.monotonic()) * 1000))
-        if sock.poll(wait_ms):
+        if sock in dict(poller.poll(wait_ms)):
             while True:
                 try:
                     msg = decoder.decode(sock.recv(zmq.NOBLOCK))
@@ -270,7 +293,7 @@ class Worker:
             log.warning("closing CUDA IPC inputs: %s", e)
 
     def run(self) -> int:
-        stop = threading.Event()
+        stop = StopSignal()
         beat = threading.Thread(target=heartbeat, args=(self.ctx, self.spec, stop, self.flow), daemon=True)
         beat.start()
         try:
@@ -283,6 +306,7 @@ class Worker:
             self.send(P.WorkerDown(text))
             stop.set()
             beat.join(2 * HEARTBEAT_INTERVAL_S)
+            stop.close()
             self.close()
             return 1
         # What loading allocated (framework modules, weights) is never garbage: keep it out of
@@ -299,6 +323,7 @@ class Worker:
             backend.close()
         finally:
             beat.join(2 * HEARTBEAT_INTERVAL_S)    # its socket closes before the context ends
+            stop.close()
             self.close()
         return 0
 

@@ -21,6 +21,7 @@ from tritond.repository.ensemble import ensemble_dependencies
 from tritond.repository.fingerprint import Fingerprint, source_fingerprint
 from tritond.repository.layout import ModelSource, scan, validate_model_name
 from tritond.repository.overrides import is_override_dir, remove_override_dir
+from tritond.repository.parameters import parameter_text
 from tritond.repository.partition import partition
 from tritond.repository.poll import REMOVE, Change, PollState
 from tritond.repository.remote import RemoteError, is_remote, mirror_model
@@ -38,6 +39,7 @@ from tritond.broker.lifecycle.runner import All, Answer, FreeSlot, Job, Lock, Op
 from tritond.broker.scheduling.rate_limiter import RateLimiter
 from tritond.broker.tables.registry import ModelRegistry
 from tritond.broker.lifecycle.reload import LoadedFrom, failed_entry, plan, serving, settled, switch
+from tritond.broker.paging.pager import Pager
 from tritond.broker.lifecycle.resize import match, only_instances_changed
 from tritond.broker.lifecycle.retire import Retirement
 from tritond.broker.lifecycle.threads import ThreadBudget, usable_cores
@@ -46,10 +48,13 @@ from tritond.broker.supervision.pool import Instance, InstanceState
 log = logging.getLogger("tritond.broker")
 
 NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
+NOT_PAGED = ("explicit model load / unload is not allowed with --model-control-mode=paged: models load on their "
+             "first request")
 SIGHUP_CONFIRM_S = 1.0      # a SIGHUP rescan looks again this soon to confirm what it saw
 
 
 STARTUP_TEMPLATE_WAIT_S = 60.0
+PINNED = "paging_pinned"         # config parameter: paged mode never pages the model out
 
 
 def _no_version(name: str) -> str:
@@ -89,6 +94,8 @@ class ModelControl:
         shards = opts.broker_shards
         self.threads = ThreadBudget(cores=max(1, usable_cores() // shards) if shards > 1 else None,
                                     reserved=1 + frontends // shards)
+        self.pager = (Pager(opts.model_memory_budget, registry, lifecycle, runner.jobs, clock, self.retirement.retire)
+                      if self.mode == "paged" else None)
 
     # ---------------------------------------------------------------- entry points
 
@@ -104,7 +111,7 @@ class ModelControl:
         """An explicit load; answered once the load settles."""
         try:
             if self.mode != "explicit":
-                raise TritonError(Code.UNAVAILABLE, NOT_EXPLICIT)
+                raise TritonError(Code.UNAVAILABLE, NOT_PAGED if self.mode == "paged" else NOT_EXPLICIT)
             bad = validate_model_name(op.name)
             if bad:
                 raise invalid(bad)
@@ -129,7 +136,7 @@ class ModelControl:
 
     def unload(self, op: UnloadModel, answer: Answer) -> None:
         if self.mode != "explicit":
-            answer(error=TritonError(Code.UNAVAILABLE, NOT_EXPLICIT))
+            answer(error=TritonError(Code.UNAVAILABLE, NOT_PAGED if self.mode == "paged" else NOT_EXPLICIT))
             return
         self.runner.start(self._unload(op.name, op.unload_dependents), self._after_table(answer))
 
@@ -155,6 +162,8 @@ class ModelControl:
         self.retirement.tick(now)
         if self.leaving:
             self._stop_leaving()
+        if self.pager is not None and self.registry.startup_done:
+            self.pager.tick(now)
         if now >= self.next_poll and not self.polling and self.registry.startup_done:
             self.polling = True
             self.runner.start(self._poll_round())
@@ -210,11 +219,18 @@ class ModelControl:
                 wanted &= set(sources)
             for name in sorted(wanted - set(sources)):
                 log.error("failed to poll model '%s': model not found in any model repository.", name)
+        read_all: dict[str, Any] = {}
+        if self.mode == "paged":
+            read = yield All([self._prefetch(sources[n]) for n in sorted(sources)])
+            read_all = dict(zip(sorted(sources), read))
+            wanted = self._pinned(sources, read_all)
         order, deps = yield Job(lambda: self._order(sources, sorted(wanted)))
         yield Lock(frozenset(order))
+        if self.mode == "paged":
+            self._page_out_the_rest(sources, set(order), read_all)
         # Every startup model is read before any starts a worker: the thread budget divides
         # the cores among all of their CPU instances.
-        read = yield All([self._prefetch(sources[n]) for n in order])
+        read = [read_all[n] for n in order] if read_all else (yield All([self._prefetch(sources[n]) for n in order]))
         prefetched = {n: r for n, r in zip(order, read) if isinstance(r, tuple)}
         self.threads.plan(spec for _, spec in prefetched.values())
         self.lifecycle.wait_for_templates(STARTUP_TEMPLATE_WAIT_S)
@@ -228,6 +244,51 @@ class ModelControl:
         if self.mode == "poll":
             self.poll_state.baseline(dict(self.fingerprints))
             self._schedule_poll(0.0 if self.hangup_pending else None)
+
+    def _pinned(self, sources: dict[str, ModelSource], read: dict[str, Any]) -> set[str]:
+        """Paged mode: the models loaded at startup and never paged out: those --load-model
+        names, those whose config sets parameter `paging_pinned` to true, and ensembles (with
+        what they compose, added by the load order)."""
+        for name in self.opts.load_models:
+            if name not in sources:
+                log.error("failed to poll model '%s': model not found in any model repository.", name)
+        pinned = set(self.opts.load_models) & set(sources)
+        for name, r in read.items():
+            spec = r[1] if isinstance(r, tuple) else None
+            if spec is None or spec.config is None:
+                continue
+            pinned_by_config = parameter_text(spec.config, PINNED).strip().lower() in ("true", "1", "yes")
+            if spec.config.platform == "ensemble" or pinned_by_config:
+                pinned.add(name)
+        return pinned
+
+    def _page_out_the_rest(self, sources: dict[str, ModelSource], pinned: set[str], read: dict[str, Any]) -> None:
+        """Paged mode: every model not pinned goes in the table paged out (pager.py); one that
+        cannot be read, or that runs on a GPU (paging keeps no device budget), is UNAVAILABLE
+        with the reason."""
+        assert self.pager is not None
+        for name in sorted(set(sources) - pinned):
+            r = read[name]
+            if not isinstance(r, tuple):
+                spec = ModelSpec(name, sources[name].path, None, [], getattr(r, "message", str(r)))
+            else:
+                fp, spec = r
+                if fp is not None:
+                    self.fingerprints[name] = fp
+            if spec.error:
+                self._failed(spec, {})
+                continue
+            config = config_to_json(spec.config)
+            if any(inst.kind != "CPU" for inst in instances_of(name, 0, config)):
+                why = (f"model '{name}' has GPU instances, which --model-control-mode=paged does not page (it "
+                       f"keeps a host memory budget only); pin it with --load-model={name} or parameter "
+                       f"{PINNED}")
+                log.error("%s", why)
+                self.registry.specs[name] = spec
+                self._replace(name, failed_entry(name, spec.path, spec.versions, why), {})
+                continue
+            self.pager.add(spec, config)
+        self.pager.warm_templates(STARTUP_TEMPLATE_WAIT_S)
 
     def _explicit_load(self, name: str, override: Any, override_dir: str) -> Generator:
         try:
@@ -537,8 +598,8 @@ class ModelControl:
 
     def _drop_override(self, override_dir: str) -> None:
         """Remove an override directory no version uses (any more)."""
-        if override_dir and not self._in_use(override_dir) and is_override_dir(
-                self.opts.run_dir, override_dir, os.path.basename(override_dir)):
+        if override_dir and is_override_dir(self.opts.run_dir, override_dir, os.path.basename(override_dir)) \
+                and not self._in_use(override_dir):
             remove_override_dir(override_dir)
 
     def _retired(self, mv: ModelVersion) -> None:

@@ -144,7 +144,9 @@ class Lifecycle:
             if any(i.state is InstanceState.FAILED for i in mv.instances):
                 return
             if len(serving) == len(mv.instances):
-                mv.scheduler = new_scheduling(mv, self.requests)
+                if mv.scheduler is None:    # a paged-in version has its own, with what queued for it
+                    mv.scheduler = new_scheduling(mv, self.requests)
+                mv.restarting = False
                 mv.load_duration = self.clock.now() - mv.load_started if mv.load_started else 0.0
                 log.info("loaded model '%s' version %d in %.3f s", mv.name, mv.version, mv.load_duration)
                 self.registry.set_state(mv, READY)

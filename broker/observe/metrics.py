@@ -28,6 +28,7 @@ from tritond.broker.tables.model_version import READY, ModelVersion
 NS_PER_US = 1000
 SUMMARY_WINDOW = 4096
 FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
+PAGING_QUANTILES = [0.5, 0.9, 0.99]
 SUMMARIES = ("request", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
 
@@ -171,5 +172,7 @@ def snapshot(broker: Any) -> R.MetricsReply:
             models.append(model_snapshot(mv, quantiles, bool(mv.view.response_cache)))
     peers = [R.Peer(kind, pid) for ident, (kind, pid) in broker.peers.items() if ident in broker.frontends]
     peers += [R.Peer("template", pid) for pid in broker.pool.templates.pids()]
+    pager = broker.model_ops.pager
     return R.MetricsReply(models, os.getpid(), peers, queued, len(broker.inflight),
-                          broker.cache.usage() if broker.cache.enabled else None)
+                          broker.cache.usage() if broker.cache.enabled else None,
+                          pager.snapshot(PAGING_QUANTILES) if pager is not None else None)

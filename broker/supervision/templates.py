@@ -142,17 +142,26 @@ class Templates:
 
     def fork(self, spec: WorkerSpec) -> int | None:
         """A worker forked for `spec`, or None when it must be spawned."""
+        template = self._ready(spec, self.wait_s)
+        return template.fork(spec) if template is not None else None
+
+    def warm(self, spec: WorkerSpec, timeout: float) -> None:
+        """Start the template that would fork `spec`'s worker, waiting up to `timeout` for its
+        import: workers started later (paged in) find it ready."""
+        self._ready(spec, timeout)
+
+    def _ready(self, spec: WorkerSpec, wait_s: float) -> Template | None:
         kind = template_kind(spec) if self.enabled else None
         if kind is None or kind in self._unforkable:
             return None
         template = self._by_kind.get(kind)
         if template is None or template.broken or template.proc.poll() is not None:
             template = self._by_kind[kind] = Template(kind)
-        if not template.wait_ready(self.wait_s):
+        if not template.wait_ready(wait_s):
             if template.refused:
                 self._unforkable.add(kind)
             return None
-        return template.fork(spec)
+        return template
 
     def pids(self) -> set[int]:
         return {t.pid for t in self._by_kind.values()}

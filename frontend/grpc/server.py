@@ -88,6 +88,7 @@ async def run(opts: ServerOptions) -> None:
             restricted=opts.grpc_restricted,
             subjects=subject_rules(opts.grpc_restricted_subjects),
             init_failed=bool(opts.init_failed),
+            paged=opts.model_control_mode == "paged",
             header_forward=opts.grpc_header_forward,
         ))
         limits = list(opts.grpc_channel_args)   # keepalive, streams

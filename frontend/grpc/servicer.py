@@ -52,6 +52,7 @@ class GrpcOptions:
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)   # category -> (key, value)
     subjects: dict[str, SubjectRule] = field(default_factory=dict)   # category -> certificate subjects
     init_failed: bool = False       # started although a repository failed (--exit-on-error=false)
+    paged: bool = False             # --model-control-mode=paged: a paged-out model has metadata too
     header_forward: str | None = None   # pattern of the metadata keys forwarded to models
 
 
@@ -139,7 +140,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             await asyncio.sleep(0.05)
 
     def ready(self) -> bool:
-        return not self.opts.init_failed and self.client.ready(self.opts.strict_readiness)
+        return not self.opts.init_failed and self.client.ready(self.opts.strict_readiness, self.opts.paged)
 
     # ------------------------------------------------------------- health and metadata
 
@@ -172,9 +173,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context):
         version = cv.parse_version(request.version)
         table = self.client.table
-        entry = table.resolve(request.name, version)
+        entry = table.resolve(request.name, version, restarting_ok=self.opts.paged)
         versions = [str(version)] if version >= 0 else sorted(
-            (str(v) for v, e in table.by_name[request.name].items() if e.state is S.ModelState.READY), key=int)
+            (str(v) for v, e in table.by_name[request.name].items()
+             if e.state is S.ModelState.READY or (self.opts.paged and e.restarting)), key=int)
         return cv.model_metadata(model_metadata(entry.config or {}, request.name, versions))
 
     @rpc("model-config")

@@ -52,6 +52,7 @@ class HttpOptions:
     client_certificate: Callable[[Scope], bytes | None] | None = None   # DER certificate of the client
     header_forward: str | None = None   # pattern of the headers forwarded to models
     init_failed: bool = False       # started although a repository failed (--exit-on-error=false)
+    paged: bool = False             # --model-control-mode=paged: a paged-out model has metadata too
 
 
 class HttpApi:
@@ -114,7 +115,7 @@ class HttpApi:
         return Response(status_code=400 if self.opts.init_failed or not self.client.serving else 200)
 
     async def ready(self, request: Request) -> Response:
-        ok = not self.opts.init_failed and self.client.ready(self.opts.strict_readiness)
+        ok = not self.opts.init_failed and self.client.ready(self.opts.strict_readiness, self.opts.paged)
         return Response(status_code=200 if ok else 400)
 
     async def server_metadata(self, request: Request) -> Response:
@@ -124,9 +125,10 @@ class HttpApi:
     async def model_metadata(self, request: Request) -> Response:
         name = request.path_params["model"]
         version = self.version(request)
-        entry = self.client.table.resolve(name, version)
+        entry = self.client.table.resolve(name, version, restarting_ok=self.opts.paged)
         versions = [str(version)] if version >= 0 else sorted(
-            (str(v) for v, e in self.client.table.by_name[name].items() if e.state is S.ModelState.READY), key=int)
+            (str(v) for v, e in self.client.table.by_name[name].items()
+             if e.state is S.ModelState.READY or (self.opts.paged and e.restarting)), key=int)
         return json_response(model_metadata(entry.config or {}, name, versions))
 
     async def model_ready(self, request: Request) -> Response:
@@ -146,7 +148,12 @@ class HttpApi:
     async def model_stats(self, request: Request) -> Response:
         name = request.path_params.get("model", "")
         reply = await self.client.control(S.Statistics(name, self.version(request)))
-        return json_response({"model_stats": msgspec.to_builtins(reply.model_stats)})
+        stats = msgspec.to_builtins(reply.model_stats)
+        if reply.paging:        # paged mode: each pageable model's paging (the proto has no field for it)
+            for entry in stats:
+                if entry["name"] in reply.paging:
+                    entry["paging"] = msgspec.to_builtins(reply.paging[entry["name"]])
+        return json_response({"model_stats": stats})
 
     # ------------------------------------------------------------- inference
 

@@ -153,6 +153,7 @@ async def run(opts: ServerOptions) -> None:
             client_certificate=peers.certificate if peers else None,
             header_forward=opts.http_header_forward,
             init_failed=bool(opts.init_failed),
+            paged=opts.model_control_mode == "paged",
         ))
         sock = listen_socket(opts.http_address, opts.http_port)
         limits = HttpLimits.from_options(opts.http_limits)

@@ -83,6 +83,8 @@ CASES = [
     (["--allow-client-shm"], lambda o: o.allow_client_shm, True),
     (["--model-control-mode=poll"], lambda o: o.model_control_mode, "poll"),
     (["--model-control-mode=explicit", "--load-model=a"], lambda o: o.load_models, ["a"]),
+    (["--model-control-mode=paged", "--model-memory-budget=1000", "--load-model=a"],
+     lambda o: (o.model_control_mode, o.model_memory_budget, o.load_models), ("paged", 1000, ["a"])),
     (["--repository-poll-secs=3"], lambda o: o.repository_poll_secs, 3),
     (["--model-load-thread-count=2"], lambda o: o.model_load_thread_count, 2),
     (["--model-unload-timeout-secs=2"], lambda o: o.model_unload_timeout_secs, 2.0),
@@ -260,3 +262,20 @@ def test_startup_model_flags_are_refused_in_tritonservers_words(flags, message):
     with pytest.raises(UsageError) as e:
         options(*flags)
     assert str(e.value) == message
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model-control-mode=paged"], "needs --model-memory-budget=BYTES"),
+    (["--model-control-mode=paged", "--model-memory-budget=0"], "needs --model-memory-budget=BYTES"),
+    (["--model-memory-budget=1000"], "--model-memory-budget needs --model-control-mode=paged"),
+    (["--model-control-mode=poll", "--model-memory-budget=1000"], "needs --model-control-mode=paged"),
+    (["--model-control-mode=paged", "--model-memory-budget=1000", "--load-model=*"], "leaves nothing to page"),
+    (["--model-control-mode=paged", "--model-memory-budget=1000", "--broker-shards=2"], "--broker-shards=1"),
+    (["--model-control-mode=paged", "--model-memory-budget=1000", "--rate-limit=execution_count"],
+     "--rate-limit=execution_count"),
+])
+def test_paging_is_refused_where_it_cannot_keep_its_budget(flags, message):
+    import re
+    from tritond.options import UsageError
+    with pytest.raises(UsageError, match=re.escape(message)):
+        options(*flags)

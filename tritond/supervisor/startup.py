@@ -217,9 +217,10 @@ class Startup:
         has logged why, once."""
         if self.table is None:
             return []
+        paged = self.opts.model_control_mode == "paged"     # a paged-out model is not a failed one
         failed = [f"'{e.name}'" + (f" version {e.version}" if e.version else "") for e in self.table.models
-                  if e.state is not S.ModelState.READY]
-        if self.opts.model_control_mode == "explicit" and "*" not in self.opts.load_models:
+                  if e.state is not S.ModelState.READY and not (paged and e.restarting)]
+        if self.opts.model_control_mode in ("explicit", "paged") and "*" not in self.opts.load_models:
             known = set(self.table.names)       # a startup model no repository holds fails, as in Triton
             failed += [f"'{name}'" for name in self.opts.load_models if name not in known]
         return failed
