@@ -110,9 +110,9 @@ class Pager:
         for inst in mv.instances:
             inst.move_to(InstanceState.RESTARTING)
             inst.restart_at = math.inf       # started by a page-in only
-        mv.state = UNAVAILABLE
-        mv.reason = rec.failure and f"paged out: its last load failed: {rec.failure}" or PAGED_OUT
         mv.unloaded = True      # not a failure: the server is ready without it, its series are off
+        self.registry.set_state(mv, UNAVAILABLE,
+                                rec.failure and f"paged out: its last load failed: {rec.failure}" or PAGED_OUT)
         mv.restarting = True
         mv.scheduler = new_scheduling(mv, self.requests)
         return mv
