@@ -22,7 +22,6 @@ FIELDS: dict[str, str] = {
     "model_repository_agents": "repository agents",
     "model_operations": "custom operation libraries",
     "ensemble_scheduling.step.model_namespace": "model namespacing",
-    "ensemble_scheduling.max_inflight_requests": "backpressure on a decoupled step's responses",
 }
 
 PARAMETERS: dict[str, str] = {

@@ -12,6 +12,7 @@ from tritond.repository.ensemble import decoupled_branching_error, validate_ense
 from tritond.repository.render import config_from_json
 from tritond.wire.schema import ModelState, TensorDesc
 
+from tritond.broker.ensembles.gate import StepGate
 from tritond.broker.tables.model_version import LOADING, READY, UNAVAILABLE, ModelVersion
 from tritond.broker.tables.registry import ModelRegistry
 
@@ -126,6 +127,10 @@ class EnsembleVersion(ModelVersion):
         self.registry = registry
         self.proto = spec.config
         self.plan = Plan(config)
+        limit = int((config.get("ensemble_scheduling") or {}).get("max_inflight_requests") or 0)
+        self.gate = StepGate(limit, len(self.plan.steps)) if limit > 0 else None
+        if self.gate is not None and not error:
+            log.info("Ensemble model '%s' configured with max_inflight_requests: %d", spec.name, limit)
         self._checked: tuple[tuple, str, bool] | None = None    # (composing configs, error, decoupled)
         super().__init__(spec.name, version, spec.path, os.path.dirname(spec.path), config)
         self._own_state, self._own_reason = (UNAVAILABLE, error) if error else (READY, "")

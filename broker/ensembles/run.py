@@ -36,6 +36,9 @@ from tritond.broker.tables.registry import ModelRegistry
 
 log = logging.getLogger("tritond.broker")
 
+GATED = object()        # in EnsembleRun.active: the step waits at its ensemble's gate
+_ENDED = object()
+
 replace = msgspec.structs.replace
 
 
@@ -123,7 +126,7 @@ class EnsembleRun:
         self.waiting = [sum(1 for t in dict.fromkeys(s.inputs.values()) if t not in present) for s in plan.steps]
         self.started = [False] * len(plan.steps)
         self.started_ns = [0] * len(plan.steps)
-        self.active: dict[int, Any] = {}      # step -> its Req (queued or executing) or nested run
+        self.active: dict[int, Any] = {}      # step -> its Req (queued or executing), nested run or GATED
         self.streaming: set[int] = set()      # steps of decoupled models: each response is passed on
         self.fanned: dict[int, frozenset[int]] = {}   # streaming step -> the steps each response runs
         self.by_branches: set[str] = set()    # tensors only branches make
@@ -149,12 +152,40 @@ class EnsembleRun:
         self.maybe_finish()
 
     def start_step(self, i: int) -> None:
-        step = self.plan.steps[i]
         self.started[i] = True
+        gate = self.mv.gate
+        if gate is not None and not gate.admit(self, i):
+            self.active[i] = GATED
+            return
+        self.launch(i)
+
+    def gated_start(self, i: int) -> bool:
+        """The gate's turn for step `i`, which waited for one of its requests to end."""
+        if self.active.get(i) is not GATED:
+            return False
+        del self.active[i]
+        self.launch(i)
+        self.maybe_finish()
+        return True
+
+    def step_ended(self, i: int) -> None:
+        """Step `i`'s request (or its wait at the gate) is over."""
+        handle = self.active.pop(i, _ENDED)
+        gate = self.mv.gate
+        if gate is not None and handle is not _ENDED:
+            if handle is GATED:
+                gate.forget(self, i)
+            else:
+                gate.leave(i)
+
+    def launch(self, i: int) -> None:
+        step = self.plan.steps[i]
         self.started_ns[i] = self.ens.clock.now_ns()
         try:
             mv = self.ens.registry.resolve(step.model, step.version, restarting_ok=True)
         except TritonError as e:
+            if self.mv.gate is not None:
+                self.mv.gate.leave(i)
             self.fail(step, e)
             return
         inputs = [unleased(self.tensors[t], model_input) for model_input, t in step.inputs.items() if t in self.tensors]
@@ -207,7 +238,7 @@ class EnsembleRun:
         if i in self.streaming:
             self.on_streamed(i, reply)
             return
-        self.active.pop(i, None)
+        self.step_ended(i)
         if owners is None:
             self.held.extend((reply.owner, lease) for lease in {lease_of(d) for d in reply.outputs} if lease)
         step = self.plan.steps[i]
@@ -225,7 +256,7 @@ class EnsembleRun:
         takes its leases; one of ensemble outputs only goes on to the requester at once, its
         leases with it."""
         if not reply.more:
-            self.active.pop(i, None)
+            self.step_ended(i)
         step = self.plan.steps[i]
         forwarded = False
         if reply.error is not None:
@@ -361,14 +392,16 @@ class EnsembleRun:
         for b in list(self.branches):
             b.cancel(self.error)
         for i, handle in list(self.active.items()):
-            if isinstance(handle, EnsembleRun):
+            if handle is GATED:
+                self.step_ended(i)
+            elif isinstance(handle, EnsembleRun):
                 handle.cancel(self.error)
             elif isinstance(handle, Req) and handle.dispatch_ns:
                 self.ens.cancel_running(handle)
             elif isinstance(handle, Req) and handle.mv.scheduler is not None:
                 if handle.mv.scheduler.remove(lambda p, h=handle: p is h.pending):
                     self.ens.regions.release(handle.regions)
-                    self.active.pop(i, None)
+                    self.step_ended(i)
 
     # ---------------------------------------------------------------- the answer
 

@@ -83,34 +83,9 @@ def _python(qa, dest: Path, source: Path, name: str | None = None, batch: str | 
     return dest
 
 
-REFUSED = "'ensemble_scheduling.max_inflight_requests' (backpressure on a decoupled step's responses) is not supported"
-# The cases of the classes test.sh names whole, listed when tritond refuses their server.
-CASES = {
-    "EnsembleStepMaxQueueSizeTest": ["test_step1_max_queue_size", "test_step2_max_queue_size"],
-    "EnsembleBackpressureTest": ["test_single_request_with_different_limits",
-                                 "test_concurrent_requests_with_different_limits",
-                                 "test_sequential_requests_limiter_resets_cleanly",
-                                 "test_request_cancellation_under_backpressure"],
-}
-
-
-def _refused(qa, s, module: str, names: list[str]) -> bool:
-    """Record `names` as skipped when tritond refused the start-up for an ensemble that sets
-    max_inflight_requests (backpressure, which tritond does not implement)."""
-    if s is not None or REFUSED not in qa.current.text():
-        return False
-    lines = [ln for ln in qa.current.text().splitlines() if REFUSED in ln]
-    for name in names:
-        for case in [f"{name}.{c}" for c in CASES[name]] if name in CASES else [name]:
-            qa.record(module, case, "skip", f"tritond refuses the ensemble: {lines[0].split('UNAVAILABLE: ')[-1]}")
-    return True
-
-
 def _run(qa, d: Path, repo: Path, log: str, names: list[str], env: dict[str, str] | None = None,
          extra: str = "") -> None:
     s = qa.start(d, f"--model-repository={repo}{extra}", log)
-    if _refused(qa, s, names[0], names[1:]):
-        return
     server_env = dict(env or {})
     if s is not None:
         server_env["SERVER_LOG"] = str(s.log)
@@ -162,11 +137,9 @@ def l0_simple_ensemble(qa) -> None:
     (pf / "ensemble_parallel_step_failed_enqueue" / "1").mkdir(parents=True)
     (pf / "ensemble_parallel_step_failed_enqueue" / "config.pbtxt").write_text(PARALLEL_ENSEMBLE)
     s = qa.start(d, f"--model-repository={pf}", "ensemble_parallel_failed_enqueue_test.server.log")
-    if not _refused(qa, s, "ensemble_backpressure_test.py",
-                    ["EnsembleParallelFailedEnqueueTest.test_parallel_step_failed_enqueue"]):
-        qa.unittest(d, "ensemble_backpressure_test.py",
-                    ["EnsembleParallelFailedEnqueueTest.test_parallel_step_failed_enqueue"], server=s,
-                    env={"PARALLEL_FAILED_ENQUEUE_LOOPS": "1"})
+    qa.unittest(d, "ensemble_backpressure_test.py",
+                ["EnsembleParallelFailedEnqueueTest.test_parallel_step_failed_enqueue"], server=s,
+                env={"PARALLEL_FAILED_ENQUEUE_LOOPS": "1"})
     if s:
         qa.check("parallel failed enqueue: server still live", s.proc.poll() is None, s.text()[-400:])
         s.stop()
@@ -184,13 +157,9 @@ def l0_simple_ensemble(qa) -> None:
         (eb / name / "config.pbtxt").write_text(BACKPRESSURE_ENSEMBLE.format(name=name, limit=limit))
     s = qa.start(d, f"--model-repository={eb}", "ensemble_backpressure_test.server.log")
     lines = [f"Ensemble model 'ensemble_limit_{n}' configured with max_inflight_requests: {n}" for n in (1, 4)]
-    if not _refused(qa, s, "ensemble_backpressure_test.py", ["EnsembleBackpressureTest"]):
-        for line in lines:
-            qa.check(f"log: {line}", s is not None and line in s.text(), qa.current.text()[-400:])
-        qa.unittest(d, "ensemble_backpressure_test.py", ["EnsembleBackpressureTest"], server=s)
-    else:
-        for line in lines:
-            qa.record("test.sh", f"log: {line}", "skip", "the server was refused (above)")
+    for line in lines:
+        qa.check(f"log: {line}", s is not None and line in s.text(), qa.current.text()[-400:])
+    qa.unittest(d, "ensemble_backpressure_test.py", ["EnsembleBackpressureTest"], server=s)
     if s:
         s.stop()
 

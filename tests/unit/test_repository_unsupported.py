@@ -24,7 +24,6 @@ EXAMPLES = {
     "model_repository_agents": 'model_repository_agents { agents [{ name: "checksum" }] }',
     "model_operations": 'model_operations { op_library_filename: "libops.so" }',
     "ensemble_scheduling.step.model_namespace": None,   # an ensemble of its own
-    "ensemble_scheduling.max_inflight_requests": None,
 }
 NAMESPACED = ('platform: "ensemble" max_batch_size: 4 '
               'input [{ name: "x" data_type: TYPE_FP32 dims: [ 2 ] }] '
@@ -49,9 +48,6 @@ def model(root, config: str, name: str = "m", source: str = "") -> ModelSource:
 def config_setting(field: str) -> str:
     if field == "ensemble_scheduling.step.model_namespace":
         return NAMESPACED
-    if field == "ensemble_scheduling.max_inflight_requests":
-        return NAMESPACED.replace(' model_namespace: "ns"', "").replace("ensemble_scheduling {",
-                                                                        "ensemble_scheduling { max_inflight_requests: 4")
     return BASE + EXAMPLES[field]
 
 
