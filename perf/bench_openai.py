@@ -27,13 +27,14 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from anchors import Triton, anchors_ready
 from bench_core import READY_TIMEOUT_S, Server, build_repository, free_port
 
-from tritond.perf.sse import chunk_events
+from tritond.perf.sse import closed_loop
 
 READ_TIMEOUT_S = 30.0
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
@@ -65,39 +66,27 @@ def generate_request(host: str, i: int, tokens: int) -> bytes:
 
 async def client(kind: str, port: int, tokens: int, until: float, start: float, out: Tally, seed: int) -> None:
     """One client on one keep-alive connection: a request, its event stream to the end, the next."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     make = chat_request if kind == "chat" else generate_request      # gen and triton
     # token events: chat sends a first chunk with the role, then one per token, then [DONE]
     skip = 1 if kind == "chat" else 0
-
-    async def line() -> bytes:
-        return await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
-
-    i = seed
+    loop = closed_loop("127.0.0.1", port, lambda i: make("127.0.0.1", i, tokens), seed, until, READ_TIMEOUT_S)
     try:
-        while time.perf_counter() < until:
-            i += 1
-            writer.write(make("127.0.0.1", i, tokens))
-            last = time.perf_counter()
-            if b" 200 " not in await line():
-                out.errors += 1
-                return
-            seen = 0
-            async for now, count in chunk_events(reader, READ_TIMEOUT_S):
-                for _ in range(count):
-                    if seen >= skip:
-                        if now >= start:
-                            out.tokens += 1
-                            (out.ttft if seen == skip else out.gaps).append(now - last)
-                        last = now
-                    seen += 1
-            if seen - skip != tokens:
-                out.errors += 1
+        async with aclosing(loop) as requests:
+            async for _, last, events in requests:
+                seen = 0
+                async for now, count in events:
+                    for _ in range(count):
+                        if seen >= skip:
+                            if now >= start:
+                                out.tokens += 1
+                                (out.ttft if seen == skip else out.gaps).append(now - last)
+                            last = now
+                        seen += 1
+                if seen - skip != tokens:
+                    out.errors += 1
     except (asyncio.TimeoutError, ValueError, asyncio.IncompleteReadError, ConnectionError) as e:
-        print(f"{kind} client: request {i} ended early ({type(e).__name__})", file=sys.stderr)
+        print(f"{kind} client: ended early ({type(e).__name__}: {e})", file=sys.stderr)
         out.errors += 1
-    finally:
-        writer.close()
 
 
 async def run_case(kind: str, port: int, concurrency: int, tokens: int, warmup: float, duration: float

@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from anchors import Triton, anchors_ready
 from bench_core import READY_TIMEOUT_S, Server, build_repository
 from tritond.perf.loadgen import HttpConnection, split_target
 
-from tritond.perf.sse import chunk_events
+from tritond.perf.sse import closed_loop
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -113,38 +114,28 @@ async def grpc_streamer(target: str, tokens: int, until: float, start: float, ou
 async def sse_streamer(target: str, tokens: int, until: float, start: float, out: Stream, seed: int) -> None:
     """One client on one keep-alive connection: POST generate_stream, read the events, repeat."""
     host, port = split_target(target)
-    reader, writer = await asyncio.open_connection(host, port)
 
-    async def line() -> bytes:
-        return await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+    def request(i: int) -> bytes:
+        body = f'{{"text_input": "prompt number {i}", "max_tokens": {tokens}}}'.encode()
+        return (f"POST /v2/models/toy_llm/generate_stream HTTP/1.1\r\nHost: {host}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
 
-    i = seed
     try:
-        while time.perf_counter() < until:
-            i += 1
-            body = f'{{"text_input": "prompt number {i}", "max_tokens": {tokens}}}'.encode()
-            writer.write(f"POST /v2/models/toy_llm/generate_stream HTTP/1.1\r\nHost: {host}\r\n"
-                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            last = time.perf_counter()
-            status = await line()
-            if b" 200 " not in status:
-                out.errors += 1
-                return
-            seen = 0
-            async for now, count in chunk_events(reader, READ_TIMEOUT_S):
-                for _ in range(count):
-                    if now >= start:
-                        out.responses += 1
-                        (out.ttft if seen == 0 else out.gaps).append(now - last)
-                    seen += 1
-                last = now
-            if seen != tokens:
-                out.errors += 1
-    except (asyncio.TimeoutError, ValueError, asyncio.IncompleteReadError) as e:
-        print(f"SSE stream to {target}: request {i} ended early ({type(e).__name__})", file=sys.stderr)
+        async with aclosing(closed_loop(host, port, request, seed, until, READ_TIMEOUT_S)) as requests:
+            async for _, last, events in requests:
+                seen = 0
+                async for now, count in events:
+                    for _ in range(count):
+                        if now >= start:
+                            out.responses += 1
+                            (out.ttft if seen == 0 else out.gaps).append(now - last)
+                        seen += 1
+                    last = now
+                if seen != tokens:
+                    out.errors += 1
+    except (asyncio.TimeoutError, ValueError, asyncio.IncompleteReadError, ConnectionError) as e:
+        print(f"SSE stream to {target}: ended early ({type(e).__name__}: {e})", file=sys.stderr)
         out.errors += 1
-    finally:
-        writer.close()
 
 
 async def run_streams(kind: str, target: str, concurrency: int, tokens: int, warmup: float,
