@@ -136,7 +136,8 @@ class Broker:
                                    on_settle=runner.tick, latency=latency_factory(opts.metrics))
         self.model_ops = ModelControl(opts, self.registry, self.lifecycle, self.ensembles, runner, self.clock,
                                       limiter, opts.model_unload_timeout_secs,
-                                      self.send_stop, publish=self.publish_if_changed, fatal=self.fail)
+                                      self.send_stop, publish=self.publish_if_changed, fatal=self.fail,
+                                      server_pids=self.server_pids)
         self.supervision = Supervision(self.server_id, self.registry, self.instances, self.pool,
                                        self.lifecycle, self.requests, self.announce_gone, self.publish_if_changed,
                                        self.restart_wait)
@@ -190,6 +191,12 @@ class Broker:
         frame = S.encode(msg)
         for ident in self.instances.worker_identities():
             self.sockets.to_worker(ident, frame)
+
+    def server_pids(self) -> set[int]:
+        """The server's own processes: supervisor, this broker, the frontends, the warm templates
+        and their spares."""
+        return {self.opts.supervisor_pid, os.getpid(), *(pid for _, pid in self.peers.values()),
+                *self.pool.unlisted()}
 
     def announce_gone(self, prefix: str) -> None:
         """Frontends and workers that mapped a dead worker's segments let go of them, so the

@@ -415,10 +415,13 @@ def server_families(f: Families, snap: R.MetricsReply, sampler: HostSampler, ser
 def paging_families(f: Families, p: R.PagingSnapshot) -> None:
     """--model-control-mode=paged: the budget, what is resident, and what paging cost per model."""
     g, c = "gauge", "counter"
-    f.add("tritond_model_memory_budget_bytes", g, "Host memory the models' workers may use together "
+    f.add("tritond_model_memory_budget_bytes", g, "Host memory the whole server may use "
           "(--model-memory-budget), in bytes", {}, p.budget)
-    f.add("tritond_model_memory_used_bytes", g, "Host memory the resident, loading and exiting models' workers "
-          "use (their PSS as last measured), in bytes", {}, p.used)
+    f.add("tritond_model_memory_used_bytes", g, "Host memory the server uses: its own processes, the pinned "
+          "models and the resident, loading and exiting models' workers (PSS as last measured), in bytes",
+          {}, p.used)
+    f.add("tritond_server_memory_bytes", g, "Of the memory used, what the server's own processes (supervisor, "
+          "broker, frontends, warm templates) and the pinned models' workers take (PSS), in bytes", {}, p.server)
     f.add("tritond_models_resident", g, "Pageable models resident now", {}, p.resident)
     f.summary("tritond_page_in_first_response_us", "Time from the request that paged a model in to its "
               "answer, in microseconds", {}, p.first_response)

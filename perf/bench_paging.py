@@ -5,7 +5,8 @@ with every model loaded.
 
 A repository of N small models (half ONNX: a 16x16 MatMul; half Python: identity), one CPU
 instance each. Runs, one server at a time:
-- tritond paged (--model-control-mode=paged, budget = B x one model's measured size);
+- tritond paged (--model-control-mode=paged, budget = the server's own processes + B x one model's
+  measured size, both measured by a calibration server);
 - tritond with every model resident (--model-control-mode=none): all N when their measured size
   fits in --resident-limit of the host's available memory (and --resident-models allows), else
   the M that do, under the same Zipf traffic over those M;
@@ -117,9 +118,10 @@ def infer_once(client, name: str) -> None:
     client.infer(name, [inp])
 
 
-def model_size(tmp: Path, resident: int) -> int:
+def model_size(tmp: Path, resident: int) -> tuple[int, int]:
     """What one model's workers take with `resident` models in (a forked worker's PSS includes its
-    share of the template's pages, so it shrinks as more share them), measured by a paged server."""
+    share of the template's pages, so it shrinks as more share them), and what the server's own
+    processes take beside them, measured by a paged server."""
     repo = tmp / "calibrate"
     names = build(repo, "onnx", resident // 2) + build(repo, "python", resident - resident // 2)
     server = Server(repo, ["--model-control-mode=paged", f"--model-memory-budget={1 << 40}"], tmp / "calibrate.log")
@@ -134,7 +136,7 @@ def model_size(tmp: Path, resident: int) -> int:
             text = scrape(server.metrics_port)
             sizes = [sample(text, "tritond_model_memory_bytes", model=m) or 0 for m in names]
             if all(sizes):
-                return int(sum(sizes) / len(sizes))
+                return int(sum(sizes) / len(sizes)), int(sample(text, "tritond_server_memory_bytes") or 0)
             time.sleep(0.2)
         raise RuntimeError("the calibration server never measured its models")
     finally:
@@ -273,12 +275,12 @@ def main() -> int:
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="paging-") as tmp_name:
         tmp = Path(tmp_name)
-        size = model_size(tmp, ns.budget_models)
+        size, base = model_size(tmp, ns.budget_models)
         repo = tmp / "models"
         names = build(repo, "onnx", ns.models // 2) + build(repo, "python", ns.models - ns.models // 2)
-        budget = ns.budget_models * size
-        print(f"one model: {size / MB:.1f} MB PSS; budget {budget / MB:.0f} MB ({ns.budget_models} models)",
-              file=sys.stderr, flush=True)
+        budget = base + ns.budget_models * size
+        print(f"one model: {size / MB:.1f} MB PSS, the server's own processes {base / MB:.0f} MB; budget "
+              f"{budget / MB:.0f} MB (the server and {ns.budget_models} models)", file=sys.stderr, flush=True)
         runs.append(run_tritond("tritond paged", repo, names,
                                 ["--model-control-mode=paged", f"--model-memory-budget={budget}"], ns, tmp, budget))
         available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -315,7 +317,7 @@ def main() -> int:
             print(f"| {r.name} | {r.resident_rate:.0f} | {pct(r.resident, 50):.2f} | {pct(r.resident, 99):.2f} "
                   f"| {pct(r.cold, 50):.1f} | {pct(r.cold, 99):.1f} |")
     print("\nPSS is the whole process tree's (supervisor, broker, frontends, templates, workers), sampled every "
-          "0.5 s under load; the budget counts the models' workers only. Triton's row: after startup, no traffic.")
+          "0.5 s under load, which the budget bounds. Triton's row: after startup, no traffic.")
     return 0
 
 

@@ -81,6 +81,8 @@ def _array(spec: dict[str, Any], datatype: str, shape: list[int], model_dir: str
 
 def warmup_samples(config: dict[str, Any], model_dir: str, seed: int | None = None) -> list[Sample]:
     """The samples of a config (as GET /config renders it); raises WarmupError."""
+    if not config.get("model_warmup"):
+        return []       # numpy.random is not imported for nothing: every worker would pay it
     batching = int(config.get("max_batch_size", 0) or 0) > 0
     rng = np.random.default_rng(seed)
     samples = []

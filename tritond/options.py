@@ -141,8 +141,8 @@ def start_parser() -> argparse.ArgumentParser:
                    help="explicit mode: load this model at startup, '*' for all; paged mode: load it at "
                         "startup and never page it out (repeatable)")
     p.add_argument("--model-memory-budget", type=int, default=_D.model_memory_budget, metavar="BYTES",
-                   help="tritond's, paged mode: host memory the models' workers may use together, measured as "
-                        "their processes' proportional set size")
+                   help="tritond's, paged mode: host memory the whole server may use (its own processes, pinned "
+                        "and resident models), measured as its processes' proportional set size")
     p.add_argument("--repository-poll-secs", type=int, default=_D.repository_poll_secs, metavar="SECS",
                    help="poll mode: rescan the repository this often (0: only on SIGHUP)")
     p.add_argument("--model-load-thread-count", type=int, default=_D.model_load_thread_count, metavar="N",
@@ -458,7 +458,7 @@ def _paging(args: argparse.Namespace) -> None:
         return
     if args.model_memory_budget <= 0:
         raise UsageError("--model-control-mode=paged needs --model-memory-budget=BYTES (greater than 0): the host "
-                         "memory the models' workers may use together")
+                         "memory the whole server may use")
     if "*" in args.load_models:
         raise UsageError("--load-model=* pins every model, which leaves nothing to page; use "
                          "--model-control-mode=none to load them all")

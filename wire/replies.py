@@ -242,6 +242,7 @@ class PagingSnapshot(_Reply):
     """The memory budget and what paging did (--model-control-mode=paged)."""
     budget: int
     used: int
+    server: int         # of `used`: the server's own processes and its pinned models
     resident: int
     first_response: SummarySnapshot      # µs from a paging-in request's arrival to its answer
     models: list[ModelPaging]

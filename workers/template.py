@@ -9,7 +9,12 @@ every worker forked from here, instead of every worker paying its own import.
 
 A worker is forked twice: the template forks an intermediate process that forks the worker
 and exits at once, so the worker is re-parented to the broker (a child subreaper), which
-watches it through a pidfd and reaps it like a spawned one. What a worker must not inherit is
+watches it through a pidfd and reaps it like a spawned one. Those two forks of a large process
+take milliseconds, more on a busy host, and the broker waits for the answer; so the template
+keeps SPARES such processes forked ahead, each waiting on a pipe for its spec: a fork request
+hands the spec to a spare and is answered with its pid at once, and spares are forked again
+only while no request waits, off the broker's path.
+A spare that was never used ends when the template does (its pipe closes). What a worker must not inherit is
 handled explicitly: the template holds no ZeroMQ context, no socket but its pair with the
 broker (closed in the child), no CUDA context (GPU workers are always spawned fresh) and no
 Python thread (checked before every fork; a kind whose import starts one is never forked).
@@ -24,6 +29,7 @@ import gc
 import importlib
 import logging
 import os
+import select
 import signal
 import socket
 import struct
@@ -32,16 +38,18 @@ import threading
 import time
 
 import msgspec
+from setproctitle import setproctitle
 
 from tritond.process import die_with_parent, setup_logging
 from tritond.repository.backends import backend_record
-from tritond.wire.schema import WorkerSpec
+from tritond.wire.schema import BrokerToWorker, WorkerSpec, decoder
 
 log = logging.getLogger("tritond.template")
 
 READY = b"R"
 REFUSED = 2         # exit code when importing the framework started threads
 WAIT_FOR_REPARENT_S = 5.0
+SPARES = 1          # processes forked ahead, each a fork request answered without forking
 
 
 def send_frame(sock: socket.socket, payload: bytes) -> None:
@@ -71,37 +79,71 @@ def preload(kind: str) -> None:
     tritond's backend module), then keep that heap out of the collector's way."""
     for module in ["tritond.workers.main", *backend_record(kind).preload]:
         importlib.import_module(module)
+    decoder(BrokerToWorker)     # msgspec keeps what it learned of the types: the workers skip it
     gc.collect()
     gc.freeze()
 
 
-def fork_worker(spec: WorkerSpec, sock: socket.socket, broker_pid: int) -> int:
-    """Fork `spec`'s worker so that it ends up a child of the broker; its pid."""
+class Spare:
+    """A process forked ahead, already the broker's child, waiting on a pipe for its spec."""
+
+    def __init__(self, pid: int, fd: int) -> None:
+        self.pid = pid
+        self.fd = fd        # the pipe's writing end: the spec goes in, closing it ends the spare
+
+    def hand(self, request: bytes) -> int | None:
+        """Give the spare its spec; its pid, or None when it is gone (killed meanwhile)."""
+        try:
+            view = memoryview(struct.pack("<I", len(request)) + request)
+            while view:
+                view = view[os.write(self.fd, view):]
+            return self.pid
+        except OSError:
+            return None
+        finally:
+            os.close(self.fd)
+
+
+def fork_worker(spec: WorkerSpec | None, sock: socket.socket, broker_pid: int, kind: str = "",
+                spares: tuple[Spare, ...] = ()) -> Spare:
+    """Fork a process that ends up a child of the broker and runs `spec`'s worker, or (spec
+    None) waits for its spec on a pipe: a spare. It holds no other spare's pipe, so each
+    spare sees its pipe close when the template ends."""
     if threading.active_count() != 1:
         raise RuntimeError(f"the template runs {threading.active_count()} Python threads; forking it is unsafe")
     r, w = os.pipe()
+    specs_r, specs_w = os.pipe() if spec is None else (-1, -1)
     middle = os.fork()
     if middle == 0:
         try:
             os.close(r)
+            for other in spares:
+                os.close(other.fd)
             worker = os.fork()
             if worker == 0:
                 os.close(w)
-                _become_worker(spec, sock, broker_pid)
+                if specs_w >= 0:
+                    os.close(specs_w)
+                _become_worker(spec, specs_r, sock, broker_pid, kind)
             os.write(w, struct.pack("<q", worker))
         finally:
             os._exit(0)
     os.close(w)
+    if specs_r >= 0:
+        os.close(specs_r)
     data = os.read(r, 8)
     os.close(r)
     os.waitpid(middle, 0)
     if len(data) != 8:
+        if specs_w >= 0:
+            os.close(specs_w)
         raise RuntimeError("the forked worker's pid was not reported")
-    return struct.unpack("<q", data)[0]
+    return Spare(struct.unpack("<q", data)[0], specs_w)
 
 
-def _become_worker(spec: WorkerSpec, sock: socket.socket, broker_pid: int) -> None:
-    """In the forked child: shed the template, then run the worker; never returns."""
+def _become_worker(spec: WorkerSpec | None, specs: int, sock: socket.socket, broker_pid: int, kind: str) -> None:
+    """In the forked child: shed the template, then run the worker (a spare first waits for
+    its spec; the template gone, it ends); never returns."""
     code = 1
     try:
         sock.close()
@@ -110,6 +152,15 @@ def _become_worker(spec: WorkerSpec, sock: socket.socket, broker_pid: int) -> No
         deadline = time.monotonic() + WAIT_FOR_REPARENT_S
         while os.getppid() != broker_pid and time.monotonic() < deadline:
             time.sleep(0.001)
+        if spec is None:
+            setproctitle(f"tritond-spare template={kind}")
+            with os.fdopen(specs, "rb") as pipe:
+                head = pipe.read(4)
+                request = pipe.read(struct.unpack("<I", head)[0]) if len(head) == 4 else b""
+            if not request:
+                code = 0
+                return
+            spec = msgspec.json.decode(request, type=WorkerSpec)
         from tritond.workers.main import run_worker
         code = run_worker(spec)
     except BaseException:       # anything escaping is the worker's death, never the template's code path
@@ -121,9 +172,13 @@ def _become_worker(spec: WorkerSpec, sock: socket.socket, broker_pid: int) -> No
 
 
 def _reseed() -> None:
-    """Forked workers must not share random streams with each other or the template."""
-    import numpy as np
-    np.random.seed()
+    """Forked workers must not share random streams with each other or the template: the
+    generators the template holds are reseeded. One it never imported (numpy.random is loaded
+    lazily) seeds itself from the system's entropy when a worker first imports it, so it is
+    not imported here (that import would cost every worker more than the rest of its start)."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.seed()
@@ -137,16 +192,27 @@ def serve(kind: str, broker_pid: int, fd: int) -> int:
         return REFUSED
     send_frame(sock, READY)
     decode = msgspec.json.Decoder(WorkerSpec).decode
+    spares: list[Spare] = []
     while True:
+        if len(spares) < SPARES and not select.select([sock], [], [], 0)[0]:
+            try:
+                spares.append(fork_worker(None, sock, broker_pid, kind, tuple(spares)))
+                continue
+            except Exception as e:      # no spare: requests are forked as they come
+                log.error("could not fork a spare %s worker: %s", kind, e)
         request = recv_frame(sock)
         if request is None:
-            return 0            # the broker closed its end: it is gone or stopping
+            return 0            # the broker closed its end: it is gone or stopping (the spares end with us)
+        pid = None
+        while pid is None and spares:
+            pid = spares.pop().hand(request)
         try:
-            answer = struct.pack("<q", fork_worker(decode(request), sock, broker_pid))
+            if pid is None:
+                pid = fork_worker(decode(request), sock, broker_pid, kind, tuple(spares)).pid
         except Exception as e:
             log.error("could not fork a %s worker: %s", kind, e)
-            answer = struct.pack("<q", -1)
-        send_frame(sock, answer)
+            pid = -1
+        send_frame(sock, struct.pack("<q", pid))
 
 
 def main(argv: list[str]) -> int:

@@ -65,7 +65,7 @@ class ModelControl:
     def __init__(self, opts: ServerOptions, registry: ModelRegistry, lifecycle: Lifecycle, ensembles: Ensembles,
                  runner: OpRunner, clock: Clock, limiter: RateLimiter | None, unload_timeout_s: float,
                  send_stop: Callable[[Instance], None], publish: Callable[[], None],
-                 fatal: Callable[[], None]) -> None:
+                 fatal: Callable[[], None], server_pids: Callable[[], set[int]]) -> None:
         self.opts = opts
         self.registry = registry
         self.lifecycle = lifecycle
@@ -94,8 +94,8 @@ class ModelControl:
         shards = opts.broker_shards
         self.threads = ThreadBudget(cores=max(1, usable_cores() // shards) if shards > 1 else None,
                                     reserved=1 + frontends // shards)
-        self.pager = (Pager(opts.model_memory_budget, registry, lifecycle, runner.jobs, clock, self.retirement.retire)
-                      if self.mode == "paged" else None)
+        self.pager = (Pager(opts.model_memory_budget, registry, lifecycle, runner.jobs, clock, self.retirement.retire,
+                            server_pids) if self.mode == "paged" else None)
 
     # ---------------------------------------------------------------- entry points
 

@@ -10,13 +10,15 @@ with the version LOADING; the lifecycle makes it READY when they are up, and its
 runs. Paging out puts a fresh paged-out version in the table (its statistics carried over) and
 retires the resident one (lifecycle/retire.py), whose memory counts until its workers exited.
 
-Memory is what the workers use (their PSS, measured on the job pool every MEASURE_S and after
-every page-in and its first answer), never file sizes. A page-in starts once the workers paged
-out for it have exited, so their memory and its own are never counted twice. A model measured
-bigger than what the budget leaves beside the pinned models is refused; when a load fails, what
-waited for it fails with the reason and the model is not tried again before its backoff ends.
-Pinned models (--load-model, parameter `paging_pinned`, ensembles and what they compose) are
-loaded at startup by model control; the pager only counts their memory.
+The budget is the whole server's memory: the pageable models' workers plus the server's own
+processes (supervisor, broker, frontends, warm templates) and the pinned models' workers, all
+as PSS measured on the job pool every MEASURE_S and after every page-in and its first answer,
+never file sizes. A page-in starts once the workers paged out for it have exited, so their
+memory and its own are never counted twice. A model measured bigger than what the budget
+leaves beside the rest of the server is refused; when a load fails, what waited for it fails
+with the reason and the model is not tried again before its backoff ends. Pinned models
+(--load-model, parameter `paging_pinned`, ensembles and what they compose) are loaded at
+startup by model control; the pager only counts their memory.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from tritond.broker.tables.registry import ModelRegistry
 
 log = logging.getLogger("tritond.broker")
 
-MEASURE_S = 0.5
+MEASURE_S = 2.0         # every process of the server measured this often (a page-in at once)
 PAGED_OUT = "paged out: loads on its next request"
 OUT, LOADING_IN, IN = "out", "loading", "in"
 _IDLE = (InstanceState.READY,)
@@ -70,7 +72,7 @@ class Paged:
 
 class Pager:
     def __init__(self, budget: int, registry: ModelRegistry, lifecycle: Lifecycle, jobs: Jobs, clock: Clock,
-                 retire: Callable[[ModelVersion], None]) -> None:
+                 retire: Callable[[ModelVersion], None], server_pids: Callable[[], set[int]]) -> None:
         self.budget = budget
         self.registry = registry
         self.lifecycle = lifecycle
@@ -78,6 +80,7 @@ class Pager:
         self.jobs = jobs
         self.clock = clock
         self._retire = retire
+        self.server_pids = server_pids        # the server's own processes: supervisor, broker, frontends, templates
         self.models: dict[str, Paged] = {}
         self.active: dict[str, Paged] = {}       # loading or resident
         self.loading: dict[str, Paged] = {}      # paging in: looked at each turn
@@ -86,9 +89,10 @@ class Pager:
         self.wanted: list[str] = []          # paged-out models asked for, in order of asking
         self.exiting: list[tuple[ModelVersion, int]] = []    # paged out, workers not gone yet
         self.first_response = Summary()      # every page-in's, µs
-        self.pinned = 0                      # bytes the pinned models' workers use (measured)
+        self.base = 0                        # bytes the server's own processes and pinned models use (measured)
         self.next_measure = 0.0
         self.measuring = False
+        self.fresh: set[str] = set()         # paged in or first answered since measured: measured at once
         self._lookup = registry.resolve
         registry.resolve = self.resolve      # type: ignore[method-assign]   # decided at startup
 
@@ -170,9 +174,13 @@ class Pager:
             self._first_response(rec)
         if self.wanted:
             self._admit()
-        if now >= self.next_measure and not self.measuring:
+        if self.measuring:
+            return
+        if now >= self.next_measure:
             self._sweep(now)
             self._measure()
+        elif self.fresh:
+            self._measure(self.fresh)
 
     def _sweep(self, now: float) -> None:
         """Resident models measured bigger than the budget leave; one whose workers all failed
@@ -187,9 +195,10 @@ class Pager:
                 self._failed(rec, versions, now)
 
     def used(self) -> int:
-        """Bytes the pinned, resident, loading and exiting models take (measured, else expected)."""
+        """Bytes the server takes: its own processes, the pinned models, and the resident, loading
+        and exiting pageable models (measured, else expected)."""
         est = self.sizes.estimate
-        return self.pinned + sum(est(name) for name in self.active) + sum(size for _, size in self.exiting)
+        return self.base + sum(est(name) for name in self.active) + sum(size for _, size in self.exiting)
 
     def _admit(self) -> None:
         """Page in what was asked for, in order of asking. Each model that must wait keeps its
@@ -244,13 +253,17 @@ class Pager:
         return None
 
     def _too_big(self, name: str) -> bool:
-        """Measured bigger than the budget leaves beside the pinned models."""
-        return self.sizes.known.get(name, 0) > self.budget - self.pinned
+        """Measured bigger than the budget leaves beside the rest of the server."""
+        return self.sizes.known.get(name, 0) > self.budget - self.base
 
     def _too_big_error(self, name: str) -> TritonError:
-        return unavailable(f"model '{name}' needs {self.sizes.known[name]} bytes, more than the "
-                           f"--model-memory-budget of {self.budget} bytes holds beside the pinned models "
-                           f"({self.pinned} bytes); it is not loaded")
+        size = self.sizes.known.get(name)
+        if size is None:
+            return unavailable(f"the server's own processes and pinned models take {self.base} bytes, more than "
+                               f"the --model-memory-budget of {self.budget} bytes; model '{name}' is not loaded")
+        return unavailable(f"model '{name}' needs {size} bytes, more than the --model-memory-budget of "
+                           f"{self.budget} bytes holds beside the server's own processes and pinned models "
+                           f"({self.base} bytes); it is not loaded")
 
     def _refuse(self, rec: Paged) -> None:
         err = self._too_big_error(rec.name)
@@ -304,7 +317,7 @@ class Pager:
             rec.failures = 0
             rec.failure = ""
             self.first[rec.name] = rec
-            self.next_measure = now      # measure it at once
+            self.fresh.add(rec.name)     # measure it at once
             return
         self._failed(rec, versions, now)
 
@@ -333,33 +346,41 @@ class Pager:
             us = (self.clock.now_ns() - rec.asked_ns) / 1000
             rec.first_response.observe(us)
             self.first_response.observe(us)
-            self.next_measure = self.clock.now()     # what its first execution allocated counts now
+            self.fresh.add(rec.name)     # what its first execution allocated counts now
         elif all(_idle(mv) for mv in versions):
             del self.first[rec.name]        # what paged it in left unanswered by it (expired, cancelled)
 
     # ---------------------------------------------------------------- memory
 
-    def _measure(self) -> None:
-        """Read the resident models' workers' PSS on the job pool, and the pinned ones' (which
-        count against the budget too)."""
-        pids = {rec.name: [i.pid for mv in self.registry.get(rec.name).values() for i in mv.instances if i.pid]
-                for rec in self.active.values() if rec.phase == IN}
-        pinned = [i.pid for mv in self.registry.versions() if mv.name not in self.models and mv.state is READY
-                  for i in mv.instances if i.pid and i.serving]
-        self.next_measure = self.clock.now() + MEASURE_S
-        if not pids and not pinned:
-            return
+    def _measure(self, only: set[str] | None = None) -> None:
+        """Read the PSS of the resident models' workers on the job pool, and of the rest of the
+        server (its own processes, the pinned models' workers: they count against the budget
+        too). With `only`, just those models': a page-in is measured at once without reading
+        every process of the server (each read walks the process's page tables)."""
+        names = only if only is not None else [rec.name for rec in self.active.values()]
+        pids = {name: [i.pid for mv in self.registry.get(name).values() for i in mv.instances if i.pid]
+                for name in names if self.models[name].phase == IN}
+        rest = set() if only is not None else self.server_pids() | {
+            i.pid for mv in self.registry.versions() if mv.name not in self.models for i in mv.instances if i.pid}
+        if only is None:
+            self.next_measure = self.clock.now() + MEASURE_S
+        self.fresh = set()
         self.measuring = True
-        self.jobs.submit(lambda: (models_pss(pids), sum(pss_bytes(p) or 0 for p in pinned)),
+        self.jobs.submit(lambda: (models_pss(pids), sum(pss_bytes(p) or 0 for p in rest) if rest else None),
                          lambda fut: self._measured(fut, pids))
 
     def _measured(self, fut: Any, pids: dict[str, list[int]]) -> None:
         self.measuring = False
         try:
-            sizes, self.pinned = fut.result()
+            sizes, base = fut.result()
         except Exception:       # noqa: BLE001 -- a failed read leaves the last measurement standing
             log.exception("measuring the models' memory failed")
             return
+        if base is not None:
+            if base > self.budget >= self.base:
+                log.error("the server's own processes and pinned models take %d bytes, more than the "
+                          "--model-memory-budget of %d bytes: no model can be paged in", base, self.budget)
+            self.base = base
         for name, size in sizes.items():
             now = [i.pid for mv in self.registry.get(name).values() for i in mv.instances if i.pid]
             if self.models[name].phase == IN and now == pids[name]:     # still the workers measured
@@ -371,7 +392,7 @@ class Pager:
 
     def snapshot(self, quantiles: list[float]) -> R.PagingSnapshot:
         return R.PagingSnapshot(
-            budget=self.budget, used=self.used(), resident=sum(r.phase == IN for r in self.active.values()),
+            budget=self.budget, used=self.used(), server=self.base, resident=sum(r.phase == IN for r in self.active.values()),
             first_response=self.first_response.snapshot(quantiles),
             models=[R.ModelPaging(r.name, r.phase == IN, r.page_ins, r.page_outs, r.first_response.count,
                                   int(r.first_response.sum * 1000), self.sizes.known.get(r.name, 0))

@@ -243,6 +243,10 @@ class WorkerProcesses:
                 pass
         return reaped
 
+    def unlisted(self) -> set[int]:
+        """Children of the broker that are not workers: templates, their spares, strays."""
+        return _children(os.getpid()) - set(self._procs)
+
     def close(self) -> None:
         self.templates.close()
 

@@ -1,11 +1,12 @@
 """Model paging (--model-control-mode=paged): 200 small ONNX and Python models under a budget
 that holds about 20, served to many clients with a skewed (Zipf) workload.
 
-Every request is answered correctly; the workers' memory, sampled while the clients run, never
-exceeds the budget by more than one model's size; a pinned model stays; a model too big for the
+Every request is answered correctly; the whole server's memory (every process of it), sampled
+while the clients run, never exceeds the budget by more than one model's size; a pinned model stays; a model too big for the
 budget is refused, a model that fails to load is not retried on every request; the index,
 statistics and metrics say what is resident. One calibration server measures what one model of
-each kind takes, so the budget is set in models, not in bytes that differ between hosts.
+each kind takes and what the server's own processes take, so the budget is set in models, not in
+bytes that differ between hosts.
 """
 from __future__ import annotations
 
@@ -114,23 +115,25 @@ def index(server: TritondServer) -> dict[str, dict]:
         client.close()
 
 
-def workers_pss(server: TritondServer) -> dict[str, int]:
-    """Each model's workers' PSS now, read from /proc as the test sees them."""
+def server_pss(server: TritondServer) -> tuple[int, dict[str, int]]:
+    """The PSS of every process of the server now, and of each model's workers, read from /proc
+    as the test sees them."""
     from tritond.broker.paging.memory import pss_bytes
-    out: dict[str, int] = {}
+    total, models = 0, {}
     for pid in server.pids():
+        size = pss_bytes(pid) or 0
+        total += size
         title = worker_title(pid)
-        size = pss_bytes(pid) if title is not None else None
-        if size is not None:
-            out[title["model"]] = out.get(title["model"], 0) + size
-    return out
+        if title is not None:
+            models[title["model"]] = models.get(title["model"], 0) + size
+    return total, models
 
 
 @pytest.fixture(scope="module")
-def model_size(tmp_path_factory) -> int:
+def model_size(tmp_path_factory) -> tuple[int, int]:
     """What one model's workers take on this host with about HOLDS of them resident (a forked
     worker's PSS includes its share of the template's pages, so it shrinks as more share them),
-    measured by a paged server with room for everything."""
+    and what the server's own processes take, measured by a paged server with room for everything."""
     repo = tmp_path_factory.mktemp("calibrate") / "models"
     repo.mkdir()
     names = [f"onnx_{i}" for i in range(HOLDS // 2)] + [f"py_{i}" for i in range(HOLDS // 2)]
@@ -145,11 +148,13 @@ def model_size(tmp_path_factory) -> int:
             return sizes if all(sizes) else []
 
         sizes = wait_for(measured, 30, "every model measured")
-    return int(sum(sizes) / len(sizes))
+        server = metric(s, "tritond_server_memory_bytes")
+    return int(sum(sizes) / len(sizes)), int(server)
 
 
 @pytest.fixture(scope="module")
 def paged(tmp_path_factory, model_size):
+    size, server_base = model_size
     repo = tmp_path_factory.mktemp("paged") / "models"
     repo.mkdir()
     for name, k in pageable():
@@ -157,11 +162,11 @@ def paged(tmp_path_factory, model_size):
     add_python(repo, "pinned_by_flag", 7)
     add_python(repo, "pinned_by_config", 8, paging_pinned="true")
     add_python(repo, "fails_to_load", 9, mode="fail")
-    budget = HOLDS * model_size
-    add_python(repo, "too_big", 10, mode="big", bytes=str(budget + model_size))
+    budget = server_base + (HOLDS + 2) * size        # the two pinned models count too
+    add_python(repo, "too_big", 10, mode="big", bytes=str(budget + size))
     server = TritondServer(repo, paged_args(budget, "--load-model=pinned_by_flag"))
     server.budget = budget
-    server.model_size = model_size
+    server.model_size = size
     with serving(server) as s:
         yield s
 
@@ -212,7 +217,7 @@ def test_zipf_clients_are_all_answered_within_the_budget(paged):
     pinned_pids = paged.worker_pids("pinned_by_flag") + paged.worker_pids("pinned_by_config")
     errors: list[str] = []
     answered = [0]
-    samples: list[dict[str, int]] = []
+    samples: list[tuple[int, dict[str, int]]] = []
     done = threading.Event()
 
     def client(n: int) -> None:
@@ -229,7 +234,7 @@ def test_zipf_clients_are_all_answered_within_the_budget(paged):
 
     def sampler() -> None:
         while not done.wait(0.2):
-            samples.append(workers_pss(paged))
+            samples.append(server_pss(paged))
 
     threads = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
     watcher = threading.Thread(target=sampler)
@@ -243,11 +248,11 @@ def test_zipf_clients_are_all_answered_within_the_budget(paged):
     assert not any(t.is_alive() for t in threads), "a client did not finish"
     assert not errors, errors[:10]
     assert answered[0] == CLIENTS * REQUESTS_PER_CLIENT
-    largest = max(size for sample in samples for size in sample.values())
-    worst = max(sum(sample.values()) for sample in samples)
+    largest = max(size for _, models in samples for size in models.values())
+    worst = max(total for total, _ in samples)
     assert worst <= paged.budget + largest, (worst, paged.budget, largest)
     assert sum(metric(paged, "tritond_model_page_outs", model=m) for m, _ in models) > 0, "nothing was paged out"
-    assert metric(paged, "tritond_model_memory_used_bytes") > 0
+    assert metric(paged, "tritond_model_memory_used_bytes") > metric(paged, "tritond_server_memory_bytes") > 0
     # the pinned models kept their workers, never paged out
     assert sorted(paged.worker_pids("pinned_by_flag") + paged.worker_pids("pinned_by_config")) == sorted(pinned_pids)
     entries = index(paged)

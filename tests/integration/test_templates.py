@@ -13,6 +13,7 @@ from conftest import TritondServer, http_get, serving, socket_inodes, wait_for
 from fault_models import add_fault_model
 
 from tritond.check import check
+from tritond.workers.template import SPARES
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +80,38 @@ def test_a_killed_forked_worker_is_replaced_and_nothing_is_left_behind(tserver):
     assert not os.path.exists(f"/proc/{pid}")            # reaped by the broker, no zombie
 
 
+def spare_pids(server: TritondServer) -> set[int]:
+    out = set()
+    for pid in server.pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"tritond-spare"):
+                    out.add(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_a_worker_starts_from_a_spare_forked_ahead(tserver):
+    [broker] = tserver.role_pids("tritond.broker.main")
+    spares = wait_for(lambda: spare_pids(tserver) if len(spare_pids(tserver)) == SPARES else None,
+                      what=f"{SPARES} spares")
+    assert all(parent(p) == broker for p in spares)
+    [pid] = tserver.worker_pids("single")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: tserver.worker_pids("single") and tserver.worker_pids("single") != [pid],
+             what="a replacement worker of 'single'")
+    [replacement] = tserver.worker_pids("single")
+    assert replacement in spares                    # no fork on the way: a spare took the spec
+    assert int(infer(tserver, "single")["PID"][0, 0]) == replacement
+    wait_for(lambda: len(spare_pids(tserver)) == SPARES, what="the spare forked again")
+
+
 def test_the_templates_death_is_survived(tserver):
     [template] = tserver.role_pids("tritond.workers.template")
     os.kill(template, signal.SIGKILL)
     wait_for(lambda: template not in tserver.role_pids("tritond.workers.template"), what="the template to exit")
+    wait_for(lambda: not spare_pids(tserver), what="its spares to end with it")
     assert infer(tserver, "pair")["PID"].shape == (1, 1)       # the workers it forked serve on
     [pid] = tserver.worker_pids("single")
     os.kill(pid, signal.SIGKILL)                               # the replacement needs a new template

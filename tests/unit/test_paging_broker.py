@@ -19,7 +19,8 @@ from tritond.wire.errors import Code
 X = np.ones(2, np.float32)
 SIZE = 100
 BUDGET = 3 * SIZE
-MEASURE = pager_module.MEASURE_S
+MEASURE = pager_module.MEASURE_S      # every process measured again (a page-in is measured at its next turn)
+TURN = 0.5
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ def serve(h: Harness, name: str) -> S.InferReply:
     h.up(name)
     for inst, batch in h.executing(name):
         h.answer(inst, batch, {"OUTPUT0": S.Inline(X.tobytes())})
-    h.tick(MEASURE)
+    h.tick(TURN)
     return h.replies()[rid]
 
 
@@ -78,7 +79,7 @@ def test_models_start_paged_out_and_a_request_pages_one_in(h):
     (inst, batch), = h.executing("a")
     h.answer(inst, batch, {"OUTPUT0": S.Inline(X.tobytes())})
     assert h.replies()[rid].error is None
-    h.tick(MEASURE)
+    h.tick(TURN)
     assert state(h, "a") is S.ModelState.READY
     assert h.broker.model_ops.pager.sizes.known == {"a": SIZE}
 
