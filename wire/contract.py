@@ -113,8 +113,8 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 15
-SCHEMA_FINGERPRINT = "038f9daba761f6f3"
+RECORDED_VERSION = 16
+SCHEMA_FINGERPRINT = "454bcb14ad71681c"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -143,7 +143,7 @@ STRUCTS = {
     "replies.ModelPaging": "5f7bfa0f763d",
     "replies.ModelSnapshot": "5ca587e5bf74",
     "replies.ModelStatistics": "e666ec69828b",
-    "replies.PagingSnapshot": "989e87127b87",
+    "replies.PagingSnapshot": "1c881622dae9",
     "replies.PagingStatistics": "43f6dbc5ca27",
     "replies.Peer": "bf95b1aaf7cb",
     "replies.ShmStatusReply": "9fb7c49e7970",

@@ -46,7 +46,7 @@ from tritond.broker.tables.registry import ModelRegistry
 
 log = logging.getLogger("tritond.broker")
 
-MEASURE_S = 2.0         # every process of the server measured this often (a page-in at once)
+MEASURE_S = 1.0         # every process of the server measured this often (a page-in at once)
 PAGED_OUT = "paged out: loads on its next request"
 OUT, LOADING_IN, IN = "out", "loading", "in"
 _IDLE = (InstanceState.READY,)
