@@ -7,21 +7,21 @@ pages), says it is ready, and then serves fork requests: each is a WorkerSpec as
 answer the new worker's pid. Framework code and import-time heap are shared copy-on-write by
 every worker forked from here, instead of every worker paying its own import.
 
-A worker is forked twice: the template forks an intermediate process that forks the worker
-and exits at once, so the worker is re-parented to the broker (a child subreaper), which
-watches it through a pidfd and reaps it like a spawned one. Those two forks of a large process
-take milliseconds, more on a busy host, and the broker waits for the answer; so the template
-keeps SPARES such processes forked ahead, each waiting on a pipe for its spec: a fork request
-hands the spec to a spare and is answered with its pid at once, and spares are forked again
-only while no request waits, off the broker's path.
-A spare that was never used ends when the template does (its pipe closes). What a worker must not inherit is
-handled explicitly: the template holds no ZeroMQ context, no socket but its pair with the
-broker (closed in the child), no CUDA context (GPU workers are always spawned fresh) and no
-Python thread (checked before every fork; a kind whose import starts one is never forked).
-Native helper threads that libraries start at import (OpenBLAS's pool, onnxruntime's and
-OpenVINO's) do not cross a fork; those libraries are fork-aware, as gunicorn's preloading
-and PyTorch's forked data loaders rely on, and the template runs no computation that could
-leave them holding a lock. Random generators are reseeded and logging set up anew.
+A worker is forked twice: the template forks an intermediate process that forks the worker and
+exits at once, so the worker is re-parented to the broker (a child subreaper), which watches it
+through a pidfd and reaps it like a spawned one. Those two forks of a large process take
+milliseconds, more on a busy host, and the broker waits for the answer; so the template keeps
+processes forked ahead (SPARES of them), each waiting on a pipe for its spec: a fork request
+hands the spec to a spare and is answered with its pid at once, and spares are forked again only
+while no request waits, off the broker's path. A spare that was never used ends when the
+template does (its pipe closes). What a worker must not inherit is handled explicitly: the
+template holds no ZeroMQ context, no socket but its pair with the broker (closed in the child),
+no CUDA context (GPU workers are always spawned fresh) and no Python thread (checked before
+every fork; a kind whose import starts one is never forked). Native helper threads that
+libraries start at import (OpenBLAS's pool, onnxruntime's and OpenVINO's) do not cross a fork;
+those libraries are fork-aware, as gunicorn's preloading and PyTorch's forked data loaders rely
+on, and the template runs no computation that could leave them holding a lock. Random generators
+are reseeded and logging set up anew.
 """
 from __future__ import annotations
 

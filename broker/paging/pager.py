@@ -11,14 +11,14 @@ runs. Paging out puts a fresh paged-out version in the table (its statistics car
 retires the resident one (lifecycle/retire.py), whose memory counts until its workers exited.
 
 The budget is the whole server's memory: the pageable models' workers plus the server's own
-processes (supervisor, broker, frontends, warm templates) and the pinned models' workers, all
-as PSS measured on the job pool every MEASURE_S and after every page-in and its first answer,
-never file sizes. A page-in starts once the workers paged out for it have exited, so their
-memory and its own are never counted twice. A model measured bigger than what the budget
-leaves beside the rest of the server is refused; when a load fails, what waited for it fails
-with the reason and the model is not tried again before its backoff ends. Pinned models
-(--load-model, parameter `paging_pinned`, ensembles and what they compose) are loaded at
-startup by model control; the pager only counts their memory.
+processes (supervisor, broker, frontends, warm templates and their spares) and the pinned
+models' workers, all as PSS measured on the job pool every MEASURE_S and after every page-in and
+its first answer, never file sizes. A page-in starts once the workers paged out for it have
+exited, so their memory and its own are never counted twice. A model measured bigger than what
+the budget leaves beside the rest of the server is refused; when a load fails, what waited for
+it fails with the reason and the model is not tried again before its backoff ends. Pinned models
+(--load-model, parameter `paging_pinned`, ensembles and what they compose) are loaded at startup
+by model control; the pager only counts their memory.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class Pager:
         self.jobs = jobs
         self.clock = clock
         self._retire = retire
-        self.server_pids = server_pids        # the server's own processes: supervisor, broker, frontends, templates
+        self.server_pids = server_pids        # the server's own processes: supervisor, broker, frontends, templates...
         self.models: dict[str, Paged] = {}
         self.active: dict[str, Paged] = {}       # loading or resident
         self.loading: dict[str, Paged] = {}      # paging in: looked at each turn
