@@ -423,6 +423,11 @@ def paging_families(f: Families, p: R.PagingSnapshot) -> None:
     f.add("tritond_server_memory_bytes", g, "Of the memory used, what the server's own processes (supervisor, "
           "broker, frontends, warm templates) and the pinned models' workers take (PSS), in bytes", {}, p.server)
     f.add("tritond_models_resident", g, "Pageable models resident now", {}, p.resident)
+    for gpu, (budget, used) in sorted(p.gpus.items()):
+        f.add("tritond_model_gpu_memory_budget_bytes", g, "Device memory the server may use on this GPU "
+              "(--model-gpu-memory-budget), in bytes", {"gpu": str(gpu)}, budget)
+        f.add("tritond_model_gpu_memory_used_bytes", g, "Device memory the server's processes hold on this GPU "
+              "(NVML, as last measured), in bytes", {"gpu": str(gpu)}, used)
     f.summary("tritond_page_in_first_response_us", "Time from the request that paged a model in to its "
               "answer, in microseconds", {}, p.first_response)
     for m in p.models:
@@ -437,6 +442,9 @@ def paging_families(f: Families, p: R.PagingSnapshot) -> None:
               "in to their answers, summed, in microseconds", labels, m.first_response_ns // 1000)
         f.add("tritond_model_memory_bytes", g, "The model's workers' memory (PSS) when last measured resident, "
               "in bytes", labels, m.memory_bytes)
+        for gpu, held in sorted(m.gpu_memory.items()):
+            f.add("tritond_model_gpu_memory_bytes", g, "Device memory the model's workers held on this GPU when "
+                  "last measured resident, in bytes", dict(labels, gpu=str(gpu)), held)
 
 
 class _Snapshot(Collector):

@@ -143,6 +143,10 @@ def start_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-memory-budget", type=int, default=_D.model_memory_budget, metavar="BYTES",
                    help="tritond's, paged mode: host memory the whole server may use (its own processes, pinned "
                         "and resident models), measured as its processes' proportional set size")
+    p.add_argument("--model-gpu-memory-budget", dest="model_gpu_memory_budgets", action="append", default=[],
+                   metavar="GPU:BYTES",
+                   help="tritond's, paged mode: device memory the server's processes may use on this GPU, measured "
+                        "through NVML; models with instances on a GPU page only where it has one (repeatable)")
     p.add_argument("--repository-poll-secs", type=int, default=_D.repository_poll_secs, metavar="SECS",
                    help="poll mode: rescan the repository this often (0: only on SIGHUP)")
     p.add_argument("--model-load-thread-count", type=int, default=_D.model_load_thread_count, metavar="N",
@@ -349,6 +353,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         "model_control_mode": args.model_control_mode,
         "load_models": args.load_models,
         "model_memory_budget": args.model_memory_budget,
+        "model_gpu_memory_budget": _gpu_budgets(args),
         "repository_poll_secs": args.repository_poll_secs,
         "model_load_thread_count": args.model_load_thread_count,
         "model_unload_timeout_secs": args.model_unload_timeout_secs,
@@ -467,6 +472,22 @@ def _paging(args: argparse.Namespace) -> None:
                          "every model")
     if args.rate_limit != "off":
         raise UsageError("--model-control-mode=paged does not work with --rate-limit=execution_count yet")
+
+
+def _gpu_budgets(args: argparse.Namespace) -> dict[int, int]:
+    """--model-gpu-memory-budget GPU:BYTES, each GPU once, in paged mode only."""
+    out: dict[int, int] = {}
+    for text in args.model_gpu_memory_budgets:
+        gpu, sep, size = text.partition(":")
+        if not sep or not gpu.strip().isdigit() or not size.strip().isdigit() or int(size) <= 0:
+            raise UsageError(f"--model-gpu-memory-budget must be <GPU id>:<bytes> with bytes greater than 0, "
+                             f"got '{text}'")
+        if int(gpu) in out:
+            raise UsageError(f"--model-gpu-memory-budget names GPU {int(gpu)} twice")
+        out[int(gpu)] = int(size)
+    if out and args.model_control_mode != "paged":
+        raise UsageError("--model-gpu-memory-budget needs --model-control-mode=paged")
+    return out
 
 
 def _model_loading(args: argparse.Namespace) -> None:

@@ -15,6 +15,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Model Repository", (
         "--model-repository", "--exit-on-error", "--disable-auto-complete-config", "--strict-readiness",
         "--model-control-mode", "--repository-poll-secs", "--load-model", "--model-memory-budget",
+        "--model-gpu-memory-budget",
         "--model-config-name",
         "--model-load-thread-count", "--model-load-retry-count", "--model-namespacing", "--enable-peer-access",
         "--model-unload-timeout-secs", "--model-file-override-max-bytes")),

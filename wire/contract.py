@@ -113,15 +113,15 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 16
-SCHEMA_FINGERPRINT = "454bcb14ad71681c"
+RECORDED_VERSION = 17
+SCHEMA_FINGERPRINT = "5dfb165fe8016d79"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
     "options.MetricsConfig": "316263254ca0",
     "options.OpenAIConfig": "e7658b91b545",
     "options.OtelConfig": "49c6ec3bfd03",
-    "options.ServerOptions": "dc67d2cb25ca",
+    "options.ServerOptions": "b571dcc9c8cc",
     "options.TlsConfig": "73eb470ed7ce",
     "options.TraceConfig": "cee912e8cf94",
     "options._O": "7157e6c72e21",
@@ -140,10 +140,10 @@ STRUCTS = {
     "replies.MemoryUsage": "63c43abeec08",
     "replies.MetricsReply": "c9717eb057f2",
     "replies.ModelIndex": "a49661f17d9b",
-    "replies.ModelPaging": "5f7bfa0f763d",
+    "replies.ModelPaging": "272a7b7bdf31",
     "replies.ModelSnapshot": "5ca587e5bf74",
     "replies.ModelStatistics": "e666ec69828b",
-    "replies.PagingSnapshot": "1c881622dae9",
+    "replies.PagingSnapshot": "709758069442",
     "replies.PagingStatistics": "43f6dbc5ca27",
     "replies.Peer": "bf95b1aaf7cb",
     "replies.ShmStatusReply": "9fb7c49e7970",

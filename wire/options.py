@@ -125,7 +125,8 @@ class ServerOptions(_O):
     allow_client_shm: bool = False
     model_control_mode: Literal["none", "poll", "explicit", "paged"] = "none"
     load_models: list[str] = []      # explicit mode: loaded at startup; paged mode: pinned
-    model_memory_budget: int = 0     # paged mode: bytes of host memory the models' workers may use
+    model_memory_budget: int = 0     # paged mode: bytes of host memory the whole server may use
+    model_gpu_memory_budget: dict[int, int] = msgspec.field(default_factory=dict)   # paged mode: GPU id -> bytes
     repository_poll_secs: int = 15
     model_load_thread_count: int = 4
     model_unload_timeout_secs: float = 30.0

@@ -236,6 +236,7 @@ class ModelPaging(_Reply):
     first_response_count: int
     first_response_ns: int
     memory_bytes: int
+    gpu_memory: dict[int, int] = {}         # GPU id -> bytes its workers held there when last measured
 
 
 class PagingSnapshot(_Reply):
@@ -246,6 +247,7 @@ class PagingSnapshot(_Reply):
     resident: int
     first_response: SummarySnapshot      # µs from a paging-in request's arrival to its answer
     models: list[ModelPaging]
+    gpus: dict[int, tuple[int, int]] = {}  # GPU id -> (its --model-gpu-memory-budget, bytes used there)
 
 
 class MetricsReply(_Reply, tag="metrics"):

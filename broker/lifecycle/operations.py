@@ -95,7 +95,7 @@ class ModelControl:
         self.threads = ThreadBudget(cores=max(1, usable_cores() // shards) if shards > 1 else None,
                                     reserved=1 + frontends // shards)
         self.pager = (Pager(opts.model_memory_budget, registry, lifecycle, runner.jobs, clock, self.retirement.retire,
-                            server_pids) if self.mode == "paged" else None)
+                            server_pids, opts.model_gpu_memory_budget) if self.mode == "paged" else None)
 
     # ---------------------------------------------------------------- entry points
 
@@ -264,8 +264,8 @@ class ModelControl:
 
     def _page_out_the_rest(self, sources: dict[str, ModelSource], pinned: set[str], read: dict[str, Any]) -> None:
         """Paged mode: every model not pinned goes in the table paged out (pager.py); one that
-        cannot be read, or that runs on a GPU (paging keeps no device budget), is UNAVAILABLE
-        with the reason."""
+        cannot be read, or that runs on a GPU without a --model-gpu-memory-budget (or on devices
+        its backend chooses, KIND_MODEL), is UNAVAILABLE with the reason."""
         assert self.pager is not None
         for name in sorted(set(sources) - pinned):
             r = read[name]
@@ -279,16 +279,27 @@ class ModelControl:
                 self._failed(spec, {})
                 continue
             config = config_to_json(spec.config)
-            if any(inst.kind != "CPU" for inst in instances_of(name, 0, config)):
-                why = (f"model '{name}' has GPU instances, which --model-control-mode=paged does not page (it "
-                       f"keeps a host memory budget only); pin it with --load-model={name} or parameter "
-                       f"{PINNED}")
+            why = self._unpageable(name, instances_of(name, 0, config))
+            if why:
                 log.error("%s", why)
                 self.registry.specs[name] = spec
                 self._replace(name, failed_entry(name, spec.path, spec.versions, why), {})
                 continue
             self.pager.add(spec, config)
         self.pager.warm_templates(STARTUP_TEMPLATE_WAIT_S)
+
+    def _unpageable(self, name: str, instances: list[Instance]) -> str:
+        """Why paged mode cannot page these instances ('' when it can): GPUs without a budget,
+        or devices the backend chooses."""
+        pin = f"pin it with --load-model={name} or parameter {PINNED}"
+        if any(inst.kind == "MODEL" for inst in instances):
+            return f"model '{name}' has KIND_MODEL instances, whose devices paging cannot budget; {pin}"
+        missing = sorted({inst.device_id for inst in instances if inst.kind == "GPU"}
+                         - set(self.opts.model_gpu_memory_budget))
+        if missing:
+            return (f"model '{name}' has instances on GPU {', '.join(map(str, missing))}, which has no "
+                    f"--model-gpu-memory-budget; set one, or {pin}")
+        return ""
 
     def _explicit_load(self, name: str, override: Any, override_dir: str) -> Generator:
         try:

@@ -35,9 +35,10 @@ from tritond.wire.errors import TritonError, unavailable
 
 from tritond.broker.clock import Clock
 from tritond.broker.lifecycle.jobs import Jobs
-from tritond.broker.lifecycle.version_state import Lifecycle
+from tritond.broker.lifecycle.version_state import Lifecycle, instances_of
 from tritond.broker.observe.metrics import Summary
-from tritond.broker.paging.budget import Candidate, Sizes, backoff_s, victims
+from tritond.broker.paging.budget import HOST, Candidate, Devices, Sizes, backoff_s, victims
+from tritond.broker.paging.device_memory import DeviceMemory, processes_on
 from tritond.broker.paging.memory import models_pss, pss_bytes
 from tritond.broker.scheduling.factory import new_scheduling
 from tritond.broker.supervision.pool import InstanceState
@@ -68,12 +69,16 @@ class Paged:
     failures: int = 0                # loads failed in a row
     retry_at: float = 0.0            # clock time before which it is not loaded again
     failure: str = ""
+    gpus: frozenset[int] = frozenset()      # the GPUs its instances run on
 
 
 class Pager:
     def __init__(self, budget: int, registry: ModelRegistry, lifecycle: Lifecycle, jobs: Jobs, clock: Clock,
-                 retire: Callable[[ModelVersion], None], server_pids: Callable[[], set[int]]) -> None:
+                 retire: Callable[[ModelVersion], None], server_pids: Callable[[], set[int]],
+                 gpu_budgets: dict[int, int]) -> None:
         self.budget = budget
+        self.devices = Devices(gpu_budgets)
+        self.device_memory = DeviceMemory(gpu_budgets) if gpu_budgets else None
         self.registry = registry
         self.lifecycle = lifecycle
         self.requests = lifecycle.requests
@@ -87,7 +92,7 @@ class Pager:
         self.first: dict[str, Paged] = {}        # paged in, first answer not seen yet: looked at each turn
         self.sizes = Sizes()
         self.wanted: list[str] = []          # paged-out models asked for, in order of asking
-        self.exiting: list[tuple[ModelVersion, int]] = []    # paged out, workers not gone yet
+        self.exiting: list[tuple[ModelVersion, dict]] = []   # paged out, workers not gone yet: what they held
         self.first_response = Summary()      # every page-in's, µs
         self.base = 0                        # bytes the server's own processes and pinned models use (measured)
         self.next_measure = 0.0
@@ -100,7 +105,8 @@ class Pager:
 
     def add(self, spec: ModelSpec, config: dict[str, Any]) -> None:
         """A model paged out from the start: in the table, UNAVAILABLE, no worker."""
-        rec = Paged(spec.name, spec, config)
+        gpus = frozenset(i.device_id for i in instances_of(spec.name, 0, config) if i.kind == "GPU")
+        rec = Paged(spec.name, spec, config, gpus=gpus)
         self.models[spec.name] = rec
         self.registry.specs[spec.name] = spec
         self.registry.replace(spec.name, {v: self._paged_out(rec, v, None) for v in spec.versions})
@@ -167,7 +173,7 @@ class Pager:
         """Each loop turn: what page-ins settled, first answers after a page-in, what waits to be
         paged in; every MEASURE_S the resident models' memory and health."""
         if self.exiting:
-            self.exiting = [(mv, size) for mv, size in self.exiting if mv in self.registry.retiring]
+            self.exiting = [(mv, held) for mv, held in self.exiting if mv in self.registry.retiring]
         for rec in list(self.loading.values()):
             self._settle(rec, now)
         for rec in list(self.first.values()):
@@ -198,32 +204,43 @@ class Pager:
         """Bytes the server takes: its own processes, the pinned models, and the resident, loading
         and exiting pageable models (measured, else expected)."""
         est = self.sizes.estimate
-        return self.base + sum(est(name) for name in self.active) + sum(size for _, size in self.exiting)
+        return self.base + sum(est(name) for name in self.active) + sum(held[HOST] for _, held in self.exiting)
+
+    def used_on(self, gpu: int) -> int:
+        """Bytes held on `gpu` by the rest of the server and the resident, loading and exiting models."""
+        resident = {name: rec.gpus for name, rec in self.active.items()}
+        return self.devices.used(gpu, resident) + sum(held.get(gpu, 0) for _, held in self.exiting)
+
+    def _exiting(self, resource: object) -> int:
+        return sum(held.get(resource, 0) for _, held in self.exiting)
 
     def _admit(self) -> None:
         """Page in what was asked for, in order of asking. Each model that must wait keeps its
         expected size reserved, so those behind it cannot take its room; the workers paged out
         for it are stopped at once, so exits run side by side."""
-        reserved = 0
+        reserved: dict[object, int] = {}
         for name in list(self.wanted):
             need = self._page_in(self.models[name], reserved)
             if need is None:
                 self.wanted.remove(name)
             else:
-                reserved += need
+                for resource, size in need.items():
+                    reserved[resource] = reserved.get(resource, 0) + size
 
-    def _page_in(self, rec: Paged, reserved: int) -> int | None:
+    def _page_in(self, rec: Paged, reserved: dict[object, int]) -> dict[object, int] | None:
         """Start paging `rec` in when it fits beside `reserved` (paging others out first, and
         waiting for their workers to exit): None once started (or refused), else the bytes it
-        waits for."""
+        waits for (host memory, and on each GPU it runs on)."""
         if rec.phase != OUT:
             return None
-        need = self.sizes.estimate(rec.name)
+        need = {HOST: self.sizes.estimate(rec.name), **self.devices.need(rec.name, rec.gpus)}
         if not self.sizes.known and self.active:
             return need             # nothing measured yet: one model at a time until one is
-        exiting = sum(size for _, size in self.exiting)
         # room once the workers on their way out have exited: who else must leave for it to fit
-        out = victims(self.budget, self.used() - exiting + reserved, need, self._candidates())
+        devices = {gpu: (self.devices.budgets[gpu], self.used_on(gpu) - self._exiting(gpu) + reserved.get(gpu, 0),
+                         need[gpu]) for gpu in rec.gpus}
+        out = victims(self.budget, self.used() - self._exiting(HOST) + reserved.get(HOST, 0), need[HOST],
+                      self._candidates(), devices)
         if out is None:
             if self._too_big(rec.name):
                 self._refuse(rec)
@@ -233,7 +250,7 @@ class Pager:
             out = []                # alone it is expected not to fit: it is let in and measured
         for name in out:
             self.page_out(self.models[name])
-        if self.exiting and self.used() + reserved + need > self.budget:
+        if self.exiting and self._short(rec, need, reserved):
             return need             # it starts once they have exited: their memory is still in use
         rec.phase = LOADING_IN
         self.active[rec.name] = rec
@@ -252,11 +269,24 @@ class Pager:
                 self.lifecycle.start_instance(mv, inst)
         return None
 
+    def _short(self, rec: Paged, need: dict[object, int], reserved: dict[object, int]) -> bool:
+        """Room is short for `rec` now, counting what is still on its way out."""
+        if self.used() + reserved.get(HOST, 0) + need[HOST] > self.budget:
+            return True
+        return any(self.used_on(gpu) + reserved.get(gpu, 0) + need[gpu] > self.devices.budgets[gpu]
+                   for gpu in rec.gpus)
+
     def _too_big(self, name: str) -> bool:
-        """Measured bigger than the budget leaves beside the rest of the server."""
-        return self.sizes.known.get(name, 0) > self.budget - self.base
+        """Measured bigger than the budget leaves beside the rest of the server (host or a GPU)."""
+        return (self.sizes.known.get(name, 0) > self.budget - self.base
+                or self.devices.too_big(name, self.models[name].gpus) is not None)
 
     def _too_big_error(self, name: str) -> TritonError:
+        gpu = self.devices.too_big(name, self.models[name].gpus)
+        if gpu is not None:
+            return unavailable(f"model '{name}' holds {self.devices.sizes[gpu].known[name]} bytes on GPU {gpu}, more "
+                               f"than its --model-gpu-memory-budget of {self.devices.budgets[gpu]} bytes holds beside "
+                               f"the rest of the server ({self.devices.base[gpu]} bytes); it is not loaded")
         size = self.sizes.known.get(name)
         if size is None:
             return unavailable(f"the server's own processes and pinned models take {self.base} bytes, more than "
@@ -289,17 +319,19 @@ class Pager:
             versions = self.registry.get(rec.name).values()
             if all(_idle(mv) for mv in versions):
                 last = max([rec.last_used, *(mv.stats.last_inference_ms / 1000 for mv in versions)])
-                out.append(Candidate(rec.name, self.sizes.estimate(rec.name), last))
+                out.append(Candidate(rec.name, self.sizes.estimate(rec.name), last,
+                                     self.devices.need(rec.name, rec.gpus)))
         return out
 
     def page_out(self, rec: Paged) -> None:
         old = self.registry.get(rec.name)
         size = self.sizes.estimate(rec.name)
+        held = {HOST: size, **self.devices.need(rec.name, rec.gpus)}
         self.registry.replace(rec.name, {v: self._paged_out(rec, v, mv) for v, mv in old.items()})
         for mv in old.values():
             self._retire(mv)
             if mv in self.registry.retiring:
-                self.exiting.append((mv, size // max(1, len(old))))
+                self.exiting.append((mv, {r: b // max(1, len(old)) for r, b in held.items()}))
         rec.phase = OUT
         del self.active[rec.name]
         self.first.pop(rec.name, None)
@@ -366,13 +398,17 @@ class Pager:
             self.next_measure = self.clock.now() + MEASURE_S
         self.fresh = set()
         self.measuring = True
-        self.jobs.submit(lambda: (models_pss(pids), sum(pss_bytes(p) or 0 for p in rest) if rest else None),
-                         lambda fut: self._measured(fut, pids))
+        device = self.device_memory
 
-    def _measured(self, fut: Any, pids: dict[str, list[int]]) -> None:
+        def read() -> tuple[dict[str, int], int | None, dict[int, dict[int, int]]]:
+            return (models_pss(pids), sum(pss_bytes(p) or 0 for p in rest) if rest else None,
+                    device.read() if device is not None else {})
+        self.jobs.submit(read, lambda fut: self._measured(fut, pids, rest))
+
+    def _measured(self, fut: Any, pids: dict[str, list[int]], rest: set[int]) -> None:
         self.measuring = False
         try:
-            sizes, base = fut.result()
+            sizes, base, device = fut.result()
         except Exception:       # noqa: BLE001 -- a failed read leaves the last measurement standing
             log.exception("measuring the models' memory failed")
             return
@@ -381,10 +417,13 @@ class Pager:
                 log.error("the server's own processes and pinned models take %d bytes, more than the "
                           "--model-memory-budget of %d bytes: no model can be paged in", base, self.budget)
             self.base = base
+            held = processes_on(device, rest)
+            self.devices.base = {gpu: held.get(gpu, 0) for gpu in self.devices.budgets}
         for name, size in sizes.items():
             now = [i.pid for mv in self.registry.get(name).values() for i in mv.instances if i.pid]
             if self.models[name].phase == IN and now == pids[name]:     # still the workers measured
                 self.sizes.record(name, size)
+                self.devices.record(name, self.models[name].gpus, processes_on(device, now))
                 if self._too_big(name):
                     log.error("%s", self._too_big_error(name).message)
 
@@ -395,8 +434,10 @@ class Pager:
             budget=self.budget, used=self.used(), server=self.base, resident=sum(r.phase == IN for r in self.active.values()),
             first_response=self.first_response.snapshot(quantiles),
             models=[R.ModelPaging(r.name, r.phase == IN, r.page_ins, r.page_outs, r.first_response.count,
-                                  int(r.first_response.sum * 1000), self.sizes.known.get(r.name, 0))
-                    for r in self.models.values()])
+                                  int(r.first_response.sum * 1000), self.sizes.known.get(r.name, 0),
+                                  {g: self.devices.sizes[g].known.get(r.name, 0) for g in r.gpus})
+                    for r in self.models.values()],
+            gpus={g: (budget, self.used_on(g)) for g, budget in self.devices.budgets.items()})
 
     def statistics(self, name: str) -> R.PagingStatistics | None:
         rec = self.models.get(name)

@@ -21,6 +21,8 @@ import tritonclient.http as httpclient
 
 from conftest import TritondServer, expect_error, http_get, metric, serving, wait_for, worker_title
 
+from tritond.repository.devices import gpu_count
+
 ONNX_MODELS = 100
 PYTHON_MODELS = 100
 HOLDS = 20                  # models the budget holds
@@ -300,3 +302,12 @@ def test_a_model_bigger_than_the_budget_is_refused(paged):
     wait_for(lambda: not paged.worker_pids("too_big"), 30, "too_big's worker to leave")
     np.testing.assert_array_equal(infer(paged.http_url, "onnx_001"), np.arange(4) + 1)
     assert http_get(f"http://{paged.http_url}/v2/health/ready")[0] == 200
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="checks the refusal on a host without GPUs")
+def test_a_gpu_budget_for_a_gpu_the_host_lacks_stops_startup(tmp_path):
+    repo = tmp_path / "models"
+    add_python(repo, "m", 1)
+    s = TritondServer(repo, paged_args(1 << 30, "--model-gpu-memory-budget=0:1000000")).start(wait="exit", timeout=60)
+    assert s.returncode != 0 and "names GPU 0, which this host does not have (0 GPU(s))" in s.log, s.log
+    s.assert_clean()

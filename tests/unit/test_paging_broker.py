@@ -183,3 +183,65 @@ def test_an_ensemble_and_what_it_composes_are_pinned_and_load_model_pins_too(tmp
         "step": S.ModelState.READY, "named": S.ModelState.READY, "ens": S.ModelState.READY,
         "other": S.ModelState.UNAVAILABLE}
     assert set(h.broker.model_ops.pager.models) == {"other"}
+
+
+GPU_SIZE = 1000
+GPU_GROUP = 'instance_group [{ kind: KIND_GPU count: 1 gpus: [0] }]'
+
+
+@pytest.fixture
+def gpu(tmp_path, monkeypatch) -> Harness:
+    """Three models on GPU 0 under a GPU budget for two (host memory to spare), a CPU model, and
+    one on GPU 1, which has no budget; NVML stands in as what the test says each worker holds."""
+    from tritond.repository import devices
+    monkeypatch.setattr(devices, "gpu_count", lambda: 2)
+    repo = tmp_path / "models"
+    for name in ("g1", "g2", "g3"):
+        python_model(repo, name, ["INPUT0"], ["OUTPUT0"], GPU_GROUP)
+    python_model(repo, "cpu", ["INPUT0"], ["OUTPUT0"], 'instance_group [{ kind: KIND_CPU count: 1 }]')
+    python_model(repo, "other_gpu", ["INPUT0"], ["OUTPUT0"], GPU_GROUP.replace("[0]", "[1]"))
+    holder: dict[str, Harness] = {}
+
+    class FakeNvml:
+        def __init__(self, gpus):
+            assert list(gpus) == [0]
+
+        def read(self):     # every live worker of a GPU model holds GPU_SIZE on GPU 0
+            return {pid: {0: GPU_SIZE} for pid, inst in holder["h"].pool.live.items() if inst.kind == "GPU"}
+
+    monkeypatch.setattr(pager_module, "DeviceMemory", FakeNvml)
+    monkeypatch.setattr(pager_module, "models_pss", lambda pids: {name: SIZE for name in pids})
+    monkeypatch.setattr(pager_module, "pss_bytes", lambda pid: 0)
+    harness = Harness(repo, model_control_mode="paged", model_memory_budget=10 * SIZE,
+                      model_gpu_memory_budget={0: 2 * GPU_SIZE})
+    holder["h"] = harness
+    monkeypatch.setattr(time, "time", lambda: harness.clock.t)
+    return harness.load("*")
+
+
+def test_gpu_models_page_within_their_gpus_budget(gpu):
+    pager = gpu.broker.model_ops.pager
+    for name in ("g1", "g2", "cpu"):
+        assert serve(gpu, name).error is None
+    assert pager.used_on(0) == 2 * GPU_SIZE
+    assert pager.devices.sizes[0].known == {"g1": GPU_SIZE, "g2": GPU_SIZE}
+    assert serve(gpu, "g3").error is None          # GPU 0 is full: g1, the least recently used there, leaves
+    assert [state(gpu, n) for n in ("g1", "g2", "g3", "cpu")] == [
+        S.ModelState.UNAVAILABLE, S.ModelState.READY, S.ModelState.READY, S.ModelState.READY]
+    assert pager.used_on(0) == 2 * GPU_SIZE
+
+
+def test_a_gpu_without_a_budget_keeps_its_models_unavailable(gpu):
+    mv = gpu.broker.registry.get("other_gpu")[1]
+    assert mv.state is S.ModelState.UNAVAILABLE
+    assert "GPU 1, which has no --model-gpu-memory-budget" in mv.reason
+    rid = gpu.infer("other_gpu", INPUT0=X)
+    assert gpu.replies()[rid].error is not None
+
+
+def test_gpu_budgets_and_what_gpu_models_hold_are_reported(gpu):
+    serve(gpu, "g1")
+    snap = gpu.control(S.ModelMetrics()).result.paging
+    assert snap.gpus == {0: (2 * GPU_SIZE, GPU_SIZE)}
+    g1 = next(m for m in snap.models if m.name == "g1")
+    assert g1.gpu_memory == {0: GPU_SIZE}

@@ -2,7 +2,7 @@
 is needed, None when nothing makes room; sizes expected from what was measured."""
 from __future__ import annotations
 
-from tritond.broker.paging.budget import Candidate, Sizes, backoff_s, victims
+from tritond.broker.paging.budget import Candidate, Devices, Sizes, backoff_s, victims
 from tritond.broker.paging.memory import models_pss, pss_bytes
 
 
@@ -47,3 +47,22 @@ def test_pss_of_this_process_and_of_a_missing_one():
     assert pss_bytes(2 ** 22 + 12345) is None
     both = models_pss({"me": [os.getpid()], "gone": [os.getpid(), 2 ** 22 + 12345]})
     assert set(both) == {"me"}
+
+
+def test_a_gpu_short_of_room_pages_out_only_models_holding_memory_there():
+    cands = [Candidate("cpu_old", 30, 1.0), Candidate("gpu_mid", 30, 5.0, {0: 100}),
+             Candidate("gpu_new", 30, 9.0, {0: 100})]
+    assert victims(1000, 100, 30, cands, {0: (200, 150, 100)}) == ["gpu_mid"]     # the host has room
+    assert victims(1000, 100, 30, cands, {0: (200, 200, 200)}) == ["gpu_mid", "gpu_new"]
+    assert victims(1000, 100, 30, cands, {0: (200, 200, 300)}) is None
+    assert victims(100, 90, 40, cands, {0: (200, 0, 50)}) == ["cpu_old"]          # only the host is short
+
+
+def test_a_model_measured_bigger_than_a_gpus_budget_leaves():
+    devices = Devices({0: 1000, 1: 500})
+    devices.base = {0: 100, 1: 100}
+    devices.record("m", [0, 1], {0: 800, 1: 450})
+    assert devices.too_big("m", [0, 1]) == 1
+    assert devices.need("m", [0]) == {0: 800}
+    assert devices.need("unmeasured", [0]) == {0: 800}        # what the measured ones hold on average
+    assert devices.used(0, {"m": frozenset({0, 1}), "cpu": frozenset()}) == 900

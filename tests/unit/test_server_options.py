@@ -85,6 +85,8 @@ CASES = [
     (["--model-control-mode=explicit", "--load-model=a"], lambda o: o.load_models, ["a"]),
     (["--model-control-mode=paged", "--model-memory-budget=1000", "--load-model=a"],
      lambda o: (o.model_control_mode, o.model_memory_budget, o.load_models), ("paged", 1000, ["a"])),
+    (["--model-control-mode=paged", "--model-memory-budget=1000", "--model-gpu-memory-budget=0:500",
+      "--model-gpu-memory-budget=1:600"], lambda o: o.model_gpu_memory_budget, {0: 500, 1: 600}),
     (["--repository-poll-secs=3"], lambda o: o.repository_poll_secs, 3),
     (["--model-load-thread-count=2"], lambda o: o.model_load_thread_count, 2),
     (["--model-unload-timeout-secs=2"], lambda o: o.model_unload_timeout_secs, 2.0),
@@ -273,6 +275,13 @@ def test_startup_model_flags_are_refused_in_tritonservers_words(flags, message):
     (["--model-control-mode=paged", "--model-memory-budget=1000", "--broker-shards=2"], "--broker-shards=1"),
     (["--model-control-mode=paged", "--model-memory-budget=1000", "--rate-limit=execution_count"],
      "--rate-limit=execution_count"),
+    (["--model-gpu-memory-budget=0:1000"], "--model-gpu-memory-budget needs --model-control-mode=paged"),
+    (["--model-control-mode=paged", "--model-memory-budget=1000", "--model-gpu-memory-budget=0"],
+     "must be <GPU id>:<bytes>"),
+    (["--model-control-mode=paged", "--model-memory-budget=1000", "--model-gpu-memory-budget=0:0"],
+     "must be <GPU id>:<bytes>"),
+    (["--model-control-mode=paged", "--model-memory-budget=1000", "--model-gpu-memory-budget=0:5",
+      "--model-gpu-memory-budget=0:6"], "names GPU 0 twice"),
 ])
 def test_paging_is_refused_where_it_cannot_keep_its_budget(flags, message):
     import re

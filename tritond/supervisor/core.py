@@ -40,7 +40,8 @@ from .clock import Clock
 from .exit_codes import ExitCode
 from .restart import Restarts, restart_window
 from .signals import Signals
-from .startup import CLOSED, Interrupted, Startup, StartupError, check_ports, check_remote_repositories, check_tls
+from .startup import (CLOSED, Interrupted, Startup, StartupError, check_gpu_budgets, check_ports,
+                      check_remote_repositories, check_tls)
 from .stopping import Stopping
 from .watchdog import BrokerWatchdog
 
@@ -101,6 +102,7 @@ class Supervisor(Startup, Restarts, Stopping):
     def serve(self) -> ExitCode:
         try:
             check_tls(self.opts)
+            check_gpu_budgets(self.opts)
             check_ports(self.opts)
             self.notify.status("loading models")
             check_remote_repositories(self.opts)

@@ -12,9 +12,11 @@ import logging
 import socket
 
 from tritond import logs
+from tritond.broker.paging.device_memory import device_memory_unreadable
 from tritond.frontend.readiness import LISTENING, SERVING
 from tritond.frontend.tls import TlsError, TlsFiles, load as load_tls, server_context
 from tritond.mps import MpsError
+from tritond.repository.devices import gpu_count
 from tritond.repository.remote import RemoteError, is_remote, list_models
 from tritond.shm_space import shm_shortfall
 from tritond.wire import schema as S
@@ -103,6 +105,20 @@ def check_remote_repositories(opts: ServerOptions) -> None:
                 list_models(repo)
             except RemoteError as e:
                 raise StartupError(str(e)) from None
+
+
+def check_gpu_budgets(opts: ServerOptions) -> None:
+    """Each --model-gpu-memory-budget names a GPU of this host whose processes NVML lists."""
+    if not opts.model_gpu_memory_budget:
+        return
+    gpus = gpu_count()
+    for gpu in opts.model_gpu_memory_budget:
+        if gpu >= gpus:
+            raise StartupError(f"--model-gpu-memory-budget names GPU {gpu}, which this host does not have "
+                               f"({gpus} GPU(s))")
+    why = device_memory_unreadable(opts.model_gpu_memory_budget)
+    if why:
+        raise StartupError(f"--model-gpu-memory-budget needs each process's device memory from NVML: {why}")
 
 
 class Startup:
