@@ -26,6 +26,7 @@ from tritond.repository.model_metrics import first_response_buckets
 from tritond.broker.tables.model_version import READY, ModelVersion
 
 NS_PER_US = 1000
+NS_PER_MS = 1_000_000
 SUMMARY_WINDOW = 4096
 FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 PAGING_QUANTILES = [0.5, 0.9, 0.99]
@@ -73,7 +74,8 @@ class Histogram:
 
 
 class Latencies:
-    """One model version's summaries (µs) and first-response histogram (ms), as enabled."""
+    """One model version's summaries (µs) and first-response histogram (whole ms, as Triton
+    observes it: clients parse its sum as an integer), as enabled."""
 
     def __init__(self, summaries: bool, histogram: bool, buckets: tuple[float, ...] | None = None) -> None:
         self.summaries = {name: Summary() for name in SUMMARIES} if summaries else None
@@ -91,7 +93,7 @@ class Latencies:
             s["compute_infer"].observe(infer_ns / NS_PER_US)
             s["compute_output"].observe(output_ns / NS_PER_US)
         if self.first_response is not None and first_response:
-            self.first_response.observe(total_ns / 1e6)
+            self.first_response.observe(total_ns // NS_PER_MS)
 
     def cache_hit(self, total_ns: int, queue_ns: int, lookup_ns: int) -> None:
         s = self.summaries
@@ -99,13 +101,13 @@ class Latencies:
             s["queue"].observe(queue_ns / NS_PER_US)
             s["cache_hit"].observe(lookup_ns / NS_PER_US)
         if self.first_response is not None:
-            self.first_response.observe(total_ns / 1e6)
+            self.first_response.observe(total_ns // NS_PER_MS)
 
     def cache_miss(self, miss_ns: int) -> None:
         if self.summaries is not None:
             self.summaries["cache_miss"].observe(miss_ns / NS_PER_US)
 
-    def first_response_ms(self, ms: float) -> None:
+    def first_response_ms(self, ms: int) -> None:
         """A decoupled model's first response (its request's later responses do not count)."""
         if self.first_response is not None:
             self.first_response.observe(ms)

@@ -45,7 +45,7 @@ class Streams:
         if not req.responded:           # the first-response histogram times the first one only
             req.responded = True
             if req.mv.stats.latency is not None:
-                req.mv.stats.latency.first_response_ms((self._now_ns() - req.arrival_ns) / 1e6)
+                req.mv.stats.latency.first_response_ms((self._now_ns() - req.arrival_ns) // 1_000_000)
         reply = InferReply(req.msg.rid, req.mv.version, msg.outputs, msg.error, inst.identity,
                            more=not msg.final, empty=msg.empty)
         if msg.final:
