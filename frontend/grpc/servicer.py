@@ -6,6 +6,7 @@ request becomes an `error_message` response and the stream stays open.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -298,7 +299,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def answer(request: pb.ModelInferRequest) -> None:
             self.inflight += 1
             try:
-                await self._stream_answer(request, write, forwarded, parent)
+                await self._stream_answer(request, write, forwarded, parent, abort_on_error)
             except TritonError as e:
                 await failed(request, e)
             except Exception:  # a bug must not take the stream down
@@ -339,9 +340,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _stream_answer(self, request: pb.ModelInferRequest, write: Callable[[bytes], Awaitable[None]],
-                             forwarded: dict[str, str] | TritonError | None = None, parent: str = "") -> None:
+                             forwarded: dict[str, str] | TritonError | None = None, parent: str = "",
+                             abort_on_error: bool = False) -> None:
         """Answer one request of a stream: every response of a decoupled model as it comes,
-        the bare final flag only when asked for (`triton_enable_empty_final_response`). A
+        the bare final flag only when asked for (`triton_enable_empty_final_response`); with
+        `abort_on_error` an error response is raised, to end the stream with its status. A
         request to a model that is not decoupled is traced as a unary one (`parent`: the
         stream's W3C trace context)."""
         client = self.client
@@ -375,18 +378,23 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         # to take the message, which would otherwise add to every response's latency.
         pending: asyncio.Future | None = None
         try:
-            async for item in self.dp.infer_stream(entry, inputs, outputs, opts):
-                if item.error is not None:
-                    message = cv.stream_error(request, item.error, item.final).SerializeToString()
-                elif item.result is not None:
-                    message = self.encoder.stream_response(item.result, item.final)
-                elif opts.empty_final:
-                    message = cv.stream_empty_final(request).SerializeToString()
-                else:
-                    continue
-                if pending is not None:
-                    await pending
-                pending = asyncio.ensure_future(write(message))
+            async with contextlib.aclosing(self.dp.infer_stream(entry, inputs, outputs, opts)) as responses:
+                async for item in responses:
+                    if item.error is not None:
+                        if abort_on_error:      # what came before the error is written first
+                            if pending is not None:
+                                await pending
+                            raise item.error
+                        message = cv.stream_error(request, item.error, item.final).SerializeToString()
+                    elif item.result is not None:
+                        message = self.encoder.stream_response(item.result, item.final)
+                    elif opts.empty_final:
+                        message = cv.stream_empty_final(request).SerializeToString()
+                    else:
+                        continue
+                    if pending is not None:
+                        await pending
+                    pending = asyncio.ensure_future(write(message))
             if pending is not None:
                 await pending
         finally:

@@ -112,6 +112,28 @@ def test_an_error_part_way_ends_the_request_and_the_stream_goes_on(stream):
     assert stream.collect("next") == [(7, False, None), (None, True, None)]
 
 
+def test_with_triton_grpc_error_a_decoupled_models_error_ends_the_stream_with_its_status(streaming_server):
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(streaming_server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)),
+                        headers={"triton_grpc_error": "true"})
+    try:
+        inp = grpcclient.InferInput("IN", [1], "INT32")
+        inp.set_data_from_numpy(np.array([0], np.int32))
+        client.async_stream_infer("streamer", [inp], request_id="bad", parameters={"count": 5, "fail_after": 2})
+        got = [results.get(timeout=30) for _ in range(3)]
+        assert [int(r.as_numpy("OUT")[0]) for r, _ in got[:2]] == [0, 1]
+        error = got[2][1]
+        assert error is not None and error.status() == "StatusCode.INTERNAL", error
+        assert "failed after 2 responses" in error.message()
+        with pytest.raises(queue.Empty):        # the stream ended: nothing more comes
+            results.get(timeout=1)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert http_get(f"http://{streaming_server.http_url}/v2/health/live")[0] == 200
+
+
 def test_non_streaming_calls_to_a_decoupled_model_are_refused(streaming_server):
     grpc = grpcclient.InferenceServerClient(streaming_server.grpc_url)
     inp = grpcclient.InferInput("IN", [1], "INT32")
