@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import json
 import threading
 from typing import Any, Callable, Iterator
@@ -478,14 +479,18 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
         """Run this request on another model through the worker (blocking); with `decoupled`,
-        an iterator over its responses as they arrive."""
+        an iterator over its responses as they arrive, returned once the first one has (as
+        Triton's: so `await async_exec(decoupled=True)` waits off the event loop, and several
+        of them wait side by side)."""
         if not decoupled:
             return self._run_bls()
         handler = _bls_stream_handler
         if handler is None:
             return ResponseIterator(iter([InferenceResponse(error=TritonError("BLS is not available"))]))
         responses, cancel = handler(*self._bls_arguments())
-        return ResponseIterator((_bls_response(out, err) for out, err in responses), cancel)
+        stream = (_bls_response(out, err) for out, err in responses)
+        first = next(stream, None)
+        return ResponseIterator(itertools.chain([first], stream) if first is not None else stream, cancel)
 
     def async_exec(self, decoupled: bool = False) -> asyncio.Future:
         """Awaitable exec(): the blocking call runs in the running loop's executor."""

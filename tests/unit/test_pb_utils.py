@@ -236,6 +236,25 @@ def test_bls_exec_calls_handler():
     assert cancelled == [True]
 
 
+def test_a_decoupled_bls_call_returns_once_its_first_response_arrived():
+    """As Triton's: `await request.async_exec(decoupled=True)` waits for the first response in the
+    executor, so an async model's concurrent calls wait side by side, never on the event loop."""
+    fetched = []
+
+    def responses(args):
+        for i in range(3):
+            fetched.append(i)
+            yield {"OUT": args[2]["IN"] + i}, None
+
+    pb_utils.set_bls_handler(None, lambda *args: (responses(args), None))
+    got = _bls_request().exec(decoupled=True)
+    assert fetched == [0]                       # the first one came in exec(), the rest as iterated
+    assert [int(pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()[0]) for r in got] == [1, 2, 3]
+    assert fetched == [0, 1, 2]
+    pb_utils.set_bls_handler(None, lambda *args: (iter(()), None))
+    assert list(_bls_request().exec(decoupled=True)) == []
+
+
 def test_a_bls_model_name_read_from_a_bytes_tensor_is_taken():
     # L0_trace's bls_simple passes MODEL_NAME's as_numpy()[0], a bytes object
     calls = []
