@@ -431,7 +431,8 @@ class Pager:
 
     def snapshot(self, quantiles: list[float]) -> R.PagingSnapshot:
         return R.PagingSnapshot(
-            budget=self.budget, used=self.used(), server=self.base, resident=sum(r.phase == IN for r in self.active.values()),
+            budget=self.budget, used=self.used(), server=self.base,
+            resident=sum(r.phase == IN for r in self.active.values()),
             first_response=self.first_response.snapshot(quantiles),
             models=[R.ModelPaging(r.name, r.phase == IN, r.page_ins, r.page_outs, r.first_response.count,
                                   int(r.first_response.sum * 1000), self.sizes.known.get(r.name, 0),

@@ -2,11 +2,11 @@
 that holds about 20, served to many clients with a skewed (Zipf) workload.
 
 Every request is answered correctly; the whole server's memory (every process of it), sampled
-while the clients run, never exceeds the budget by more than one model's size; a pinned model stays; a model too big for the
-budget is refused, a model that fails to load is not retried on every request; the index,
-statistics and metrics say what is resident. One calibration server measures what one model of
-each kind takes and what the server's own processes take, so the budget is set in models, not in
-bytes that differ between hosts.
+while the clients run, never exceeds the budget by more than one model's size; a pinned model
+stays; a model too big for the budget is refused, a model that fails to load is not retried on
+every request; the index, statistics and metrics say what is resident. One calibration server
+measures what one model of each kind takes and what the server's own processes take, so the
+budget is set in models, not in bytes that differ between hosts.
 """
 from __future__ import annotations
 
