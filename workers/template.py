@@ -11,10 +11,10 @@ A worker is forked twice: the template forks an intermediate process that forks 
 exits at once, so the worker is re-parented to the broker (a child subreaper), which watches it
 through a pidfd and reaps it like a spawned one. Those two forks of a large process take
 milliseconds, more on a busy host, and the broker waits for the answer; so the template keeps
-processes forked ahead (SPARES of them), each waiting on a pipe for its spec: a fork request
+processes forked ahead (SPARES of them), each waiting on a socket for its spec: a fork request
 hands the spec to a spare and is answered with its pid at once, and spares are forked again only
 while no request waits, off the broker's path. A spare that was never used ends when the
-template does (its pipe closes). What a worker must not inherit is handled explicitly: the
+template does (its socket closes). What a worker must not inherit is handled explicitly: the
 template holds no ZeroMQ context, no socket but its pair with the broker (closed in the child),
 no CUDA context (GPU workers are always spawned fresh) and no Python thread (checked before
 every fork; a kind whose import starts one is never forked). Native helper threads that
@@ -85,63 +85,62 @@ def preload(kind: str) -> None:
 
 
 class Spare:
-    """A process forked ahead, already the broker's child, waiting on a pipe for its spec."""
+    """A process forked ahead, already the broker's child, waiting on a socket for its spec."""
 
-    def __init__(self, pid: int, fd: int) -> None:
+    def __init__(self, pid: int, sock: socket.socket | None) -> None:
         self.pid = pid
-        self.fd = fd        # the pipe's writing end: the spec goes in, closing it ends the spare
+        self.sock = sock    # the spec goes in as one frame; closing it ends the spare
 
     def hand(self, request: bytes) -> int | None:
         """Give the spare its spec; its pid, or None when it is gone (killed meanwhile)."""
         try:
-            view = memoryview(struct.pack("<I", len(request)) + request)
-            while view:
-                view = view[os.write(self.fd, view):]
+            send_frame(self.sock, request)
             return self.pid
         except OSError:
             return None
         finally:
-            os.close(self.fd)
+            self.sock.close()
 
 
 def fork_worker(spec: WorkerSpec | None, sock: socket.socket, broker_pid: int, kind: str = "",
                 spares: tuple[Spare, ...] = ()) -> Spare:
     """Fork a process that ends up a child of the broker and runs `spec`'s worker, or (spec
-    None) waits for its spec on a pipe: a spare. It holds no other spare's pipe, so each
-    spare sees its pipe close when the template ends."""
+    None) waits for its spec on a socket: a spare. It holds no other spare's socket, so each
+    spare sees its socket close when the template ends."""
     if threading.active_count() != 1:
         raise RuntimeError(f"the template runs {threading.active_count()} Python threads; forking it is unsafe")
     r, w = os.pipe()
-    specs_r, specs_w = os.pipe() if spec is None else (-1, -1)
+    ours, theirs = socket.socketpair() if spec is None else (None, None)
     middle = os.fork()
     if middle == 0:
         try:
             os.close(r)
             for other in spares:
-                os.close(other.fd)
+                other.sock.close()
             worker = os.fork()
             if worker == 0:
                 os.close(w)
-                if specs_w >= 0:
-                    os.close(specs_w)
-                _become_worker(spec, specs_r, sock, broker_pid, kind)
+                if ours is not None:
+                    ours.close()
+                _become_worker(spec, theirs, sock, broker_pid, kind)
             os.write(w, struct.pack("<q", worker))
         finally:
             os._exit(0)
     os.close(w)
-    if specs_r >= 0:
-        os.close(specs_r)
+    if theirs is not None:
+        theirs.close()
     data = os.read(r, 8)
     os.close(r)
     os.waitpid(middle, 0)
     if len(data) != 8:
-        if specs_w >= 0:
-            os.close(specs_w)
+        if ours is not None:
+            ours.close()
         raise RuntimeError("the forked worker's pid was not reported")
-    return Spare(struct.unpack("<q", data)[0], specs_w)
+    return Spare(struct.unpack("<q", data)[0], ours)
 
 
-def _become_worker(spec: WorkerSpec | None, specs: int, sock: socket.socket, broker_pid: int, kind: str) -> None:
+def _become_worker(spec: WorkerSpec | None, specs: socket.socket | None, sock: socket.socket, broker_pid: int,
+                   kind: str) -> None:
     """In the forked child: shed the template, then run the worker (a spare first waits for
     its spec; the template gone, it ends); never returns."""
     code = 1
@@ -154,9 +153,8 @@ def _become_worker(spec: WorkerSpec | None, specs: int, sock: socket.socket, bro
             time.sleep(0.001)
         if spec is None:
             setproctitle(f"tritond-spare template={kind}")
-            with os.fdopen(specs, "rb") as pipe:
-                head = pipe.read(4)
-                request = pipe.read(struct.unpack("<I", head)[0]) if len(head) == 4 else b""
+            with specs:
+                request = recv_frame(specs)
             if not request:
                 code = 0
                 return
