@@ -22,6 +22,7 @@ from tritond.broker.tables.client_regions import ClientRegions
 from tritond.broker.drain import Drain
 from tritond.broker.ensembles.submission import Ensembles
 from tritond.broker.lifecycle.operations import ModelControl
+from tritond.broker.lifecycle.readiness import Readiness
 from tritond.broker.tables.model_version import READY, UNAVAILABLE, ModelVersion
 from tritond.broker.tables.registry import ModelRegistry
 from tritond.broker.settings import Settings
@@ -42,7 +43,7 @@ class ControlHandler:
     def __init__(self, opts: ServerOptions, registry: ModelRegistry, model_ops: ModelControl,
                  ensembles: Ensembles, regions: ClientRegions, drain: Drain, settings: Settings,
                  begin_drain: Callable[[], None], stop: Callable[[], None],
-                 snapshot: Callable[[], R.MetricsReply]) -> None:
+                 snapshot: Callable[[], R.MetricsReply], readiness: Readiness) -> None:
         self.allow_client_shm = opts.allow_client_shm
         self.registry = registry
         self.model_ops = model_ops
@@ -54,6 +55,7 @@ class ControlHandler:
         self._begin_drain = begin_drain
         self._stop = stop
         self._snapshot = snapshot
+        self.readiness = readiness
         self._ops: dict[type, Callable[[Any, Answer], R.ControlResult | _Deferred]] = {
             S.RepositoryIndex: self.index, S.LoadModel: self.load, S.UnloadModel: self.unload,
             S.Statistics: self.stats, S.ModelMetrics: self.metrics,
@@ -61,7 +63,7 @@ class ControlHandler:
             S.CudaRegister: self.cuda_register, S.CudaUnregister: self.cuda_unregister,
             S.CudaStatus: self.cuda_status, S.LogSettings: self.log_settings,
             S.TraceSettings: self.trace_settings, S.ReopenLog: self.reopen_log, S.Drain: self.drain_op,
-            S.StopServer: self.stop,
+            S.StopServer: self.stop, S.ModelReady: self.model_ready,
         }
 
     def handle(self, op: S.ControlOp, answer: Answer) -> None:
@@ -105,6 +107,15 @@ class ControlHandler:
 
     def unload(self, op: S.UnloadModel, answer: Answer) -> _Deferred:
         self.model_ops.unload(op, answer)
+        return DEFERRED
+
+    def model_ready(self, op: S.ModelReady, answer: Answer) -> R.ReadyReply | _Deferred:
+        """A ready version whose model defines is_ready() is ready when each serving instance's says so."""
+        try:
+            mv = self.registry.resolve(op.name, op.version)
+        except TritonError:
+            return R.ReadyReply(False)
+        self.readiness.ask(mv, [i for i in mv.serving() if i.ready_hook], answer)
         return DEFERRED
 
     # ---------------------------------------------------------------- statistics

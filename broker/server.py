@@ -41,6 +41,7 @@ from tritond.broker.tables.inflight import InflightTable, ReplyTo, Req
 from tritond.broker.tables.instances import InstanceTable
 from tritond.broker.lifecycle.jobs import Jobs
 from tritond.broker.lifecycle.version_state import Lifecycle
+from tritond.broker.lifecycle.readiness import Readiness
 from tritond.broker.tables.live_requests import LiveRequests
 from tritond.broker.observe.metrics import latency_factory, snapshot
 from tritond.broker.lifecycle.operations import ModelControl
@@ -126,14 +127,15 @@ class Broker:
         # several brokers share the cache size given for the server
         self.cache = ResponseCache(opts.cache_size // opts.broker_shards, self.server_id, self.registry, self.clock)
         self.tracer = Tracer(self.settings, self.clock, self.observe_changed, opts.shard)
+        latency = latency_factory(opts.metrics)
         self.ensembles = Ensembles(self.registry, self.requests.admit, self.regions, self.route_release,
-                                   self.clock, opts.model_config_name, self.requests.cancel)
+                                   self.clock, opts.model_config_name, self.requests.cancel, latency)
         self.ensembles.tracer = self.tracer
         self.ensembles.cache = self.cache
         self.bls = BlsCalls(self.registry, self.instances, self.to_worker, self.route_release)
         runner = OpRunner(self.jobs, opts.model_load_thread_count)
         self.lifecycle = Lifecycle(opts, self.registry, self.instances, self.pool, self.requests, self.clock,
-                                   on_settle=runner.tick, latency=latency_factory(opts.metrics))
+                                   on_settle=runner.tick, latency=latency)
         self.model_ops = ModelControl(opts, self.registry, self.lifecycle, self.ensembles, runner, self.clock,
                                       limiter, opts.model_unload_timeout_secs,
                                       self.send_stop, publish=self.publish_if_changed, fatal=self.fail,
@@ -142,9 +144,10 @@ class Broker:
                                        self.lifecycle, self.requests, self.announce_gone, self.publish_if_changed,
                                        self.restart_wait)
         self.drain = Drain(opts.exit_timeout_secs)
+        self.readiness = Readiness(self.sockets.to_worker, self.clock.now)
         self.control = ControlHandler(opts, self.registry, self.model_ops, self.ensembles, self.regions,
                                       self.drain, self.settings, self.begin_drain, self.stop,
-                                      snapshot=lambda: snapshot(self))
+                                      snapshot=lambda: snapshot(self), readiness=self.readiness)
         # With several brokers (run()): links to the others; the first starts them and answers
         # control for all.
         self.links: PeerLinks | None = None
@@ -396,8 +399,11 @@ class Broker:
             self.route_release(msg)
         elif isinstance(msg, S.Cancel):
             self.on_cancel(ident, msg.rid)
+        elif isinstance(msg, S.ReadyResult):
+            self.readiness.on_result(inst, msg)
 
     def on_worker_exit(self, inst: Instance) -> None:
+        self.readiness.on_exit(inst)
         self.supervision.on_exit(inst, self.clock.now())
 
     # ------------------------------------------------------------------ drain and stop
@@ -444,6 +450,8 @@ class Broker:
                 next_s = min(next_s, self.secondaries.tick(now))
         self.model_ops.tick(now)
         self.tracer.tick(now_ns)
+        if self.readiness.asks:
+            next_s = min(next_s, self.readiness.tick(now))
         if self.publish_gap_s and self.registry.dirty:      # a table held back goes out by then
             next_s = min(next_s, max(0.0, self.next_publish - now))
         if self.drain.stopping:     # what a drain looks at costs nothing while none runs

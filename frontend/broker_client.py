@@ -438,6 +438,12 @@ class BrokerClient:
             raise reply.error
         return reply.result
 
+    async def model_ready(self, entry: S.ModelEntry) -> bool:
+        """A version the table says is ready is, unless its model's own is_ready() says not."""
+        if not entry.ready_hook:
+            return True
+        return (await self.control(S.ModelReady(entry.name, entry.version))).ready
+
     def release_outputs(self, reply: S.InferReply) -> None:
         leases = {lease for d in reply.outputs if (lease := S.lease_of(d))}
         if leases and self.sock is not None:

@@ -84,6 +84,10 @@ class Brokers:
     def release_outputs(self, reply: S.InferReply) -> None:
         self._client(reply.rid).release_outputs(reply)
 
+    async def model_ready(self, entry: S.ModelEntry) -> bool:
+        """Asked of the model's own broker."""
+        return await self.clients[self.route.get(entry.name, 0)].model_ready(entry)
+
     async def control(self, op: S.ControlOp, timeout: float = 600.0) -> Any:
         result = await self.first.control(op, timeout)
         if isinstance(op, (S.LoadModel, S.UnloadModel)):

@@ -3,8 +3,8 @@
 Triton loads a model with file overrides from a fresh temporary directory holding only the
 given files (the `config` parameter is its configuration). Override names come from the
 network, so every name is checked before anything is written (CVE-2023-31036, SECURITY-ANCHORS
-V1/V2): no `..`, no absolute path, no NUL, no path through a symbolic link, nothing but
-regular files created anew, and a bound on the total size. The directories live under the
+V1/V2): no `..`, no NUL, no path through a symbolic link, nothing but regular files created
+anew, and a bound on the total size. A leading `/` names the model directory, as Triton joins it. The directories live under the
 server's private run directory (mode 0700), never in the model repository.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def override_parts(key: str) -> list[str]:
     rel = key[len(FILE_PREFIX):]
     if "\0" in rel:
         raise invalid(f"Invalid file parameter '{_shown(key)}': a file name must not contain NUL")
-    if rel.startswith("/") or "\\" in rel:
+    if "\\" in rel:
         raise _escapes(key)
     parts = [p for p in rel.split("/") if p not in ("", ".")]
     if ".." in parts:

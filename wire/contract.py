@@ -113,8 +113,8 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 17
-SCHEMA_FINGERPRINT = "5dfb165fe8016d79"
+RECORDED_VERSION = 18
+SCHEMA_FINGERPRINT = "482b02b74d84c11d"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -146,6 +146,7 @@ STRUCTS = {
     "replies.PagingSnapshot": "709758069442",
     "replies.PagingStatistics": "43f6dbc5ca27",
     "replies.Peer": "bf95b1aaf7cb",
+    "replies.ReadyReply": "c13dba1a8499",
     "replies.ShmStatusReply": "9fb7c49e7970",
     "replies.StatisticDuration": "4e22c5955dbd",
     "replies.StatsReply": "d98181d22ba3",
@@ -158,8 +159,9 @@ STRUCTS = {
     "schema.Block": "0edf3c5fc80e",
     "schema.Cancel": "50244795d415",
     "schema.CancelKeys": "9756f858b74c",
-    "schema.Control": "e6a9acd0ebf1",
-    "schema.ControlReply": "c701f8f00403",
+    "schema.CheckReady": "1fc45fb248bc",
+    "schema.Control": "a00c5e8c85e6",
+    "schema.ControlReply": "d505d3f69c1c",
     "schema.Credit": "88f793de77ae",
     "schema.CudaRegister": "926e16296c69",
     "schema.CudaStatus": "6e9958293735",
@@ -170,7 +172,7 @@ STRUCTS = {
     "schema.EndSequences": "4bca449d0908",
     "schema.Exec": "5eeb574013b2",
     "schema.ExecRequest": "e49d08f6188b",
-    "schema.ExecResult": "507391b291e0",
+    "schema.ExecResult": "e5ac0e3be47c",
     "schema.Gone": "da0ed2334bd4",
     "schema.Grant": "e2f4cbac8b36",
     "schema.Heartbeat": "8342a9b93715",
@@ -181,21 +183,23 @@ STRUCTS = {
     "schema.LoadModel": "6e2ca930ed77",
     "schema.LogConfig": "bf32f47a4950",
     "schema.LogSettings": "c27f322f81cd",
-    "schema.ModelEntry": "51e844e2f6b3",
+    "schema.ModelEntry": "75ab500160e8",
     "schema.ModelMetrics": "ce76418c8048",
+    "schema.ModelReady": "9363239bf43b",
     "schema.ModelState": "b5f00a2f0916",
     "schema.ModelView": "4dfa064d3ea4",
     "schema.Observe": "cf5b68c05842",
     "schema.OutputSpec": "eac7cb9d2f95",
     "schema.Ping": "7bfebfd127b6",
     "schema.QueuePolicy": "722f977b426a",
+    "schema.ReadyResult": "796f3b1daab9",
     "schema.Refused": "d0821810c43c",
     "schema.Region": "ad648749f1bc",
     "schema.Release": "4b2da5d25523",
     "schema.ReopenLog": "f5eede3629a5",
     "schema.Replies": "c7af2bc26e11",
     "schema.RepositoryIndex": "3fbf08cb0846",
-    "schema.Respond": "d1bab5b98e71",
+    "schema.Respond": "09889cd8122e",
     "schema.RunTimes": "c6b95bc2a49b",
     "schema.SequenceBatching": "4b44910761c2",
     "schema.SequenceControl": "104bf64d4f95",
@@ -219,7 +223,7 @@ STRUCTS = {
     "schema.Unmap": "c458b2102b7e",
     "schema.WorkerDown": "6fcc156705c0",
     "schema.WorkerSpec": "f8242a3438a4",
-    "schema.WorkerUp": "8b3be76be8f7",
+    "schema.WorkerUp": "051d5cecb398",
     "schema.Zeros": "9cd0d19aa965",
     "schema._S": "c4554829a979",
 }

@@ -261,6 +261,10 @@ class MetricsReply(_Reply, tag="metrics"):
     paging: PagingSnapshot | None = None
 
 
+class ReadyReply(_Reply, tag="ready"):
+    ready: bool
+
+
 # A load, an unload, a region's registration, a log reopen and a stop answer None.
 ControlResult = Union[IndexReply, StatsReply, MetricsReply, ShmStatusReply, CudaStatusReply, LogSettingsReply,
-                      TraceSettingsReply, DrainReply, None]
+                      TraceSettingsReply, DrainReply, ReadyReply, None]

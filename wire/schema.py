@@ -31,7 +31,7 @@ import msgspec
 from .errors import Code, TritonError
 from .replies import ControlResult
 
-PROTOCOL_VERSION = 17
+PROTOCOL_VERSION = 18
 # Inline tensors up to this size ride inside the message; larger ones go through shm. Where
 # the two cost the same CPU per request (HTTP binary, c=16): below it a block's allocation,
 # lease and release cost more than copying the bytes through every hop; above it, less.
@@ -305,6 +305,12 @@ class TraceSettings(_S, tag="trace_settings"):
     settings: dict[str, Any] = {}
 
 
+class ModelReady(_S, tag="model_ready"):
+    """Is this version ready, by its model's own is_ready() (asked only of models that have one)?"""
+    name: str
+    version: int = -1
+
+
 class ReopenLog(_S, tag="reopen_log"):
     """Reopen the log file everywhere (SIGUSR1, after logrotate moved it)."""
 
@@ -319,7 +325,7 @@ class StopServer(_S, tag="stop"):
 
 ControlOp = Union[RepositoryIndex, LoadModel, UnloadModel, Statistics, ModelMetrics, ShmRegister,
                   ShmUnregister, ShmStatus, CudaRegister, CudaUnregister, CudaStatus, LogSettings,
-                  TraceSettings, ReopenLog, Drain, StopServer]
+                  TraceSettings, ReopenLog, Drain, StopServer, ModelReady]
 
 
 class Control(_S, tag="control"):
@@ -415,6 +421,7 @@ class ModelEntry(_S):
     view: ModelView | None = None
     config: ModelConfigJson | None = None
     restarting: bool = False        # UNAVAILABLE while its instances restart; requests still queue
+    ready_hook: bool = False        # its model defines is_ready(): readiness is asked of its workers
 
 
 class Table(_S, tag="table"):
@@ -510,6 +517,7 @@ class Exec(_S, tag="exec", gc=False):
 class ExecResult(_S):
     outputs: list[TensorDesc] = []
     error: TritonError | None = None
+    parameters: dict[str, int | str | bool] = {}     # the response's own (a Python model's)
 
 
 class RunTimes(_S, gc=False):
@@ -539,6 +547,16 @@ class WorkerUp(_S, tag="up"):
     proto: int
     pid: int
     config: ModelConfigJson | None = None   # completed config (python auto_complete_config)
+    ready_hook: bool = False                # the model defines is_ready() (a Python model may)
+
+
+class CheckReady(_S, tag="check_ready", gc=False):
+    """Run the model's is_ready() and answer with ReadyResult (on the stream socket)."""
+
+
+class ReadyResult(_S, tag="ready_result"):
+    ready: bool
+    error: str = ""         # why not: is_ready() raised, or returned something not a bool
 
 
 class WorkerDown(_S, tag="down"):
@@ -565,6 +583,7 @@ class Respond(_S, tag="respond"):
     error: TritonError | None = None
     final: bool = False
     empty: bool = False
+    parameters: dict[str, int | str | bool] = {}     # the response's own (a Python model's)
 
 
 class CancelKeys(_S, tag="cancel_keys", gc=False):
@@ -585,8 +604,9 @@ class EndSequences(_S, tag="end_seq"):
 
 FrontendMsg = Union[Hello, Infer, Release, Control, Cancel, Credit, TraceDone]
 BrokerToFrontend = Union[Table, InferReply, Replies, ControlReply, Ping, Gone, Refused, Observe]
-WorkerMsg = Union[WorkerUp, WorkerDown, BatchDone, Heartbeat, Infer, Release, Respond, Cancel]
-BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap, Gone, Observe, EndSequences, CancelKeys, Grant]
+WorkerMsg = Union[WorkerUp, WorkerDown, BatchDone, Heartbeat, Infer, Release, Respond, Cancel, ReadyResult]
+BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap, Gone, Observe, EndSequences, CancelKeys, Grant,
+                       CheckReady]
 
 
 # ---------------------------------------------------------------- encoding

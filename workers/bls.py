@@ -5,6 +5,10 @@ the reply while other workers serve the callee. Several calls may be in flight a
 (`async_exec` runs each in an executor thread): the ZeroMQ socket is not thread-safe, so
 whichever waiting thread holds the reader role does all socket I/O (sending what the others
 queued, receiving every reply) and hands the socket over once its own reply arrived.
+What the reader receives for the worker's own loop (an Exec, a Stop) waits in `inbox`. A
+decoupled Python model's threads and coroutines call on after execute() returned, while the
+loop waits for its next Exec: that loop then reads through the reader role too
+(`next_message`), never beside it.
 The broker refuses a call that could never be answered (the callee's instances all wait,
 directly or through other calls, on this caller), so a call never waits on itself.
 A call with `exec(decoupled=True)` yields the callee's replies as they arrive; an iterator the
@@ -33,6 +37,9 @@ from .tensors import desc_to_array
 
 log = logging.getLogger("tritond.worker")
 
+# A call's answer: outputs, or the error; the response's parameters.
+Answer = tuple[dict[str, np.ndarray], TritonError | None, dict]
+
 
 class Caller(Protocol):
     """What a BLS call uses of its worker (workers/main.py)."""
@@ -54,6 +61,7 @@ class BlsClient:
         self.replies: dict[int, P.InferReply] = {}
         self.streams: dict[int, deque[P.InferReply]] = {}    # decoupled calls being iterated
         self.abandoned: dict[int, list] = {}    # decoupled calls nobody iterates -> their input blocks
+        self.inbox: deque[Any] = deque()        # the worker loop's messages a reader received
         self.reading = False
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -101,9 +109,9 @@ class BlsClient:
         for block in blocks:
             self.w.arena.free(block.seg, block.offset)
 
-    def infer(self, *args: Any) -> tuple[dict[str, np.ndarray], TritonError | None]:
+    def infer(self, *args: Any) -> Answer:
         """pb_utils' BLS handler: run one request (arguments as pb_utils.set_bls_handler says);
-        (outputs, None) or ({}, error)."""
+        (outputs, None, parameters) or ({}, error, {})."""
         rid, frame, blocks = self._request(*args)
         try:
             reply = self._call(rid, frame)
@@ -116,23 +124,22 @@ class BlsClient:
                 late = self.replies.pop(rid, None)      # one more came in meanwhile
             if late is not None:
                 self._arrived(late)
-            self._send_later(P.encode(P.Cancel(rid)))
+            self.send(P.encode(P.Cancel(rid)))
         else:
             self._free(blocks)
         return self._outputs(reply)
 
-    def infer_stream(self, *args: Any) -> tuple[Iterator[tuple[dict[str, np.ndarray], TritonError | None]],
-                                                 Callable[[], None]]:
-        """pb_utils' decoupled BLS handler: the call's replies as an iterator of (outputs, error),
-        and a function that cancels the call."""
+    def infer_stream(self, *args: Any) -> tuple[Iterator[Answer], Callable[[], None]]:
+        """pb_utils' decoupled BLS handler: the call's replies as an iterator of (outputs, error,
+        parameters), and a function that cancels the call."""
         rid, frame, blocks = self._request(*args)
         with self.cond:
             self.streams[rid] = deque()
 
         def cancel() -> None:
-            self._send_later(P.encode(P.Cancel(rid)))
+            self.send(P.encode(P.Cancel(rid)))
 
-        def replies() -> Iterator[tuple[dict[str, np.ndarray], TritonError | None]]:
+        def replies() -> Iterator[Answer]:
             finished = False
             try:
                 queue = self.streams[rid]
@@ -161,19 +168,20 @@ class BlsClient:
                     self._free(blocks)
         return replies(), cancel
 
-    def _outputs(self, reply: P.InferReply) -> tuple[dict[str, np.ndarray], TritonError | None]:
+    def _outputs(self, reply: P.InferReply) -> Answer:
         """The reply's outputs copied out of the callee's memory, which is then released."""
         if reply.error is not None:
-            return {}, reply.error
+            return {}, reply.error, {}
         try:
-            return {d.name: np.array(desc_to_array(d, self.w.maps), copy=True) for d in reply.outputs}, None
+            return ({d.name: np.array(desc_to_array(d, self.w.maps), copy=True) for d in reply.outputs}, None,
+                    reply.parameters)
         finally:
             self._release(reply)
 
     def _release(self, reply: P.InferReply) -> None:
         leases = sorted({P.lease_of(d) for d in reply.outputs} - {0})
         if leases:
-            self._send_later(P.encode(P.Release(reply.owner, leases)))
+            self.send(P.encode(P.Release(reply.owner, leases)))
 
     def _place(self, name: str, arr: np.ndarray, blocks: list, inline: list[int]) -> P.TensorDesc:
         """Inline when small (within the message's inline budget, counted in inline[0]), else one
@@ -191,8 +199,14 @@ class BlsClient:
 
     # ---------------------------------------------------------------- socket I/O
 
-    def _send_later(self, frame: bytes) -> None:
-        """Queue a frame for the reader (or send it now when no call is in flight)."""
+    def next_message(self) -> Any:
+        """The worker loop's next message, read in the reader role (waiting while a call has it)."""
+        self._wait(None, lambda: bool(self.inbox))
+        with self.cond:
+            return self.inbox.popleft()
+
+    def send(self, frame: bytes) -> None:
+        """Send from any thread: now, or by the reader when another thread has the socket."""
         with self.cond:
             if not self.reading:
                 self.w.sock.send(frame)
@@ -258,9 +272,11 @@ class BlsClient:
                     break
                 if isinstance(msg, P.InferReply):
                     self._arrived(msg)
-                elif isinstance(msg, P.Stop):
-                    w.stop_requested = True
                 elif not w.handle_side(msg):
-                    log.warning("%s arrived during a BLS call and was dropped", type(msg).__name__)
+                    if isinstance(msg, P.Stop):
+                        w.stop_requested = True
+                    with self.cond:
+                        self.inbox.append(msg)
+                        self.cond.notify_all()
         for frame in frames:
             w.sock.send(frame)

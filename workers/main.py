@@ -125,6 +125,7 @@ class Worker:
         self.decoder = P.decoder(P.BrokerToWorker)
         self.bls = BlsClient(self)
         self.stop_requested = False   # a Stop the BLS reader received while execute() ran
+        self.backend = None           # once loaded
         self.view = view = model_view(spec.config)
         self.decoupled = view.decoupled
         self.flow = Flow(view.exec_timeout_s)
@@ -161,13 +162,24 @@ class Worker:
         if isinstance(msg, P.EndSequences):
             self.states.end(msg.seqs)
             return True
+        if isinstance(msg, P.CheckReady):       # beside execute(), as Triton's stub runs it
+            threading.Thread(target=self.check_ready, name="is_ready", daemon=True).start()
+            return True
         return False
 
-    def deliver(self, key: int, specs: list[P.OutputSpec], outputs: dict | None, error, final: bool) -> None:
+    def check_ready(self) -> None:
+        ready, why = self.backend.is_ready()
+        frame = P.encode(P.ReadyResult(ready, why))
+        with self.stream_lock:
+            self.stream.send(frame)
+
+    def deliver(self, key: int, specs: list[P.OutputSpec], outputs: dict | None, error, final: bool,
+                parameters: dict | None = None) -> None:
         """Send one response of a decoupled model's request (from whichever thread made it)."""
         empty = outputs is None and error is None
         result = write_outputs([(outputs or {}, specs, error)], self.maps, self.leases)[0]
-        frame = P.encode(P.Respond(key, result.outputs, result.error, final, empty))
+        frame = P.encode(P.Respond(key, result.outputs, result.error, final, empty,
+                                   parameters if parameters and result.error is None else {}))
         with self.stream_lock:
             self.stream.send(frame)
 
@@ -266,6 +278,7 @@ class Worker:
                 self.states.keep(w, resp, r.seq, r.flags, r.pad, [o.name for o in r.outputs])
         it = iter(responses)
         per_request = []
+        parameters = {}
         for r, slot in zip(msg.requests, slots):
             if not r.pad:
                 flow.close(r.key)
@@ -276,9 +289,13 @@ class Worker:
             else:
                 resp = next(it)
                 result = (resp.outputs, r.outputs, resp.error)
+                if resp.parameters and not r.pad:
+                    parameters[len(per_request)] = resp.parameters
             if not r.pad:
                 per_request.append(result)
         results = write_outputs(per_request, self.maps, self.leases, self.exports, self.imports, inline_budget)
+        for i, params in parameters.items():
+            results[i].parameters = params
         self.close_imports()
         t3 = time.monotonic_ns()
         if log.isEnabledFor(logging.DEBUG):
@@ -313,7 +330,8 @@ class Worker:
         # the collector's way, so no collection pass over it lands on a request.
         gc.collect()
         gc.freeze()
-        self.send(P.WorkerUp(P.PROTOCOL_VERSION, os.getpid(), completed))
+        self.backend = backend
+        self.send(P.WorkerUp(P.PROTOCOL_VERSION, os.getpid(), completed, backend.ready_hook()))
         try:
             self.serve(backend)
         except MemoryError:
@@ -328,9 +346,17 @@ class Worker:
         return 0
 
     def serve(self, backend) -> None:
-        recv, send, decode, encode = self.sock.recv, self.sock.send, self.decoder.decode, P.encode
+        encode, inbox = P.encode, self.bls.inbox
+        if self.decoupled and self.view.backend == PYTHON:
+            receive, send = self.bls.next_message, self.bls.send     # BLS calls outlive execute()
+        else:
+            recv, decode = self.sock.recv, self.decoder.decode
+            send = self.sock.send
+
+            def receive():
+                return inbox.popleft() if inbox else decode(recv())
         while not self.stop_requested:
-            msg = decode(recv())
+            msg = receive()
             if isinstance(msg, P.Exec):
                 done = (execute_serially(lambda one, budget: self.execute(backend, one, budget), self.flow, msg,
                                          lambda part: send(encode(part)))

@@ -159,21 +159,29 @@ class Logger:
     VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: int = LogLevel.INFO) -> None:
-        _logger.log(_PY_LEVELS[LogLevel(level)], "%s", message)
+    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+        if not isinstance(level, LogLevel):     # Triton's binding takes its enum, not a number
+            raise TypeError(f"log(): the level must be a pb_utils.Logger level, not {type(level).__name__}")
+        _logger.log(_PY_LEVELS[level], "%s", _text(message))
 
     @staticmethod
     def log_info(message: str) -> None:
-        _logger.info("%s", message)
+        _logger.info("%s", _text(message))
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _logger.warning("%s", message)
+        _logger.warning("%s", _text(message))
 
     @staticmethod
     def log_error(message: str) -> None:
-        _logger.error("%s", message)
+        _logger.error("%s", _text(message))
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _logger.debug("%s", message)
+        _logger.debug("%s", _text(message))
+
+
+def _text(message: str) -> str:
+    if not isinstance(message, str):
+        raise TypeError(f"a log message must be a str, not {type(message).__name__}")
+    return message

@@ -12,7 +12,7 @@ import enum
 import itertools
 import json
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -182,6 +182,8 @@ class Tensor:
     """A named CPU tensor backed by a numpy array (zero-copy for contiguous arrays)."""
 
     def __init__(self, name: str, numpy_array: Any) -> None:
+        if not isinstance(name, str) or numpy_array is None:
+            raise _incompatible("Tensor(name: str, numpy_array: numpy.ndarray)")
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
         array = np.asarray(numpy_array)
@@ -242,32 +244,49 @@ class Tensor:
 
 # ---------------------------------------------------------------- requests and responses
 
+def _incompatible(signature: str) -> TypeError:
+    """What pybind11 raises for an argument of the wrong type (or None) in Triton's binding."""
+    return TypeError(f"incompatible constructor arguments; supported: {signature}")
+
+
 def _parameters_json(parameters: dict | None) -> str:
     """Validated JSON text of request/response parameters (Triton allows scalar values only)."""
+    if not _checked_parameters(parameters):
+        return "{}"
+    return json.dumps(parameters)
+
+
+def _checked_parameters(parameters: dict | None) -> dict | None:
+    """The parameters (None when there are none), each key and value of a type Triton takes."""
     if not parameters:
         if parameters is not None and not isinstance(parameters, dict):
             raise TritonModelException(f"Expect dict, got {type(parameters)}")
-        return "{}"
+        return None
     if not isinstance(parameters, dict):
         raise TritonModelException(f"Expect dict, got {type(parameters)}")
     for key, value in parameters.items():
         if not isinstance(key, str):
             raise TritonModelException(
                 f"Expect parameters keys to have type str, found type {type(key)}")
-        if not isinstance(value, (bool, int, float, str)):
+        if not isinstance(value, (bool, int, str)):
             raise TritonModelException(
                 f"Expect parameters values to have type bool/int/str, found type {type(value)}")
-    return json.dumps(parameters)
+    return parameters
 
 
 class InferenceResponse:
     """Output tensors for one request, or an error."""
 
-    def __init__(self, output_tensors: list[Tensor] | None = None,
+    def __init__(self, output_tensors: Sequence[Tensor] = (),
                  error: TritonError | None = None, parameters: dict | None = None) -> None:
-        self._output_tensors = list(output_tensors or [])
+        if output_tensors is None:
+            raise _incompatible("InferenceResponse(output_tensors: list[Tensor] = [], error: TritonError "
+                                "= None, parameters: dict = None)")
+        if None in output_tensors:
+            raise TritonModelException("Output tensor for inference response should not be empty.")
+        self._output_tensors = list(output_tensors)
         self._error = error
-        self._parameters = _parameters_json(parameters)
+        self._parameter_values = _checked_parameters(parameters)    # what the worker sends on
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors
@@ -280,7 +299,7 @@ class InferenceResponse:
 
     def parameters(self) -> str:
         """JSON text, as in Triton."""
-        return self._parameters
+        return json.dumps(self._parameter_values or {})
 
 
 class PreferredMemory:
@@ -387,8 +406,9 @@ def set_bls_handler(handler: BlsHandler | None, stream_handler: BlsHandler | Non
     """Install the worker's BLS entry points.
 
     handler(model_name, model_version, inputs, requested_output_names, request_id,
-    parameters, correlation_id, flags, timeout_us, trace_id) -> (outputs, tritond.wire.errors.TritonError | None)
-    stream_handler(same arguments) -> (iterator of (outputs, error), cancel callable)
+    parameters, correlation_id, flags, timeout_us, trace_id)
+      -> (outputs, tritond.wire.errors.TritonError | None, the response's parameters)
+    stream_handler(same arguments) -> (iterator of (outputs, error, parameters), cancel callable)
     """
     global _bls_handler, _bls_stream_handler
     _bls_handler = handler
@@ -414,8 +434,17 @@ class InferenceRequest:
                  model_version: int = -1, flags: int = 0, timeout: int = 0,
                  preferred_memory: PreferredMemory | None = None,
                  trace: InferenceTrace | None = None, parameters: dict | None = None) -> None:
+        if (not isinstance(request_id, str) or correlation_id is None or inputs is None
+                or not isinstance(model_name, (str, bytes)) or requested_output_names is None
+                or not all(isinstance(n, str) for n in requested_output_names)):
+            raise _incompatible("InferenceRequest(request_id: str = '', correlation_id: int | str = 0, *, "
+                                "inputs: list[Tensor], requested_output_names: list[str], model_name: str, ...)")
         if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
             raise TritonModelException("Correlation ID must be integer or string")
+        if None in inputs or "" in requested_output_names:
+            what = "Input tensor" if None in inputs else "Requested output name"
+            raise TritonModelException(f"{what} for request with id '{request_id}' and model name "
+                                       f"'{model_name}' should not be empty.")
         # bytes as Triton's binding takes them: a model name read from a BYTES input tensor
         self.model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self._model_version = int(model_version)
@@ -488,7 +517,7 @@ class InferenceRequest:
         if handler is None:
             return ResponseIterator(iter([InferenceResponse(error=TritonError("BLS is not available"))]))
         responses, cancel = handler(*self._bls_arguments())
-        stream = (_bls_response(out, err) for out, err in responses)
+        stream = (_bls_response(*response) for response in responses)
         first = next(stream, None)
         return ResponseIterator(itertools.chain([first], stream) if first is not None else stream, cancel)
 
@@ -506,19 +535,20 @@ class InferenceRequest:
         if handler is None:
             return InferenceResponse(error=TritonError("BLS is not available"))
         try:
-            outputs, error = handler(*self._bls_arguments())
+            outputs, error, parameters = handler(*self._bls_arguments())
         except TritonModelException:
             raise
         except Exception as exc:  # the caller gets an error response, as from Triton's Exec
             return InferenceResponse(error=TritonError(str(exc)))
-        return _bls_response(outputs, error)
+        return _bls_response(outputs, error, parameters)
 
 
-def _bls_response(outputs: dict[str, np.ndarray] | None, error: Any) -> InferenceResponse:
+def _bls_response(outputs: dict[str, np.ndarray] | None, error: Any, parameters: dict | None) -> InferenceResponse:
     """A BLS reply as the model sees it (`error`: a tritond.wire.errors.TritonError)."""
     if error is not None:
         return InferenceResponse(error=TritonError(error.message, ErrorCode[error.code.name]))
-    return InferenceResponse([Tensor(name, array) for name, array in (outputs or {}).items()])
+    return InferenceResponse([Tensor(name, array) for name, array in (outputs or {}).items()],
+                             parameters=parameters)
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

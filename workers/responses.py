@@ -89,7 +89,7 @@ class Flow:
             return True
 
 
-Deliver = Callable[[int, list[OutputSpec], dict[str, Any] | None, TritonError | None, bool], None]
+Deliver = Callable[[int, list[OutputSpec], dict[str, Any] | None, TritonError | None, bool, dict | None], None]
 
 
 class Responder:
@@ -106,14 +106,15 @@ class Responder:
     def is_cancelled(self) -> bool:
         return self.flow.is_cancelled(self.key)
 
-    def send(self, outputs: dict[str, Any] | None, error: TritonError | None, final: bool) -> None:
+    def send(self, outputs: dict[str, Any] | None, error: TritonError | None, final: bool,
+             parameters: dict | None = None) -> None:
         """A response (outputs or error; neither: only the end), final or not. The sending
         thread then lets the worker's other threads run: a model streaming from many threads
         would otherwise hold the interpreter for its whole switch interval, and the worker's
         main thread (which starts new requests) would wait behind every stream."""
         if not final and not self.flow.turn(self.key):
             return
-        self.deliver(self.key, self.specs, outputs, error, final)
+        self.deliver(self.key, self.specs, outputs, error, final, parameters)
         if final:
             self.flow.close(self.key)
         time.sleep(0)
@@ -126,7 +127,8 @@ class Discard:
     def is_cancelled(self) -> bool:
         return False
 
-    def send(self, outputs: dict[str, Any] | None, error: TritonError | None, final: bool) -> None:
+    def send(self, outputs: dict[str, Any] | None, error: TritonError | None, final: bool,
+             parameters: dict | None = None) -> None:
         pass
 
 

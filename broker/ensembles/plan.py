@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tritond.repository.spec import ModelSpec
 from tritond.repository.ensemble import decoupled_branching_error, validate_ensemble
@@ -121,9 +123,10 @@ class EnsembleVersion(ModelVersion):
     _announced = False      # its READY was logged
     _refused = ""           # the derived reason it was last logged UNAVAILABLE for
 
-    def __init__(self, registry: ModelRegistry, spec: ModelSpec, version: int, config: dict, error: str = "") -> None:
+    def __init__(self, registry: ModelRegistry, spec: ModelSpec, version: int, config: dict, error: str = "",
+                 latency: Callable[[Any], Any] | None = None) -> None:
         """`error`: why the ensemble itself is invalid (UNAVAILABLE); else its state follows
-        the models it composes."""
+        the models it composes. `latency`: builds its latency observer, as for every version."""
         self.registry = registry
         self.proto = spec.config
         self.plan = Plan(config)
@@ -132,7 +135,7 @@ class EnsembleVersion(ModelVersion):
         if self.gate is not None and not error:
             log.info("Ensemble model '%s' configured with max_inflight_requests: %d", spec.name, limit)
         self._checked: tuple[tuple, str, bool] | None = None    # (composing configs, error, decoupled)
-        super().__init__(spec.name, version, spec.path, os.path.dirname(spec.path), config)
+        super().__init__(spec.name, version, spec.path, os.path.dirname(spec.path), config, latency=latency)
         self._own_state, self._own_reason = (UNAVAILABLE, error) if error else (READY, "")
 
     @property

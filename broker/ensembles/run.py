@@ -132,6 +132,7 @@ class EnsembleRun:
         self.by_branches: set[str] = set()    # tensors only branches make
         self.branches: list[EnsembleRun] = []     # branches still running
         self.is_branch = False
+        self.responded = False                # the first-response histogram times the first answer only
         self.held: list[tuple[bytes, int]] = []
         self.error: TritonError | None = None
         self.done = False
@@ -270,6 +271,7 @@ class EnsembleRun:
             by_name = {d.name: d for d in reply.outputs}
             outputs = [self.plan.client_view(TensorDesc(t, d.datatype, d.shape, d.loc))
                        for o, t in step.outputs.items() if t in self.wanted and (d := by_name.get(o)) is not None]
+            self.first_response()
             self.reply_to(InferReply(self.msg.rid, self.mv.version, outputs, None, reply.owner, more=True,
                                      parameters=self.sequence_parameters()))
             forwarded = True
@@ -327,6 +329,7 @@ class EnsembleRun:
                 self.error = reply.error
                 self.cancel_queued()
         elif reply.outputs and self.error is None and not self.done:
+            self.first_response()
             last = not (reply.more or self.branches or self.active or self.starting)
             if last:
                 self.done = True
@@ -423,9 +426,18 @@ class EnsembleRun:
             reply = self.failed()
         else:
             reply = self.reply()
+            self.first_response()
             stats.record_ensemble(self.batch_size(), elapsed)
         self.ens.regions.release(self.regions)
         self.reply_to(reply)
+
+    def first_response(self) -> None:
+        """Time this request's first answer to the requester (a branch's parent answers)."""
+        if self.responded or self.is_branch:
+            return
+        self.responded = True
+        if self.mv.stats.latency is not None:
+            self.mv.stats.latency.first_response_ms((self.ens.clock.now_ns() - self.arrival_ns) // 1_000_000)
 
     def failed(self) -> InferReply:
         self.ens.release(self.held)

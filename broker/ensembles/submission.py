@@ -30,7 +30,8 @@ class Ensembles:
 
     def __init__(self, registry: ModelRegistry, admit: Callable[[ReplyTo, Infer, ModelVersion, Any], Req | None],
                  regions: ClientRegions, route_release: Callable[[Release], None], clock: Clock,
-                 config_name: str = "", cancel: Callable[[Req], None] | None = None) -> None:
+                 config_name: str = "", cancel: Callable[[Req], None] | None = None,
+                 latency: Callable[[Any], Any] | None = None) -> None:
         self.registry = registry
         self._admit = admit
         self._cancel = cancel
@@ -40,6 +41,7 @@ class Ensembles:
         self.tracer: Any = None         # broker/observe/tracing.py's Tracer: traces of traced runs' steps
         self.cache: Any = None          # broker/scheduling/cache.py's ResponseCache, for steps' requests
         self.config_name = config_name
+        self.latency = latency          # builds an ensemble version's latency observer (--metrics-config)
         self.rids = itertools.count(1)
         self.handovers: dict[bytes, dict[int, tuple[bytes, int]]] = {}
         self.handover_ids = itertools.count(1)
@@ -92,7 +94,7 @@ class Ensembles:
         error = self._cycle(spec) or validate_ensemble(spec.config, self.registry.specs)
         if error:
             log.error("ensemble '%s' is UNAVAILABLE: %s", spec.name, error)
-        mv = EnsembleVersion(self.registry, spec, version, config, error)
+        mv = EnsembleVersion(self.registry, spec, version, config, error, self.latency)
         self.registry.dirty = True
         return mv
 

@@ -34,7 +34,7 @@ from tritond.wire.schema import LoadModel, UnloadModel
 from tritond.broker.clock import Clock
 from tritond.broker.ensembles.submission import Ensembles
 from tritond.broker.lifecycle.version_state import Lifecycle, instances_of
-from tritond.broker.tables.model_version import READY, ModelVersion
+from tritond.broker.tables.model_version import READY, UNAVAILABLE, ModelVersion
 from tritond.broker.lifecycle.runner import All, Answer, FreeSlot, Job, Lock, OpRunner, Slot, Until
 from tritond.broker.scheduling.rate_limiter import RateLimiter
 from tritond.broker.tables.registry import ModelRegistry
@@ -602,9 +602,10 @@ class ModelControl:
     # ---------------------------------------------------------------- override directories
 
     def _in_use(self, model_dir: str) -> bool:
-        """A version serves from it, or retires with workers that may still read it (an
-        unloaded version that stays in the table has no use for it)."""
-        return any(mv.model_dir == model_dir and (not mv.unloaded or mv in self.registry.retiring)
+        """A version loads or serves from it (or pages in from it), or retires with workers that
+        may still read it; a version that stays in the table unloaded, or failed, has no use for it."""
+        return any(mv.model_dir == model_dir and (mv.state is not UNAVAILABLE or mv.restarting
+                                                  or mv in self.registry.retiring)
                    for mv in self.registry.all_versions())
 
     def _drop_override(self, override_dir: str) -> None:

@@ -114,6 +114,9 @@ class Lifecycle:
             return          # its version retired (or it was killed) while it loaded: it gets no work
         inst.move_to(InstanceState.READY)
         inst.idle_since = self.clock.now()
+        if inst.ready_hook != msg.ready_hook:
+            inst.ready_hook = msg.ready_hook
+            self.registry.dirty = True
         if inst.restarts:
             log.info("instance '%s' of model '%s' is serving again (restart %d, pid %d)",
                      inst.name, mv.name, inst.restarts, msg.pid)

@@ -106,9 +106,10 @@ class ModelStats:
 
     def record_ensemble(self, batch_size: int, total_ns: int) -> None:
         """One ensemble request answered with outputs, an execution of its own batch size as
-        Triton counts it (its steps were counted by their models)."""
+        Triton counts it (its steps were counted by their models; its first answer was timed
+        when it went out)."""
         self.record_execution(batch_size, 0, 0, 0)
-        self.record_success(batch_size, total_ns, 0, 0, 0, 0)
+        self.record_success(batch_size, total_ns, 0, 0, 0, 0, first_response=False)
 
     def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
         """One admitted request answered with an error, for one of FAILURE_REASONS."""

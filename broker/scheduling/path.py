@@ -237,8 +237,8 @@ class RequestPath:
                 error=TritonError(Code.INTERNAL, f"model '{mv.name}' returned no result for the request"))
             if req.trace is not None:
                 req.trace.compute(req.dispatch_ns, msg)
-            self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, owner),
-                        res.error is None, times, "BACKEND")
+            self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, owner,
+                                        parameters=res.parameters), res.error is None, times, "BACKEND")
         self.released(msg.bid, mv)
 
     def _run_part(self, inst: Instance, mv: ModelVersion, msg: BatchDone) -> None:
@@ -273,7 +273,8 @@ class RequestPath:
             if req.trace is not None and run.start_ns:
                 req.trace.compute(req.dispatch_ns, BatchDone(msg.bid, [], *times, run.start_ns))
             reason = "BACKEND" if run.start_ns else "OTHER"     # as when cancelled in the queue
-            self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, owner), ok, times, reason)
+            self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, owner,
+                                        parameters=res.parameters), ok, times, reason)
         for req in reqs[len(msg.runs):]:
             self.fail(req, TritonError(Code.INTERNAL, f"model '{mv.name}' returned no result for the request"))
 

@@ -47,7 +47,7 @@ class Streams:
             if req.mv.stats.latency is not None:
                 req.mv.stats.latency.first_response_ms((self._now_ns() - req.arrival_ns) // 1_000_000)
         reply = InferReply(req.msg.rid, req.mv.version, msg.outputs, msg.error, inst.identity,
-                           more=not msg.final, empty=msg.empty)
+                           more=not msg.final, empty=msg.empty, parameters=msg.parameters)
         if msg.final:
             del self.open[msg.key]
             finish(req, reply, msg.error is None)

@@ -101,6 +101,7 @@ class Instance:
     _state: InstanceState = field(default=InstanceState.STARTING, repr=False)
     batch: int | None = None       # the in-flight batch id, if any
     served: bool = False           # this generation completed a batch
+    ready_hook: bool = False       # its model defines is_ready() (said by its worker at start-up)
     exit_reason: str = ""          # why this generation is expected to end (killed, failed to load)
     batch_started: float = 0.0
     batch_padding: int = 0         # the in-flight sequence batch's padding slots (counted in its size)

@@ -82,7 +82,8 @@ class ModelRegistry:
 
     def table(self, stopping: bool, boot: int) -> Table:
         entries = [ModelEntry(mv.name, mv.version, mv.state, mv.reason, mv.unloaded,
-                              mv.view if mv.config is not None else None, mv.config, mv.restarting)
+                              mv.view if mv.config is not None else None, mv.config, mv.restarting,
+                              any(i.ready_hook for i in mv.instances))
                    for mv in self.versions()]
         return Table(self.epoch, entries, self.names, self.startup_done, stopping, boot)
 

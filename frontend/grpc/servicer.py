@@ -160,10 +160,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Unknown models and versions are simply not ready (status OK), as in Triton's core."""
         version = cv.parse_version(request.version)
         try:
-            self.client.table.resolve(request.name, version)
+            entry = self.client.table.resolve(request.name, version)
         except TritonError:
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=True)
+        return pb.ModelReadyResponse(ready=await self.client.model_ready(entry))
 
     @rpc("metadata")
     async def ServerMetadata(self, request, context):

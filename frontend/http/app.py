@@ -132,12 +132,13 @@ class HttpApi:
         return json_response(model_metadata(entry.config or {}, name, versions))
 
     async def model_ready(self, request: Request) -> Response:
-        name = request.path_params["model"]
         try:
-            self.client.table.resolve(name, self.version(request))
+            entry = self.client.table.resolve(request.path_params["model"], self.version(request))
         except TritonError as e:
             if e.code is Code.INVALID_ARG:
                 raise
+            entry = None
+        if entry is None or not await self.client.model_ready(entry):
             return json_response({"error": "Model version not ready"}, 400)
         return Response(status_code=200)
 

@@ -2,16 +2,19 @@
 `async_exec` into Python, ONNX and ensemble models, errors carried back with their code and
 message, concurrent `async_exec` calls of one execute() that overlap (the callee batches
 them), many concurrent requests fanning into a batched model, and calls that would deadlock
-(a model calling itself, or a cycle of single-instance models) refused instead of hanging."""
+(a model calling itself, or a cycle of single-instance models) refused instead of hanging, and a
+decoupled model's async execute() calling while new requests reach it."""
 from __future__ import annotations
 
 import concurrent.futures as futures
+import queue
 import shutil
 import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conftest import TritondServer, http_get, serving, wait_for
@@ -128,6 +131,47 @@ class TritonPythonModel:
         return out
 '''
 
+SLOW_ECHO = '''
+import asyncio
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Decoupled: answers each request with its input, once, after a second."""
+
+    async def execute(self, requests):
+        await asyncio.sleep(1)
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            request.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]),
+                                               flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+STREAM_CALLER = '''
+import asyncio
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Decoupled: each request calls slow_echo with `await async_exec(decoupled=True)` and sends
+    on what comes back; execute() returns at once and the calls run on in the background."""
+
+    async def call(self, request):
+        x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+        call = pb_utils.InferenceRequest(model_name="slow_echo", inputs=[pb_utils.Tensor("INPUT0", x)],
+                                         requested_output_names=["OUTPUT0"])
+        sender = request.get_response_sender()
+        for response in await call.async_exec(decoupled=True):
+            if response.has_error():
+                sender.send(pb_utils.InferenceResponse(error=response.error()))
+            elif response.output_tensors():
+                sender.send(pb_utils.InferenceResponse(response.output_tensors()))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    async def execute(self, requests):
+        await asyncio.gather(*(self.call(r) for r in requests))
+'''
+
 FAILING = '''
 import triton_python_backend_utils as pb_utils
 
@@ -149,13 +193,15 @@ ensemble_scheduling { step [ { model_name: "identity_fp32" model_version: -1
 '''
 
 
-def python_model(root: Path, name: str, code: str, outputs: list[tuple[str, str, str]], count: int = 1) -> None:
+def python_model(root: Path, name: str, code: str, outputs: list[tuple[str, str, str]], count: int = 1,
+                 decoupled: bool = False) -> None:
     (root / name / "1").mkdir(parents=True)
     tensors = ['input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]'] + [
         f'output [ {{ name: "{n}" data_type: {t} dims: [ {d} ] }} ]' for n, t, d in outputs]
     (root / name / "config.pbtxt").write_text("\n".join(
         [f'name: "{name}"', 'backend: "python"', "max_batch_size: 0", *tensors,
-         f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]"]))
+         f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]",
+         f"model_transaction_policy {{ decoupled: {str(decoupled).lower()} }}"]))
     (root / name / "1" / "model.py").write_text(code)
 
 
@@ -171,9 +217,11 @@ def server(example_repo, tmp_path_factory):
     python_model(root, "bls_forward", FORWARD, [("OUTPUT0", "TYPE_FP32", "-1"), ("BATCH_SIZE", "TYPE_INT32", "1")],
                  count=4)
     python_model(root, "failing", FAILING, [("OUTPUT0", "TYPE_FP32", "-1")])
+    for name, code in (("slow_echo", SLOW_ECHO), ("bls_stream_caller", STREAM_CALLER)):
+        python_model(root, name, code, [("OUTPUT0", "TYPE_FP32", "-1")], decoupled=True)
     (root / "ens_identity" / "1").mkdir(parents=True)
     (root / "ens_identity" / "config.pbtxt").write_text(ENSEMBLE)
-    with serving(TritondServer(root, grpc=False)) as s:
+    with serving(TritondServer(root)) as s:
         yield s
 
 
@@ -266,6 +314,25 @@ def test_a_chain_without_a_cycle_is_served(client):
     out, error = via(client, np.arange(4, dtype=np.float32), target="bls_call2", then="identity_fp32")
     assert error == "" and out.tolist() == [0, 1, 2, 3]
 
+
+def test_a_decoupled_async_caller_takes_requests_while_its_calls_wait(server):
+    """Four requests on one stream reach bls_stream_caller while the calls of the first ones
+    still wait on slow_echo: each call and each request is answered (the worker's loop and the
+    calls share its socket, so a request arriving mid-call is neither lost nor read twice)."""
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        c.start_stream(callback=lambda result, error: results.put((result, error)))
+        for i in range(4):
+            inp = grpcclient.InferInput("INPUT0", [3], "FP32")
+            inp.set_data_from_numpy(np.full(3, i, np.float32))
+            c.async_stream_infer("bls_stream_caller", [inp], request_id=str(i))
+        answers = {}
+        for _ in range(4):
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            answers[result.get_response().id] = result.as_numpy("OUTPUT0").tolist()
+        c.stop_stream()
+    assert answers == {str(i): [float(i)] * 3 for i in range(4)}
 
 
 def test_calls_made_while_the_server_drains_are_served(server, tmp_path):

@@ -246,7 +246,7 @@ def test_override_names_that_could_leave_the_directory_are_refused(server, clien
     link.symlink_to(outside)
     config = override_config(client)
     try:
-        for name in ["file:../../x", "file:1/../../x", f"file:{outside}/x", "file:../" + link.name + "/x",
+        for name in ["file:../../x", "file:1/../../x", "file:/../x", "file:../" + link.name + "/x",
                      "file:1/a\\b", "file:1/nul\0x"]:
             status, text = http_error(lambda: client.load_model("echo", config=config, files={name: b"pwned"}))
             assert status == 400, (name, text)
@@ -257,9 +257,25 @@ def test_override_names_that_could_leave_the_directory_are_refused(server, clien
         status, text = http_error(lambda: client.load_model(
             "echo", config=config, files={"file:1/a": b"x", "file:1/a/b": b"y"}))
         assert status == 400 and "directory has been created as a file" in text
+        client.load_model("echo", config=config, files={"file:/1/model.py": MODEL_SOURCE.read_bytes(),
+                                                         f"file:{outside}/x": b"inside"})
+        assert tag(client, "echo") == 7, "as Triton joins them: a leading / names the model directory"
     finally:
         link.unlink()
-    assert list(outside.iterdir()) == [] and tag(client, "echo") != 7
+    assert list(outside.iterdir()) == []
+    client.load_model("echo")
+    wait_for(lambda: not any((run_dir(server) / "overrides").iterdir()), what="the override directory to be removed")
+
+
+def test_python_model_names_tritons_stub_refuses_fail_their_load(server, client):
+    """As Triton's python backend: an instance name holding a shell metacharacter is refused."""
+    config = json.loads(override_config(client))
+    config["name"] = "model;test"
+    status, text = http_error(lambda: client.load_model(
+        "model;test", config=json.dumps(config), files={"file:1/model.py": MODEL_SOURCE.read_bytes()}))
+    assert status == 400 and "Invalid stub name: contains invalid characters" in text, text
+    assert not client.is_model_ready("model;test")
+    wait_for(lambda: not any((run_dir(server) / "overrides").iterdir()), what="the failed load's overrides to be removed")
 
 
 def test_override_name_the_file_system_refuses_is_an_internal_error(server, client):

@@ -309,20 +309,30 @@ def test_a_client_that_disconnects_takes_its_queued_request_out(streaming_server
     assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 2      # both answered CANCELLED
 
 
-def test_the_first_response_histogram_times_a_decoupled_requests_first_response(tmp_path):
-    """As Triton's: for a decoupled model nv_inference_first_response_histogram_ms times the
-    first response, not the whole request."""
+@pytest.mark.parametrize("model", ["toy_llm", "toy_llm_ensemble"])
+def test_the_first_response_histogram_times_a_decoupled_requests_first_response(tmp_path, model):
+    """As Triton's: for a decoupled model, and an ensemble over one, the first-response histogram
+    (nv_inference_first_response_histogram_ms) times the first response, not the whole request."""
     from prometheus_client.parser import text_string_to_metric_families
 
     repo = build_example_repository(tmp_path / "models", ("toy_llm",))
     with open(repo / "toy_llm" / "config.pbtxt", "a") as f:
         f.write('\nparameters { key: "token_delay_ms" value: { string_value: "100" } }\n')
+    (repo / "toy_llm_ensemble" / "1").mkdir(parents=True)
+    (repo / "toy_llm_ensemble" / "config.pbtxt").write_text(
+        'platform: "ensemble"\n'
+        'input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },\n'
+        '        { name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "toy_llm" model_version: -1\n'
+        '  input_map { key: "text_input" value: "text_input" } input_map { key: "max_tokens" value: "max_tokens" }\n'
+        '  output_map { key: "text_output" value: "text_output" } } ] }\n')
     with serving(TritondServer(repo, ["--metrics-config=histogram_latencies=true"])) as s:
-        status, _, data = post(s, "/v2/models/toy_llm/generate_stream", {"text_input": "x", "max_tokens": 6})
+        status, _, data = post(s, f"/v2/models/{model}/generate_stream", {"text_input": "x", "max_tokens": 6})
         assert status == 200 and len(events(data)) == 6
         _, body = http_get(f"http://127.0.0.1:{s.metrics_port}/metrics")
         samples = {sm.name: sm.value for f in text_string_to_metric_families(body.decode()) for sm in f.samples
-                   if sm.labels.get("model") == "toy_llm"}
+                   if sm.labels.get("model") == model}
         assert samples["nv_inference_first_response_histogram_ms_count"] == 1
         request_ms = samples["nv_inference_request_duration_us_total"] / 1000
         assert request_ms >= 500 and samples["nv_inference_first_response_histogram_ms_sum"] < request_ms - 300

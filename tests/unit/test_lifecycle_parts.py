@@ -22,7 +22,8 @@ from tritond.wire.errors import Code, TritonError
 # ---------------------------------------------------------------------- overrides
 
 
-@pytest.mark.parametrize("key", ["file:../x", "file:1/../../x", "file:/etc/passwd", "file:1\\..\\x", "file:a/../../b"])
+@pytest.mark.parametrize("key", ["file:../x", "file:1/../../x", "file:/../etc/passwd", "file:1\\..\\x",
+                                 "file:a/../../b"])
 def test_override_names_that_leave_the_directory_are_refused(key):
     with pytest.raises(TritonError, match="must stay within model directory") as e:
         override_parts(key)
@@ -35,6 +36,7 @@ def test_override_names_with_nul_or_nothing_are_refused():
     with pytest.raises(TritonError, match="names no file"):
         override_parts("file:./")
     assert override_parts("file:1/./sub//model.py") == ["1", "sub", "model.py"]
+    assert override_parts("file:/1/model.py") == ["1", "model.py"], "a leading / names the model directory"
 
 
 def test_overrides_are_written_privately_and_never_through_a_link(tmp_path):

@@ -135,6 +135,38 @@ def test_request_and_response_accessors():
     assert json.loads(resp.parameters()) == {"p": "v"}
 
 
+def test_arguments_are_checked_as_tritons_binding_checks_them():
+    """pybind11 raises TypeError for a wrong type or None; Triton's own checks raise TritonModelException."""
+    x = [pb_utils.Tensor("X", np.ones(2, np.int32))]
+    args = {"inputs": x, "model_name": "m", "requested_output_names": ["O"]}
+    for bad in ({"inputs": None}, {"model_name": None}, {"requested_output_names": None},
+                {"requested_output_names": [None]}, {"correlation_id": None}, {"request_id": None},
+                {"model_version": None}, {"flags": None}):
+        with pytest.raises(TypeError):
+            pb_utils.InferenceRequest(**{**args, **bad})
+    with pytest.raises(pb_utils.TritonModelException, match="Input tensor for request with id '' and model name 'm'"):
+        pb_utils.InferenceRequest(**{**args, "inputs": [None]})
+    with pytest.raises(pb_utils.TritonModelException, match="Requested output name .* should not be empty"):
+        pb_utils.InferenceRequest(**{**args, "requested_output_names": [""]})
+    pb_utils.InferenceRequest(inputs=[], requested_output_names=[], model_name="m")
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)
+    with pytest.raises(pb_utils.TritonModelException, match="should not be empty"):
+        pb_utils.InferenceResponse(output_tensors=[None])
+    with pytest.raises(pb_utils.TritonModelException, match="found type <class 'float'>"):
+        pb_utils.InferenceResponse(x, parameters={"f": 0.5})
+    for name, array in ((None, np.ones(2)), ("O", None), ("", None)):
+        with pytest.raises(TypeError):
+            pb_utils.Tensor(name, array)
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.Tensor.from_dlpack("O", None)
+    for call in (lambda: pb_utils.Logger.log("m", None), lambda: pb_utils.Logger.log("m", 1),
+                 lambda: pb_utils.Logger.log_info(None), lambda: pb_utils.Logger.log_warn(None),
+                 lambda: pb_utils.Logger.log_error(None)):
+        with pytest.raises(TypeError):
+            call()
+
+
 def test_logger_routes_to_python_logging(caplog):
     with caplog.at_level("DEBUG", logger="tritond.model"):
         pb_utils.Logger.log_info("hello")
@@ -215,12 +247,12 @@ def test_bls_exec_calls_handler():
 
     def handler(*args):
         calls.append(args)
-        return {"OUT": args[2]["IN"] * 2}, None
+        return {"OUT": args[2]["IN"] * 2}, None, {}
 
     cancelled = []
 
     def stream_handler(*args):
-        return iter([({"OUT": args[2]["IN"]}, None), ({}, None)]), lambda: cancelled.append(True)
+        return iter([({"OUT": args[2]["IN"]}, None, {"n": 1}), ({}, None, {})]), lambda: cancelled.append(True)
 
     pb_utils.set_bls_handler(handler, stream_handler)
     resp = _bls_request(request_id="b1", model_version=3, correlation_id=7, flags=2,
@@ -231,7 +263,8 @@ def test_bls_exec_calls_handler():
     assert (model, version, list(inputs), outputs, rid) == ("target", 3, ["IN"], ["OUT"], "b1")
     assert (params, corr, flags, timeout, trace) == ({"p": "v"}, 7, 2, 100, 0)
     responses = _bls_request().exec(decoupled=True)
-    assert [[t.name() for t in r.output_tensors()] for r in responses] == [["OUT"], []]
+    assert [([t.name() for t in r.output_tensors()], json.loads(r.parameters())) for r in responses] == [
+        (["OUT"], {"n": 1}), ([], {})]
     responses.cancel()
     assert cancelled == [True]
 
@@ -244,7 +277,7 @@ def test_a_decoupled_bls_call_returns_once_its_first_response_arrived():
     def responses(args):
         for i in range(3):
             fetched.append(i)
-            yield {"OUT": args[2]["IN"] + i}, None
+            yield {"OUT": args[2]["IN"] + i}, None, {}
 
     pb_utils.set_bls_handler(None, lambda *args: (responses(args), None))
     got = _bls_request().exec(decoupled=True)
@@ -258,14 +291,14 @@ def test_a_decoupled_bls_call_returns_once_its_first_response_arrived():
 def test_a_bls_model_name_read_from_a_bytes_tensor_is_taken():
     # L0_trace's bls_simple passes MODEL_NAME's as_numpy()[0], a bytes object
     calls = []
-    pb_utils.set_bls_handler(lambda *args: calls.append(args) or ({}, None))
+    pb_utils.set_bls_handler(lambda *args: calls.append(args) or ({}, None, {}))
     pb_utils.InferenceRequest(model_name=b"target", inputs=[], requested_output_names=[]).exec()
     assert calls[0][0] == "target"
 
 
 def test_a_bls_request_made_with_a_requests_trace_names_it():
     calls = []
-    pb_utils.set_bls_handler(lambda *args: calls.append(args) or ({}, None))
+    pb_utils.set_bls_handler(lambda *args: calls.append(args) or ({}, None, {}))
     received = pb_utils.InferenceRequest(inputs=[], requested_output_names=[], model_name="bls",
                                          trace=pb_utils.InferenceTrace(42))
     assert received.trace().get_context() is None       # mode triton
@@ -275,7 +308,7 @@ def test_a_bls_request_made_with_a_requests_trace_names_it():
 
 
 def test_bls_error_propagation():
-    pb_utils.set_bls_handler(lambda *a: ({}, TritonError(Code.NOT_FOUND, "no model 'target'")))
+    pb_utils.set_bls_handler(lambda *a: ({}, TritonError(Code.NOT_FOUND, "no model 'target'"), {}))
     resp = _bls_request().exec()
     assert resp.has_error()
     assert resp.error().message() == "no model 'target'"
@@ -290,7 +323,7 @@ def test_bls_error_propagation():
 
 
 def test_bls_async_exec():
-    pb_utils.set_bls_handler(lambda m, v, inputs, *rest: ({"OUT": inputs["IN"] + 1}, None))
+    pb_utils.set_bls_handler(lambda m, v, inputs, *rest: ({"OUT": inputs["IN"] + 1}, None, {"p": 1}))
 
     async def run():
         return await asyncio.gather(_bls_request().async_exec(), _bls_request().async_exec())
@@ -298,4 +331,5 @@ def test_bls_async_exec():
     responses = asyncio.run(run())
     for resp in responses:
         np.testing.assert_array_equal(resp.output_tensors()[0].as_numpy(), [2, 3])
+        assert json.loads(resp.parameters()) == {"p": 1}
 

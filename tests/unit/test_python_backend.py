@@ -183,8 +183,8 @@ def test_batch_of_three_with_request_metadata(loaded):
                 return out
     """, config={**CONFIG, "output": [{"name": "OUT"}, {"name": "META"}]})
     requests = [fp32_request([i], request_id=f"r{i}", correlation_id=i, flags=1 if i == 0 else 0,
-                             timeout_us=10 * i, parameters={"tag": f"t{i}"}) for i in range(3)]
-    responses = backend.execute(requests)
+                             timeout_us=10 * i, parameters={"tag": f"t{i}", "ratio": 0.5}) for i in range(3)]
+    responses = backend.execute(requests)     # a client's double parameter reaches the model
     assert [r.outputs["OUT"].tolist() for r in responses] == [[1.0], [2.0], [3.0]]
     assert responses[0].outputs["META"].tolist() == [b"r0", b"0", b"1", b"0", b"t0", b"OUT,META"]
     assert responses[2].outputs["META"].tolist() == [b"r2", b"2", b"0", b"20", b"t2", b"OUT,META"]
@@ -344,8 +344,8 @@ def test_bls_from_execute(loaded):
     def handler(model_name, model_version, inputs, requested, request_id, parameters, *rest):
         seen.append((model_name, request_id))
         if model_name == "missing":
-            return {}, TritonError(Code.NOT_FOUND, "Request for unknown model: 'missing' is not found")
-        return {"OUT": inputs["IN"] * 10}, None
+            return {}, TritonError(Code.NOT_FOUND, "Request for unknown model: 'missing' is not found"), {}
+        return {"OUT": inputs["IN"] * 10}, None, {}
 
     pb_utils.set_bls_handler(handler)
     try:

@@ -30,7 +30,7 @@ def test_a_sender_waits_for_credit_and_a_cancel_releases_it():
     flow = Flow(stall_s=5)
     flow.cond = WatchedCondition()
     sent = []
-    r = Responder(7, [], flow, lambda key, specs, out, err, final: sent.append(out))
+    r = Responder(7, [], flow, lambda key, specs, out, err, final, params: sent.append(out))
     flow.open(7, window=2)
     r.send({"a": 1}, None, False)
     r.send({"a": 2}, None, False)

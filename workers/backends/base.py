@@ -59,9 +59,11 @@ class WorkerRequest:
 
 @dataclass(slots=True)
 class WorkerResponse:
-    """Outputs for one request, or the error the client gets for it."""
+    """Outputs for one request, or the error the client gets for it; the response's own
+    parameters (a Python model's InferenceResponse may set them)."""
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     error: TritonError | None = None
+    parameters: dict[str, int | str | bool] | None = None
 
 
 class Backend:
@@ -99,6 +101,14 @@ class Backend:
         """One response per request, same order. Raising fails the whole batch. A decoupled
         model answers through each request's `responder` instead and returns nothing."""
         raise NotImplementedError
+
+    def ready_hook(self) -> bool:
+        """Whether the model says itself when it is ready (a Python model's is_ready())."""
+        return False
+
+    def is_ready(self) -> tuple[bool, str]:
+        """(ready, why not) by the model's own check; asked only when ready_hook()."""
+        return True, ""
 
     def close(self) -> None:
         """Release framework resources (python: calls finalize())."""

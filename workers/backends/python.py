@@ -33,6 +33,9 @@ from tritond.workers.model_errors import ModelError, describe
 log = logging.getLogger("tritond.worker")
 
 _module_ids = itertools.count()
+# Triton's python backend refuses a stub name holding a shell metacharacter (its stubs are named
+# by the model, to complete its config, and by each instance).
+_STUB_NAME_REFUSED = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
 
 
 class PythonBackend(Backend):
@@ -52,6 +55,8 @@ class PythonBackend(Backend):
         """Import model.py once, under a name unique to this load so reloads get fresh code."""
         if self._module is not None:
             return self._module
+        if _STUB_NAME_REFUSED.intersection(self.instance.model_name + self.instance.instance_name):
+            raise ValueError("Invalid stub name: contains invalid characters")
         path = self.model_path()
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Python model file not found in '{path}'")
@@ -109,6 +114,19 @@ class PythonBackend(Backend):
                     "model_version": str(info.model_version),
                     "model_name": info.model_name,
                 })
+
+    def ready_hook(self) -> bool:
+        return hasattr(self._model, "is_ready")
+
+    def is_ready(self) -> tuple[bool, str]:
+        """Triton's stub's call of is_ready() (awaited when it is a coroutine)."""
+        try:
+            ready = self._call(self._model.is_ready)
+        except Exception as e:
+            return False, describe(e)
+        if not isinstance(ready, bool):
+            return False, "is_ready() must return a boolean value"
+        return ready, "" if ready else "user-defined check failed"
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
         if not hasattr(self._model, "execute"):
@@ -185,9 +203,11 @@ class PythonBackend(Backend):
             inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
             requested_output_names=request.requested_outputs or self._all_outputs,
             model_name=self.instance.model_name, model_version=self.instance.model_version,
-            flags=request.flags, timeout=request.timeout_us, parameters=request.parameters,
+            flags=request.flags, timeout=request.timeout_us,
             trace=pb_utils.InferenceTrace(request.trace.id, request.trace.context) if request.trace else None,
         )
+        if request.parameters:      # a client's may hold doubles, which a model's own may not
+            pb_request._parameters = json.dumps(request.parameters)
         responder = request.responder
         if responder is not None:
             is_cancelled = pb_request._cancelled = responder.is_cancelled
@@ -320,7 +340,7 @@ def _deliver(responder: Any, request: pb_utils.InferenceRequest) -> Any:
             responder.send(None, None, final)
             return
         r = _to_worker_response(response, request)
-        responder.send(None if r.error else r.outputs, r.error, final)
+        responder.send(None if r.error else r.outputs, r.error, final, r.parameters)
     return deliver
 
 
@@ -333,4 +353,4 @@ def _to_worker_response(response: pb_utils.InferenceResponse,
     wanted = set(request.requested_output_names())
     outputs = {t.name(): t.as_numpy() for t in response.output_tensors()
                if not wanted or t.name() in wanted}
-    return WorkerResponse(outputs)
+    return WorkerResponse(outputs, parameters=response._parameter_values)
