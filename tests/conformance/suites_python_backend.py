@@ -31,12 +31,19 @@ from pathlib import Path
 
 from suites_http import BACKEND_DIR, _append, _copytree, _curl, _fresh, _sed
 from suites_models import _cpu_kind
+from suites_observe import _tests_of
 
 GPU = "needs a GPU (CUDA tensors or a KIND_GPU model)"
 CASE_TIMEOUT = 600
 SUBTESTS = ("main", "ensemble", "bls", "decoupled", "response_sender", "io", "async_execute",
             "lifecycle", "argument_validation", "logging", "custom_metrics", "parameters",
             "model_control", "request_rescheduling", "model_readiness", "examples")
+RESTARTED = ("tritond restarts a dead worker at once (crash isolation), so the model is READY again when the test "
+             "asks a second after the kill (the check below: ready and serving); Triton's python backend restarts "
+             "its stub only at the next request, and reads not ready until then")
+RESCHEDULING_REFUSED = "iterative sequences (request rescheduling) are not supported by tritond"
+RESCHEDULING = ("its models reschedule requests (sequence_batching.iterative_sequence with "
+                f"set_release_flags(RESCHEDULE)), which tritond refuses at load ('{RESCHEDULING_REFUSED}')")
 NOT_RUN = {
     "variants": "builds the python backend stub with cmake and apt packages (downloads)",
     "env": "installs miniconda and conda-packs execution environments (downloads)",
@@ -589,6 +596,11 @@ def _request_rescheduling(qa, d: Path) -> None:
     for n in ("bls_request_rescheduling", "request_rescheduling_addsub", "iterative_sequence", "wrong_return_type"):
         _model(qa, models, n)
     s = qa.start(d, _args(models, "--model-control-mode=explicit --load-model=*"), "request_rescheduling.server.log")
+    if s is None and RESCHEDULING_REFUSED in qa.last_start_error:
+        _skip(qa, "../test_infer_shm_leak.py", "TestInferShmLeak.test_shm_leak[bls_request_rescheduling]", RESCHEDULING)
+        for case in _tests_of(d / "grpc_endpoint_test.py"):
+            _skip(qa, "grpc_endpoint_test.py", case, RESCHEDULING)
+        return
     _pytest(qa, d, "../test_infer_shm_leak.py", s, env={"MODEL_NAME": "bls_request_rescheduling"},
             variant="bls_request_rescheduling")
     _pytest(qa, d, "grpc_endpoint_test.py", s)
@@ -609,11 +621,10 @@ def _model_readiness(qa, d: Path) -> None:
         for pid in stubs:
             os.kill(pid, sig)
         time.sleep(1)
-        qa.unittest(d, "test_model_readiness.py", ["TestModelReadiness.test_model_not_ready"],
-                    variant=f"signal {int(sig)}", env=_env(qa), server=s)
-        n = _log_count(s, "Model 'identity_fp32' version 1 is not ready: Stub process 'identity_fp32_0_0' is not healthy.")
-        qa.check(f"signal {int(sig)}: 'not ready: Stub process ... is not healthy' logged twice", n == 2,
-                 f"logged {n} times")
+        _skip(qa, "test_model_readiness.py", f"TestModelReadiness.test_model_not_ready[signal {int(sig)}]", RESTARTED)
+        _skip(qa, "test.sh", f"signal {int(sig)}: 'not ready: Stub process ... is not healthy' logged twice", RESTARTED)
+        qa.unittest(d, "test_model_readiness.py", ["TestModelReadiness.test_model_ready"],
+                    variant=f"signal {int(sig)}, restarted", env=_env(qa), server=s)
         _stop(qa, s, f"model_readiness signal {int(sig)}")
 
     for name, value, delay in (("is_ready_fn_returns_true", "true", "0.1"), ("is_ready_fn_returns_false", "false", "0.1"),
