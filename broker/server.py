@@ -70,6 +70,8 @@ TIMER_WALK_NS = 1_000_000_000
 STOP_WAIT_S = 5.0
 PAGED_PUBLISH_GAP_S = 0.2
 SHUTTING_DOWN = "Server is shutting down and has stopped accepting new requests"
+# What a model may ask of the server itself (pb_utils.load_model, unload_model, is_model_ready).
+MODEL_CONTROL = (S.LoadModel, S.UnloadModel, S.ModelReady)
 
 
 class Sockets(Protocol):
@@ -320,6 +322,11 @@ class Broker:
                        error: TritonError | None = None) -> None:
         self.sockets.to_frontend(ident, S.encode(S.ControlReply(cid, result, error)))
 
+    def answer_worker(self, ident: bytes, cid: int, result: ControlResult = None,
+                      error: TritonError | None = None) -> None:
+        if self.instances.get(ident) is not None:       # the caller may have died meanwhile
+            self.sockets.to_worker(ident, S.encode(S.ControlReply(cid, result, error)))
+
     def on_infer(self, reply: ReplyTo, msg: S.Infer, caller: bytes | None = None, requester: bytes = b"",
                  forwarded: bool = False) -> None:
         """A request from a frontend (`requester`), or (`caller`: a worker's identity) a model's
@@ -401,6 +408,8 @@ class Broker:
             self.on_cancel(ident, msg.rid)
         elif isinstance(msg, S.ReadyResult):
             self.readiness.on_result(inst, msg)
+        elif isinstance(msg, S.Control) and isinstance(msg.op, MODEL_CONTROL):    # pb_utils.load_model and kin
+            self.control.handle(msg.op, functools.partial(self.answer_worker, ident, msg.cid))
 
     def on_worker_exit(self, inst: Instance) -> None:
         self.readiness.on_exit(inst)

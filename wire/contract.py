@@ -114,7 +114,7 @@ def record() -> str:
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
 RECORDED_VERSION = 18
-SCHEMA_FINGERPRINT = "482b02b74d84c11d"
+SCHEMA_FINGERPRINT = "fe5a91ad37e222a0"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -222,7 +222,7 @@ STRUCTS = {
     "schema.UnloadModel": "de5d0537b224",
     "schema.Unmap": "c458b2102b7e",
     "schema.WorkerDown": "6fcc156705c0",
-    "schema.WorkerSpec": "f8242a3438a4",
+    "schema.WorkerSpec": "c317e99cb589",
     "schema.WorkerUp": "051d5cecb398",
     "schema.Zeros": "9cd0d19aa965",
     "schema._S": "c4554829a979",

@@ -489,6 +489,10 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True):
     # (0: not budgeted, the backend's own defaults).
     threads: int = 0
     inter_op_threads: int = 0
+    # Explicit model control: where the model's own loads (pb_utils.load_model) write their
+    # `file:` overrides, and how many bytes they may hold ("": the model may not load models).
+    override_run_dir: str = ""
+    override_max_bytes: int = 0
 
 
 class ExecRequest(_S, gc=False):
@@ -604,9 +608,10 @@ class EndSequences(_S, tag="end_seq"):
 
 FrontendMsg = Union[Hello, Infer, Release, Control, Cancel, Credit, TraceDone]
 BrokerToFrontend = Union[Table, InferReply, Replies, ControlReply, Ping, Gone, Refused, Observe]
-WorkerMsg = Union[WorkerUp, WorkerDown, BatchDone, Heartbeat, Infer, Release, Respond, Cancel, ReadyResult]
+WorkerMsg = Union[WorkerUp, WorkerDown, BatchDone, Heartbeat, Infer, Release, Respond, Cancel, ReadyResult,
+                  Control]
 BrokerToWorker = Union[Exec, Release, Stop, InferReply, Unmap, Gone, Observe, EndSequences, CancelKeys, Grant,
-                       CheckReady]
+                       CheckReady, ControlReply]
 
 
 # ---------------------------------------------------------------- encoding

@@ -28,10 +28,12 @@ import numpy as np
 import zmq
 
 from tritond.repository.datatypes import array_to_bytes, numpy_to_wire
+from tritond.repository.layout import validate_model_name
+from tritond.repository.overrides import write_overrides
 from tritond.shm.arena import Arena
 from tritond.shm.mapping import SegmentMaps
 from tritond.wire import schema as P
-from tritond.wire.errors import TritonError
+from tritond.wire.errors import TritonError, invalid
 
 from .tensors import desc_to_array
 
@@ -43,6 +45,7 @@ Answer = tuple[dict[str, np.ndarray], TritonError | None, dict]
 
 class Caller(Protocol):
     """What a BLS call uses of its worker (workers/main.py)."""
+    spec: P.WorkerSpec
     sock: zmq.Socket
     arena: Arena
     maps: SegmentMaps
@@ -61,6 +64,7 @@ class BlsClient:
         self.replies: dict[int, P.InferReply] = {}
         self.streams: dict[int, deque[P.InferReply]] = {}    # decoupled calls being iterated
         self.abandoned: dict[int, list] = {}    # decoupled calls nobody iterates -> their input blocks
+        self.controls: dict[int, P.ControlReply] = {}   # answers to the model's own model control
         self.inbox: deque[Any] = deque()        # the worker loop's messages a reader received
         self.reading = False
         self.wake_r, self.wake_w = os.pipe()
@@ -71,6 +75,45 @@ class BlsClient:
         """A message the worker's main loop received but does not handle itself."""
         if isinstance(msg, P.InferReply):
             self._arrived(msg)
+        elif isinstance(msg, P.ControlReply):
+            self._answered(msg)
+
+    def _answered(self, msg: P.ControlReply) -> None:
+        with self.cond:
+            self.controls[msg.cid] = msg
+            self.cond.notify_all()
+
+    # ---------------------------------------------------------------- the model's own model control
+
+    def load_model(self, name: str, config: str, files: dict[str, bytes] | None) -> None:
+        """pb_utils.load_model: a client's explicit load, `file:` overrides written as a frontend writes them."""
+        op = P.LoadModel(name, config or None)
+        if files and self.w.spec.override_run_dir:      # else the broker refuses the load (not explicit mode)
+            if not config:
+                raise invalid("Load parameter 'config' must be specified for model file override")
+            bad = validate_model_name(name)
+            if bad:
+                raise invalid(bad)
+            op.override_dir = write_overrides(self.w.spec.override_run_dir, name, files,
+                                              self.w.spec.override_max_bytes)
+        self._control(op)
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        self._control(P.UnloadModel(name, unload_dependents))
+
+    def is_model_ready(self, name: str, version: int) -> bool:
+        return self._control(P.ModelReady(name, version)).ready
+
+    def _control(self, op: Any) -> Any:
+        """The broker's answer to one control operation (raises its error)."""
+        with self.cond:
+            cid = next(self.rids)
+        self._wait(P.encode(P.Control(cid, op)), lambda: cid in self.controls)
+        with self.cond:
+            reply = self.controls.pop(cid)
+        if reply.error is not None:
+            raise reply.error
+        return reply.result
 
     def _arrived(self, msg: P.InferReply) -> None:
         with self.cond:
@@ -272,6 +315,8 @@ class BlsClient:
                     break
                 if isinstance(msg, P.InferReply):
                     self._arrived(msg)
+                elif isinstance(msg, P.ControlReply):
+                    self._answered(msg)
                 elif not w.handle_side(msg):
                     if isinstance(msg, P.Stop):
                         w.stop_requested = True

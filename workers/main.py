@@ -205,6 +205,7 @@ class Worker:
         if self.view.backend == PYTHON:
             from . import pb_utils
             pb_utils.set_bls_handler(self.bls.infer, self.bls.infer_stream)
+            pb_utils.set_model_control(self.bls)
         backend.load()
         if s.threads:       # the pools the model's initialize brought in (it may import torch, scipy...)
             applied = apply_threads(s.threads, s.inter_op_threads)

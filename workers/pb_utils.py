@@ -415,6 +415,41 @@ def set_bls_handler(handler: BlsHandler | None, stream_handler: BlsHandler | Non
     _bls_stream_handler = stream_handler
 
 
+_model_control: Any = None      # the worker's BlsClient: load_model, unload_model, is_model_ready
+
+
+def set_model_control(control: Any) -> None:
+    """Install the worker's model control (what a model may ask of the server itself)."""
+    global _model_control
+    _model_control = control
+
+
+def _controlled(call: Callable[[Any], Any]) -> Any:
+    if _model_control is None:
+        raise TritonModelException("model control is not available")
+    try:
+        return call(_model_control)
+    except TritonModelException:
+        raise
+    except Exception as e:      # the broker's TritonError, a file the override could not write
+        raise TritonModelException(getattr(e, "message", None) or str(e)) from None
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load or reload a model, as a client's load request (explicit model control): `config`
+    is a ModelConfig's JSON, `files` the `file:<path>` overrides (with a config)."""
+    _controlled(lambda c: c.load_model(model_name, config, files))
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    _controlled(lambda c: c.unload_model(model_name, unload_dependents))
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether the version ("": the latest) is ready, as a client's readiness request."""
+    return _controlled(lambda c: c.is_model_ready(model_name, int(model_version) if model_version else -1))
+
+
 def set_model_dir(path: str) -> None:
     """Record the directory holding model.py, for get_model_dir()."""
     global _model_dir

@@ -70,6 +70,8 @@ class Lifecycle:
             index=inst.index,
             threads=threads.threads if threads else 0,
             inter_op_threads=threads.inter_op_threads if threads else 0,
+            override_run_dir=self.opts.run_dir if self.opts.model_control_mode == "explicit" else "",
+            override_max_bytes=self.opts.model_file_override_max_bytes,
         )
 
     def _env(self, mv: ModelVersion, inst: Instance) -> dict[str, str] | None:

@@ -12,6 +12,7 @@ import time
 from concurrent import futures
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -347,3 +348,65 @@ def test_a_startup_model_no_repository_holds_stops_startup(tmp_path):
     assert s.returncode == 1
     assert "failed to poll model 'nonexistent_model': model not found in any model repository" in s.log, s.log
     s.assert_clean()
+
+
+MANAGER = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Loads and unloads models itself (pb_utils' model control), in initialize() too; answers
+    with what it saw."""
+
+    def initialize(self, args):
+        pb_utils.load_model("storm_a")
+        self.at_init = pb_utils.is_model_ready("storm_a")
+        pb_utils.unload_model("storm_a")
+
+    def execute(self, requests):
+        params = json.loads(requests[0].parameters())
+        seen = [self.at_init, pb_utils.is_model_ready("storm_b")]
+        pb_utils.load_model("storm_b")
+        seen += [pb_utils.is_model_ready("storm_b"), pb_utils.is_model_ready("storm_b", "1"),
+                 pb_utils.is_model_ready("storm_b", "2")]
+        pb_utils.unload_model("storm_b")
+        seen.append(pb_utils.is_model_ready("storm_b"))
+        files = {"file:1/model.py": open(params["source"], "rb").read()}
+        pb_utils.load_model("from_files", params["config"], files)
+        seen.append(pb_utils.is_model_ready("from_files"))
+        for args in (("no_such_model",), ("from_files", "", files), ("storm_b", "{not json")):
+            try:
+                pb_utils.load_model(*args)
+                seen.append("loaded")
+            except pb_utils.TritonModelException as e:
+                seen.append(str(e))
+        out = np.array([json.dumps(seen).encode()], dtype=object)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]) for _ in requests]
+'''
+
+
+def test_a_python_model_loads_and_unloads_models_itself(server, repo, client):
+    """pb_utils.load_model (with a config and `file:` overrides), unload_model and is_model_ready,
+    answered as a client's requests are (L0_backend_python/bls bls_model_loading)."""
+    (repo / "manager" / "1").mkdir(parents=True)
+    (repo / "manager" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\ninput [{ name: "X" data_type: TYPE_INT32 dims: [1] }]\n'
+        'output [{ name: "OUT" data_type: TYPE_STRING dims: [1] }]\n')
+    (repo / "manager" / "1" / "model.py").write_text(MANAGER)
+    client.load_model("manager")
+    config = json.loads(override_config(client))
+    config["name"] = "from_files"
+    inp = httpclient.InferInput("X", [1], "INT32")
+    inp.set_data_from_numpy(np.array([1], np.int32))
+    result = client.infer("manager", [inp], parameters={"config": json.dumps(config), "source": str(MODEL_SOURCE)})
+    seen = json.loads(result.as_numpy("OUT")[0])
+    assert seen[:7] == [True, False, True, True, False, False, True]
+    assert seen[7].startswith("failed to load 'no_such_model'"), seen[7]
+    assert seen[8] == "Load parameter 'config' must be specified for model file override"
+    assert seen[9].startswith("failed to load 'storm_b', Invalid config override"), seen[9]
+    assert client.is_model_ready("from_files") and not client.is_model_ready("storm_b")
+    client.unload_model("from_files")
+    client.unload_model("manager")
+    wait_for(lambda: not any((run_dir(server) / "overrides").iterdir()), what="the override directory to be removed")

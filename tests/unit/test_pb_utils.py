@@ -333,3 +333,34 @@ def test_bls_async_exec():
         np.testing.assert_array_equal(resp.output_tensors()[0].as_numpy(), [2, 3])
         assert json.loads(resp.parameters()) == {"p": 1}
 
+
+
+def test_model_control_goes_to_the_worker_and_its_errors_are_the_models():
+    calls = []
+
+    class Control:
+        def load_model(self, *args):
+            calls.append(("load", *args))
+            if args[0] == "missing":
+                raise TritonError(Code.INVALID_ARG, "failed to load 'missing'")
+
+        def unload_model(self, *args):
+            calls.append(("unload", *args))
+
+        def is_model_ready(self, *args):
+            calls.append(("ready", *args))
+            return True
+
+    with pytest.raises(pb_utils.TritonModelException, match="not available"):
+        pb_utils.load_model("m")
+    pb_utils.set_model_control(Control())
+    try:
+        pb_utils.load_model("m", '{"backend": "python"}', {"file:1/model.py": b"x"})
+        pb_utils.unload_model("m", unload_dependents=True)
+        assert pb_utils.is_model_ready("m") and pb_utils.is_model_ready("m", "2")
+        with pytest.raises(pb_utils.TritonModelException, match="failed to load 'missing'"):
+            pb_utils.load_model("missing")
+    finally:
+        pb_utils.set_model_control(None)
+    assert calls[:4] == [("load", "m", '{"backend": "python"}', {"file:1/model.py": b"x"}), ("unload", "m", True),
+                         ("ready", "m", -1), ("ready", "m", 2)]
