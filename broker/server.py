@@ -27,7 +27,7 @@ from tritond.shm.naming import PREFIX, owner_prefix, sweep
 from tritond.wire import schema as S
 from tritond.wire.options import ServerOptions
 from tritond.wire.replies import ControlResult
-from tritond.wire.errors import REQUEST_CANCELLED, Code, TritonError, unavailable
+from tritond.wire.errors import REQUEST_CANCELLED, Code, TritonError, invalid, unavailable
 
 from tritond.broker.scheduling.bls import BlsCalls
 from tritond.broker.scheduling.cache import OWNER as CACHE_OWNER, ResponseCache
@@ -42,6 +42,7 @@ from tritond.broker.tables.instances import InstanceTable
 from tritond.broker.lifecycle.jobs import Jobs
 from tritond.broker.lifecycle.version_state import Lifecycle
 from tritond.broker.lifecycle.readiness import Readiness
+from tritond.broker.observe.custom_metrics import METRIC_OPS, CustomMetrics
 from tritond.broker.tables.live_requests import LiveRequests
 from tritond.broker.observe.metrics import latency_factory, snapshot
 from tritond.broker.lifecycle.operations import ModelControl
@@ -147,6 +148,7 @@ class Broker:
                                        self.restart_wait)
         self.drain = Drain(opts.exit_timeout_secs)
         self.readiness = Readiness(self.sockets.to_worker, self.clock.now)
+        self.custom_metrics = CustomMetrics()
         self.control = ControlHandler(opts, self.registry, self.model_ops, self.ensembles, self.regions,
                                       self.drain, self.settings, self.begin_drain, self.stop,
                                       snapshot=lambda: snapshot(self), readiness=self.readiness)
@@ -408,10 +410,25 @@ class Broker:
             self.on_cancel(ident, msg.rid)
         elif isinstance(msg, S.ReadyResult):
             self.readiness.on_result(inst, msg)
-        elif isinstance(msg, S.Control) and isinstance(msg.op, MODEL_CONTROL):    # pb_utils.load_model and kin
+        elif isinstance(msg, S.Control):
+            self.on_model_control(inst, ident, msg)
+
+    def on_model_control(self, inst: Instance, ident: bytes, msg: S.Control) -> None:
+        """What a model asks of the server itself: pb_utils.load_model and kin, and its own metrics."""
+        if isinstance(msg.op, MODEL_CONTROL):
             self.control.handle(msg.op, functools.partial(self.answer_worker, ident, msg.cid))
+        elif isinstance(msg.op, METRIC_OPS):
+            try:
+                result, error = self.custom_metrics.handle(inst.identity, msg.op), None
+            except TritonError as e:
+                result, error = None, e
+            if msg.cid:         # a dropped reference is not answered
+                self.answer_worker(ident, msg.cid, result, error)
+        else:
+            self.answer_worker(ident, msg.cid, error=invalid(f"a model may not ask '{type(msg.op).__name__}'"))
 
     def on_worker_exit(self, inst: Instance) -> None:
+        self.custom_metrics.owner_gone(inst.identity)
         self.readiness.on_exit(inst)
         self.supervision.on_exit(inst, self.clock.now())
 

@@ -144,6 +144,17 @@ class Families:
 
 # ---------------------------------------------------------------------------- per model
 
+def custom_families(f: Families, families: list[R.CustomFamily]) -> None:
+    """The families Python models made (pb_utils.MetricFamily), with their own names and labels."""
+    for fam in families:
+        f.family(fam.name, fam.kind, fam.description)
+        for m in fam.metrics:
+            if m.histogram is not None:
+                f.histogram(fam.name, fam.description, m.labels, m.histogram)
+            else:
+                f.add(fam.name, fam.kind, fam.description, m.labels, m.value)
+
+
 def model_families(f: Families, m: R.ModelSnapshot, cfg: MetricsConfig) -> None:
     labels = {"model": m.name, "version": str(m.version)}
     labels.update({"_" + k: v for k, v in m.tags.items()})
@@ -477,6 +488,7 @@ class MetricsEndpoint:
         for m in snap.models:
             model_families(f, m, self.cfg)
         server_families(f, snap, self.sampler, self.server_id, rtt)
+        custom_families(f, snap.custom)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Snapshot(list(f.by_name.values())))
         return exposition(registry.collect())

@@ -114,7 +114,7 @@ def record() -> str:
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
 RECORDED_VERSION = 18
-SCHEMA_FINGERPRINT = "fe5a91ad37e222a0"
+SCHEMA_FINGERPRINT = "ccc217f633f74319"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -128,6 +128,8 @@ STRUCTS = {
     "replies.CacheUsage": "f093277b05fb",
     "replies.CudaRegionStatus": "0580eec181ff",
     "replies.CudaStatusReply": "738600b0a982",
+    "replies.CustomFamily": "8bc82e274bb6",
+    "replies.CustomMetric": "b9a6f94c0ba7",
     "replies.DrainReply": "b8d15379d646",
     "replies.HistogramSnapshot": "46d892019300",
     "replies.IndexReply": "d4bf83dc3271",
@@ -138,7 +140,9 @@ STRUCTS = {
     "replies.LogSettingValues": "875b5f815d07",
     "replies.LogSettingsReply": "78e6c2dc92ff",
     "replies.MemoryUsage": "63c43abeec08",
-    "replies.MetricsReply": "c9717eb057f2",
+    "replies.MetricId": "b8f9722d7695",
+    "replies.MetricValue": "09b5558a1ecd",
+    "replies.MetricsReply": "0de0103e835d",
     "replies.ModelIndex": "a49661f17d9b",
     "replies.ModelPaging": "272a7b7bdf31",
     "replies.ModelSnapshot": "5ca587e5bf74",
@@ -160,8 +164,8 @@ STRUCTS = {
     "schema.Cancel": "50244795d415",
     "schema.CancelKeys": "9756f858b74c",
     "schema.CheckReady": "1fc45fb248bc",
-    "schema.Control": "a00c5e8c85e6",
-    "schema.ControlReply": "d505d3f69c1c",
+    "schema.Control": "023d494ae945",
+    "schema.ControlReply": "cb6f26aebf3d",
     "schema.Credit": "88f793de77ae",
     "schema.CudaRegister": "926e16296c69",
     "schema.CudaStatus": "6e9958293735",
@@ -183,6 +187,10 @@ STRUCTS = {
     "schema.LoadModel": "6e2ca930ed77",
     "schema.LogConfig": "bf32f47a4950",
     "schema.LogSettings": "c27f322f81cd",
+    "schema.MetricDrop": "3cbfeb99b1ab",
+    "schema.MetricFamilyNew": "e3519a5bdc34",
+    "schema.MetricNew": "03da38903e5b",
+    "schema.MetricOp": "5614779fcc90",
     "schema.ModelEntry": "75ab500160e8",
     "schema.ModelMetrics": "ce76418c8048",
     "schema.ModelReady": "9363239bf43b",

@@ -250,6 +250,20 @@ class PagingSnapshot(_Reply):
     gpus: dict[int, tuple[int, int]] = {}  # GPU id -> (its --model-gpu-memory-budget, bytes used there)
 
 
+class CustomMetric(_Reply):
+    labels: dict[str, str]
+    value: float = 0.0
+    histogram: HistogramSnapshot | None = None
+
+
+class CustomFamily(_Reply):
+    """A family the models made (pb_utils.MetricFamily)."""
+    name: str
+    description: str
+    kind: str               # counter, gauge or histogram
+    metrics: list[CustomMetric]
+
+
 class MetricsReply(_Reply, tag="metrics"):
     """Everything one scrape reports, taken in one turn of the broker's loop."""
     models: list[ModelSnapshot]
@@ -259,12 +273,21 @@ class MetricsReply(_Reply, tag="metrics"):
     inflight_batches: int
     cache: CacheUsage | None = None
     paging: PagingSnapshot | None = None
+    custom: list[CustomFamily] = []
 
 
 class ReadyReply(_Reply, tag="ready"):
     ready: bool
 
 
+class MetricId(_Reply, tag="metric_id"):
+    id: int
+
+
+class MetricValue(_Reply, tag="metric_value"):
+    value: float
+
+
 # A load, an unload, a region's registration, a log reopen and a stop answer None.
 ControlResult = Union[IndexReply, StatsReply, MetricsReply, ShmStatusReply, CudaStatusReply, LogSettingsReply,
-                      TraceSettingsReply, DrainReply, ReadyReply, None]
+                      TraceSettingsReply, DrainReply, ReadyReply, MetricId, MetricValue, None]

@@ -311,6 +311,33 @@ class ModelReady(_S, tag="model_ready"):
     version: int = -1
 
 
+class MetricFamilyNew(_S, tag="metric_family"):
+    """A model's pb_utils.MetricFamily: made, or found by its name (answered with its id)."""
+    name: str
+    description: str
+    kind: int               # pb_utils.MetricFamily.COUNTER, GAUGE or HISTOGRAM
+
+
+class MetricNew(_S, tag="metric_new"):
+    """A family's metric by its labels: made, or found (answered with its id)."""
+    family: int
+    labels: dict[str, str] = {}
+    buckets: list[float] | None = None      # a histogram's
+
+
+class MetricOp(_S, tag="metric_op"):
+    """increment, set, observe or value (answered with the metric's value)."""
+    metric: int
+    op: str
+    value: float = 0.0
+
+
+class MetricDrop(_S, tag="metric_drop"):
+    """A model let a family or a metric go (its Python object was deleted); not answered."""
+    family: int = 0
+    metric: int = 0
+
+
 class ReopenLog(_S, tag="reopen_log"):
     """Reopen the log file everywhere (SIGUSR1, after logrotate moved it)."""
 
@@ -325,7 +352,8 @@ class StopServer(_S, tag="stop"):
 
 ControlOp = Union[RepositoryIndex, LoadModel, UnloadModel, Statistics, ModelMetrics, ShmRegister,
                   ShmUnregister, ShmStatus, CudaRegister, CudaUnregister, CudaStatus, LogSettings,
-                  TraceSettings, ReopenLog, Drain, StopServer, ModelReady]
+                  TraceSettings, ReopenLog, Drain, StopServer, ModelReady, MetricFamilyNew, MetricNew, MetricOp,
+                  MetricDrop]
 
 
 class Control(_S, tag="control"):

@@ -104,6 +104,14 @@ class BlsClient:
     def is_model_ready(self, name: str, version: int) -> bool:
         return self._control(P.ModelReady(name, version)).ready
 
+    def metric_call(self, op: Any) -> Any:
+        """A pb_utils.MetricFamily or Metric operation, answered by the broker that holds them."""
+        return self._control(op)
+
+    def metric_drop(self, family: int = 0, metric: int = 0) -> None:
+        """A family's or metric's object was deleted: let the broker know, without waiting."""
+        self.send(P.encode(P.Control(0, P.MetricDrop(family, metric))))
+
     def _control(self, op: Any) -> Any:
         """The broker's answer to one control operation (raises its error)."""
         with self.cond:

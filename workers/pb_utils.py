@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from tritond.repository.datatypes import WIRE_TO_NUMPY, deserialize_bytes, numpy_to_wire, serialize_bytes
+from tritond.wire import schema as _wire
 
 from .pb_config import (  # noqa: F401  (pb_utils' public names)
     Logger, LogLevel, ModelConfig, get_input_config_by_name, get_output_config_by_name,
@@ -448,6 +449,62 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Whether the version ("": the latest) is ready, as a client's readiness request."""
     return _controlled(lambda c: c.is_model_ready(model_name, int(model_version) if model_version else -1))
+
+
+class MetricFamily:
+    """A family of custom metrics, shared by name with every model of the server (Triton's
+    pb_utils.MetricFamily); its series appear on the metrics endpoint."""
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        self._id = 0
+        self._id = _controlled(lambda c: c.metric_call(_wire.MetricFamilyNew(name, description, int(kind)))).id
+
+    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:
+        """The family's metric with these labels (a histogram's with these bucket bounds)."""
+        return Metric(self._id, labels, buckets)
+
+    def __del__(self) -> None:
+        _dropped(family=self._id)
+
+
+class Metric:
+    """One series of a MetricFamily; every operation acts on the value the server holds."""
+
+    def __init__(self, family: int, labels: dict[str, str] | None, buckets: list[float] | None) -> None:
+        self._id = 0
+        op = _wire.MetricNew(family, {str(k): str(v) for k, v in (labels or {}).items()},
+                             None if buckets is None else [float(b) for b in buckets])
+        self._id = _controlled(lambda c: c.metric_call(op)).id
+
+    def increment(self, value: float) -> None:
+        self._op("increment", value)
+
+    def set(self, value: float) -> None:
+        self._op("set", value)
+
+    def observe(self, value: float) -> None:
+        self._op("observe", value)
+
+    def value(self) -> float:
+        return self._op("value", 0.0)
+
+    def _op(self, op: str, value: float) -> float:
+        return _controlled(lambda c: c.metric_call(_wire.MetricOp(self._id, op, float(value)))).value
+
+    def __del__(self) -> None:
+        _dropped(metric=self._id)
+
+
+def _dropped(family: int = 0, metric: int = 0) -> None:
+    control = _model_control
+    if control is not None and (family or metric):
+        try:
+            control.metric_drop(family, metric)
+        except Exception:       # the worker is closing: the broker drops its references anyway
+            pass
 
 
 def set_model_dir(path: str) -> None:

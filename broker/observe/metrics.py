@@ -177,4 +177,5 @@ def snapshot(broker: Any) -> R.MetricsReply:
     pager = broker.model_ops.pager
     return R.MetricsReply(models, os.getpid(), peers, queued, len(broker.inflight),
                           broker.cache.usage() if broker.cache.enabled else None,
-                          pager.snapshot(PAGING_QUANTILES) if pager is not None else None)
+                          pager.snapshot(PAGING_QUANTILES) if pager is not None else None,
+                          broker.custom_metrics.snapshot())
