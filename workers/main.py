@@ -109,6 +109,8 @@ def heartbeat(ctx: zmq.Context, spec: P.WorkerSpec, stop: StopSignal, flow: Flow
 
 
 class Worker:
+    bf16_outputs: frozenset[str] = frozenset()     # sent as their bits (uint16), labelled BF16 (set at load)
+
     def __init__(self, spec: P.WorkerSpec) -> None:
         self.spec = spec
         self.ctx = zmq.Context()
@@ -178,6 +180,8 @@ class Worker:
         """Send one response of a decoupled model's request (from whichever thread made it)."""
         empty = outputs is None and error is None
         result = write_outputs([(outputs or {}, specs, error)], self.maps, self.leases)[0]
+        if self.bf16_outputs:
+            label_bf16([result], self.bf16_outputs)
         frame = P.encode(P.Respond(key, result.outputs, result.error, final, empty,
                                    parameters if parameters and result.error is None else {}))
         with self.stream_lock:
@@ -202,6 +206,7 @@ class Worker:
         if completed is not None:
             backend.config, backend.view = completed, model_view(completed)
             self.decoupled = backend.view.decoupled
+        self.bf16_outputs = frozenset(n for n, t in backend.view.outputs.items() if t.datatype == "BF16")
         if self.view.backend == PYTHON:
             from . import pb_utils
             pb_utils.set_bls_handler(self.bls.infer, self.bls.infer_stream)
@@ -297,6 +302,8 @@ class Worker:
         results = write_outputs(per_request, self.maps, self.leases, self.exports, self.imports, inline_budget)
         for i, params in parameters.items():
             results[i].parameters = params
+        if self.bf16_outputs:
+            label_bf16(results, self.bf16_outputs)
         self.close_imports()
         t3 = time.monotonic_ns()
         if log.isEnabledFor(logging.DEBUG):
@@ -375,6 +382,14 @@ class Worker:
         self.ctx.term()
         self.maps.close()
         self.arena.close()
+
+
+def label_bf16(results: list[P.ExecResult], names: frozenset[str]) -> None:
+    """A BF16 output travels as its bits, which write_outputs names UINT16: name it BF16."""
+    for result in results:
+        for desc in result.outputs:
+            if desc.name in names and desc.datatype == "UINT16":
+                desc.datatype = "BF16"
 
 
 def output_buffers(specs: list[P.OutputSpec], maps: SegmentMaps) -> dict[str, memoryview] | None:

@@ -11,6 +11,7 @@ import asyncio
 import enum
 import itertools
 import json
+import sys
 import threading
 from typing import Any, Callable, Iterator, Sequence
 
@@ -180,7 +181,10 @@ class _Capsule:
 # ---------------------------------------------------------------- tensors
 
 class Tensor:
-    """A named CPU tensor backed by a numpy array (zero-copy for contiguous arrays)."""
+    """A named CPU tensor backed by a numpy array (zero-copy for contiguous arrays). A BF16
+    tensor holds its values' bits (uint16) and, as in Triton, goes to and from other frameworks
+    by DLPack only (through torch, which numpy's DLPack cannot stand in for)."""
+    _bf16 = False
 
     def __init__(self, name: str, numpy_array: Any) -> None:
         if not isinstance(name, str) or numpy_array is None:
@@ -202,6 +206,9 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._bf16:
+            raise TritonModelException("Tensor dtype is BF16 and cannot be converted to numpy. Use to_dlpack() "
+                                       "and from_dlpack() instead.")
         return self._array
 
     def shape(self) -> list[int]:
@@ -209,7 +216,7 @@ class Tensor:
 
     def triton_dtype(self) -> int:
         """TRITONSERVER_DataType code, e.g. 11 for FP32 and 13 for BYTES."""
-        return numpy_to_triton_type(self._array.dtype)
+        return _WIRE_TO_CODE["BF16"] if self._bf16 else numpy_to_triton_type(self._array.dtype)
 
     def is_cpu(self) -> bool:
         return True
@@ -219,6 +226,9 @@ class Tensor:
         if self._array.dtype == np.object_:
             raise TritonModelException("DLPack does not have support for string tensors.")
         array = self._array if self._array.flags.writeable else self._array.copy()
+        if self._bf16:
+            torch = _torch()
+            return torch.utils.dlpack.to_dlpack(torch.from_numpy(array.view(np.int16)).view(torch.bfloat16))
         return array.__dlpack__()
 
     def __dlpack__(self, stream: Any = None) -> Any:
@@ -236,11 +246,43 @@ class Tensor:
         try:
             array = np.from_dlpack(source)
         except (BufferError, RuntimeError, TypeError, ValueError) as exc:
-            raise TritonModelException(f"unable to import DLPack tensor '{name}': {exc}") from None
+            bits = _bf16_bits(tensor)       # numpy refuses BF16 (and leaves the capsule unused)
+            if bits is None:
+                raise TritonModelException(f"unable to import DLPack tensor '{name}': {exc}") from None
+            return Tensor.bf16(name, bits)
         return Tensor(name, array)
+
+    @staticmethod
+    def bf16(name: str, bits: np.ndarray) -> Tensor:
+        """A BF16 tensor of these bits (uint16)."""
+        t = Tensor(name, bits)
+        t._bf16 = True
+        return t
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise TritonModelException("a BF16 tensor goes to DLPack through torch, which is not installed") from None
+    return torch
+
+
+def _bf16_bits(source: Any) -> np.ndarray | None:
+    """The bits of a CPU BF16 DLPack tensor, read through torch when the model has imported it."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        t = torch.utils.dlpack.from_dlpack(source)
+    except Exception:
+        return None
+    if t.dtype != torch.bfloat16 or t.device.type != "cpu":
+        return None
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
 
 
 # ---------------------------------------------------------------- requests and responses

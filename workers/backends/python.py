@@ -50,6 +50,7 @@ class PythonBackend(Backend):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._all_outputs: list[str] = []
+        self._bf16_inputs: frozenset[str] = frozenset()
 
     def _import_model(self) -> ModuleType:
         """Import model.py once, under a name unique to this load so reloads get fresh code."""
@@ -101,6 +102,7 @@ class PythonBackend(Backend):
     def load(self) -> None:
         self._decoupled = self.view.decoupled
         self._all_outputs = list(self.view.outputs)
+        self._bf16_inputs = frozenset(n for n, t in self.view.inputs.items() if t.datatype == "BF16")
         self._model = self._run_model_code(self._import_model().TritonPythonModel)
         if hasattr(self._model, "initialize"):
             info = self.instance
@@ -198,9 +200,11 @@ class PythonBackend(Backend):
 
     def _to_pb_request(self, request: WorkerRequest, collect: Any = None) -> pb_utils.InferenceRequest:
         # Triton's core treats "no outputs requested" as "every configured output".
+        bf16 = self._bf16_inputs
         pb_request = pb_utils.InferenceRequest(
             request.request_id, request.correlation_id,
-            inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
+            inputs=[pb_utils.Tensor.bf16(name, array) if bf16 and name in bf16 else pb_utils.Tensor(name, array)
+                    for name, array in request.inputs.items()],
             requested_output_names=request.requested_outputs or self._all_outputs,
             model_name=self.instance.model_name, model_version=self.instance.model_version,
             flags=request.flags, timeout=request.timeout_us,
@@ -351,6 +355,6 @@ def _to_worker_response(response: pb_utils.InferenceResponse,
     if error is not None:
         return WorkerResponse(error=TritonError(Code[error.code().name], error.message()))
     wanted = set(request.requested_output_names())
-    outputs = {t.name(): t.as_numpy() for t in response.output_tensors()
+    outputs = {t.name(): t._array for t in response.output_tensors()      # a BF16 tensor's bits too
                if not wanted or t.name() in wanted}
     return WorkerResponse(outputs, parameters=response._parameter_values)

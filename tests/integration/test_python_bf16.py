@@ -1,0 +1,58 @@
+"""BF16 in a Python model, as Triton's python backend has it (L0_backend_python test_bf16): the
+input's as_numpy() is refused, DLPack carries it to torch and back, and the output reaches the
+client as BF16."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from conftest import TritondServer, serving
+
+pytest.importorskip("torch")
+
+CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [{ name: "INPUT0" data_type: TYPE_BF16 dims: [-1] }]
+output [{ name: "OUTPUT0" data_type: TYPE_BF16 dims: [-1] }]
+"""
+
+MODEL = """
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    \"\"\"Doubles a BF16 input in torch.\"\"\"
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            try:
+                x.as_numpy()
+                raise RuntimeError("as_numpy() of a BF16 tensor answered")
+            except pb_utils.TritonModelException as e:
+                assert "tensor dtype is bf16 and cannot be converted to numpy" in str(e).lower()
+            assert x.triton_dtype() == 14
+            doubled = torch.utils.dlpack.from_dlpack(x.to_dlpack()) * 2
+            assert doubled.dtype == torch.bfloat16
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack(
+                "OUTPUT0", torch.utils.dlpack.to_dlpack(doubled))]))
+        return out
+"""
+
+
+def test_a_bf16_tensor_goes_through_torch_and_back_to_the_client(tmp_path):
+    (tmp_path / "bf16" / "1").mkdir(parents=True)
+    (tmp_path / "bf16" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "bf16" / "1" / "model.py").write_text(MODEL)
+    x = np.array([1.5, -2, 3.25], dtype=ml_dtypes.bfloat16)
+    with serving(TritondServer(tmp_path, grpc=False)) as s:
+        inp = httpclient.InferInput("INPUT0", list(x.shape), "BF16")
+        inp.set_data_from_numpy(x)
+        result = httpclient.InferenceServerClient(s.http_url).infer("bf16", [inp])
+    assert result.get_response()["outputs"][0]["datatype"] == "BF16"
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), (x.astype(np.float32) * 2).astype(ml_dtypes.bfloat16))
