@@ -560,6 +560,10 @@ def get_model_dir() -> str:
     return _model_dir
 
 
+_REQUEST_SIGNATURE = ("InferenceRequest(request_id: str = '', correlation_id: int | str = 0, *, inputs: list[Tensor], "
+                      "requested_output_names: list[str], model_name: str, ...)")
+
+
 class InferenceRequest:
     """A request: received by execute(), or built by the model for BLS (exec/async_exec)."""
 
@@ -568,14 +572,16 @@ class InferenceRequest:
                  model_version: int = -1, flags: int = 0, timeout: int = 0,
                  preferred_memory: PreferredMemory | None = None,
                  trace: InferenceTrace | None = None, parameters: dict | None = None) -> None:
-        if (not isinstance(request_id, str) or correlation_id is None or inputs is None
-                or not isinstance(model_name, (str, bytes)) or requested_output_names is None
-                or not all(isinstance(n, str) for n in requested_output_names)):
-            raise _incompatible("InferenceRequest(request_id: str = '', correlation_id: int | str = 0, *, "
-                                "inputs: list[Tensor], requested_output_names: list[str], model_name: str, ...)")
+        names = None if requested_output_names is None else list(requested_output_names)
+        if (type(request_id) is not str or correlation_id is None or inputs is None or names is None
+                or not isinstance(model_name, (str, bytes))):
+            raise _incompatible(_REQUEST_SIGNATURE)
+        for n in names:
+            if type(n) is not str:
+                raise _incompatible(_REQUEST_SIGNATURE)
         if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
             raise TritonModelException("Correlation ID must be integer or string")
-        if None in inputs or "" in requested_output_names:
+        if None in inputs or "" in names:
             what = "Input tensor" if None in inputs else "Requested output name"
             raise TritonModelException(f"{what} for request with id '{request_id}' and model name "
                                        f"'{model_name}' should not be empty.")
@@ -583,7 +589,7 @@ class InferenceRequest:
         self.model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self._model_version = int(model_version)
         self._inputs = list(inputs)
-        self._requested_output_names = list(requested_output_names)
+        self._requested_output_names = names
         self._request_id = request_id
         self._correlation_id = correlation_id
         self._flags = int(flags)
