@@ -13,7 +13,9 @@ import bisect
 import itertools
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tritond.wire import replies as R
 from tritond.wire.errors import invalid
@@ -51,6 +53,17 @@ class CustomMetrics:
         self.by_name: dict[str, _Family] = {}
         self.families: dict[int, _Family] = {}
         self.metrics: dict[int, _Metric] = {}
+
+    def handle(self, owner: bytes, op: MetricFamilyNew | MetricNew | MetricOp | MetricDrop) -> R.ControlResult:
+        """One model's metric operation; raises TritonError (INVALID_ARG) for one it may not do."""
+        if isinstance(op, MetricFamilyNew):
+            return self.family(owner, op)
+        if isinstance(op, MetricNew):
+            return self.metric(owner, op)
+        if isinstance(op, MetricOp):
+            return self.apply(op)
+        self.drop(owner, op)
+        return None
 
     def family(self, owner: bytes, op: MetricFamilyNew) -> R.MetricId:
         if not op.name:
@@ -112,29 +125,22 @@ class CustomMetrics:
         return R.MetricValue(m.value)
 
     def drop(self, owner: bytes, op: MetricDrop) -> None:
-        if op.metric:
-            m = self.metrics.get(op.metric)
-            if m is not None and m.refs[owner] > 0:
-                m.refs[owner] -= 1
-                if not +m.refs:
-                    self._forget_metric(m)
-        if op.family:
-            fam = self.families.get(op.family)
-            if fam is not None and fam.refs[owner] > 0:
-                fam.refs[owner] -= 1
-                if not +fam.refs:
-                    self._forget_family(fam)
+        self._unref(self.metrics.get(op.metric), owner, 1, self._forget_metric)
+        self._unref(self.families.get(op.family), owner, 1, self._forget_family)
 
     def owner_gone(self, owner: bytes) -> None:
         """A worker ended: the references its objects held are gone with it."""
         for m in [m for m in self.metrics.values() if owner in m.refs]:
-            del m.refs[owner]
-            if not +m.refs:
-                self._forget_metric(m)
+            self._unref(m, owner, m.refs[owner], self._forget_metric)
         for fam in [f for f in self.families.values() if owner in f.refs]:
-            del fam.refs[owner]
-            if not +fam.refs:
-                self._forget_family(fam)
+            self._unref(fam, owner, fam.refs[owner], self._forget_family)
+
+    @staticmethod
+    def _unref(held: _Metric | _Family | None, owner: bytes, n: int, forget: Callable[[Any], None]) -> None:
+        if held is not None and held.refs[owner] > 0:
+            held.refs[owner] -= n
+            if not +held.refs:
+                forget(held)
 
     def snapshot(self) -> list[R.CustomFamily]:
         out = []
@@ -163,18 +169,6 @@ class CustomMetrics:
             del self.by_name[fam.name]
         if not fam.metrics:
             self.families.pop(fam.id, None)
-
-
-    def handle(self, owner: bytes, op: MetricFamilyNew | MetricNew | MetricOp | MetricDrop) -> R.ControlResult:
-        """One model's metric operation; raises TritonError (INVALID_ARG) for one it may not do."""
-        if isinstance(op, MetricFamilyNew):
-            return self.family(owner, op)
-        if isinstance(op, MetricNew):
-            return self.metric(owner, op)
-        if isinstance(op, MetricOp):
-            return self.apply(op)
-        self.drop(owner, op)
-        return None
 
 
 METRIC_OPS = (MetricFamilyNew, MetricNew, MetricOp, MetricDrop)
