@@ -44,10 +44,10 @@ def _note(qa, what: str) -> None:
     print(f"  (not run: {what})", flush=True)
 
 
-def _curl(body: str, url: str = "http://localhost:8000/v2/models/simple/infer") -> tuple[int, str]:
+def _curl(body: str, url: str = "http://localhost:8000/v2/models/simple/infer", timeout: float = 30) -> tuple[int, str]:
     req = urllib.request.Request(url, data=body.encode(), method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")

@@ -377,7 +377,8 @@ def _bls(qa, d: Path) -> None:
         if s is None:
             qa.check(f"bls_model_loading{' (warmup)' if warmup else ''}: server starts", False, qa.last_start_error)
             continue
-        code, body = _curl("", url)
+        # its initialize() runs the model's unittest, whose every tearDown sleeps 30 s (test.sh's curl waits)
+        code, body = _curl("", url, timeout=600)
         qa.check(f"bls_model_loading{' (warmup)' if warmup else ''}: load is not refused", code != 400, body)
         if not warmup:
             _pytest(qa, d, "../test_infer_shm_leak.py", s, env={"MODEL_NAME": "bls_model_loading"},
