@@ -221,7 +221,8 @@ class Fanout:
             cache = R.CacheUsage(*(sum(getattr(c, f) for c in caches) for f in R.CacheUsage.__struct_fields__))
         return R.MetricsReply([m for r in replies for m in r.models], own.broker_pid,
                               [R.Peer(role, pid) for role, pid in sorted(peers)],
-                              sum(r.queued for r in replies), sum(r.inflight_batches for r in replies), cache)
+                              sum(r.queued for r in replies), sum(r.inflight_batches for r in replies), cache,
+                              custom=[f for r in replies for f in r.custom])
 
     @staticmethod
     def _drained(results: list[Any]) -> R.DrainReply:

@@ -99,3 +99,24 @@ def test_the_series_go_with_the_workers_that_held_them(server):
     client = httpclient.InferenceServerClient(server.http_url)
     client.unload_model("counted")
     wait_for(lambda: not samples(server), what="the model's series to leave the metrics endpoint")
+
+
+def test_every_brokers_families_are_served(tmp_path):
+    """With --broker-shards each broker holds its own models' families; a scrape shows them all."""
+    from tritond.repository.partition import partition
+
+    names = [f"counted_{i}" for i in range(8)]
+    shard = partition({n: [] for n in names}, 2)
+    picked = [next(n for n in names if shard[n] == k) for k in (0, 1)]
+    for name in picked:
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(CONFIG.replace("count: 2", "count: 1"))
+        (tmp_path / name / "1" / "model.py").write_text(MODEL)
+    with serving(TritondServer(tmp_path, ["--broker-shards", "2"])) as s:
+        client = httpclient.InferenceServerClient(s.http_url)
+        for name in picked:
+            inp = httpclient.InferInput("X", [1], "FP32")
+            inp.set_data_from_numpy(np.array([1.0], np.float32))
+            client.infer(name, [inp])
+        got = samples(s)
+    assert all(got[("app_requests_total", (("model", name),))] == 1 for name in picked), got
