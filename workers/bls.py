@@ -13,6 +13,8 @@ The broker refuses a call that could never be answered (the callee's instances a
 directly or through other calls, on this caller), so a call never waits on itself.
 A call with `exec(decoupled=True)` yields the callee's replies as they arrive; an iterator the
 model abandons cancels the call and lets the rest of its replies go.
+What else a model asks of the server travels the same way, as control operations the broker
+answers: its own model control (pb_utils.load_model and kin) and its custom metrics.
 """
 from __future__ import annotations
 
