@@ -279,9 +279,18 @@ def _check_label_files(cfg: model_config_pb2.ModelConfig, model_path: str) -> No
                                   f"unable to read label file '{out.label_filename}': {e.strerror}") from None
 
 
+# Triton's python backend names its stubs by the model and its instances, and refuses a name
+# holding a shell metacharacter.
+STUB_NAME_REFUSED = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
 def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versions: list[int]) -> None:
     if cfg.backend == IDENTITY:     # Triton's identity backend reads no model file
         return
+    if cfg.backend == PYTHON and any(STUB_NAME_REFUSED.intersection(name)
+                                     for name in (cfg.name, *(g.name for g in cfg.instance_group))):
+        raise ConfigError(cfg.name, os.path.join(model_path, "config.pbtxt"), "name",
+                          "Invalid stub name: contains invalid characters")
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME.get(cfg.backend, "")
     for v in versions:
         path = os.path.join(model_path, str(v), filename)

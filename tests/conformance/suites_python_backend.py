@@ -597,7 +597,7 @@ def _request_rescheduling(qa, d: Path) -> None:
     for n in ("bls_request_rescheduling", "request_rescheduling_addsub", "iterative_sequence", "wrong_return_type"):
         _model(qa, models, n)
     s = qa.start(d, _args(models, "--model-control-mode=explicit --load-model=*"), "request_rescheduling.server.log")
-    if s is None and RESCHEDULING_REFUSED in qa.last_start_error:
+    if s is None and RESCHEDULING_REFUSED in qa.current.text():
         _skip(qa, "../test_infer_shm_leak.py", "TestInferShmLeak.test_shm_leak[bls_request_rescheduling]", RESCHEDULING)
         for case in _tests_of(d / "grpc_endpoint_test.py"):
             _skip(qa, "grpc_endpoint_test.py", case, RESCHEDULING)

@@ -276,6 +276,10 @@ def test_python_model_names_tritons_stub_refuses_fail_their_load(server, client)
         "model;test", config=json.dumps(config), files={"file:1/model.py": MODEL_SOURCE.read_bytes()}))
     assert status == 400 and "Invalid stub name: contains invalid characters" in text, text
     assert not client.is_model_ready("model;test")
+    config["name"] = "model'test'"      # refused before its model.py is compiled, as Triton's stub refuses it
+    status, text = http_error(lambda: client.load_model(
+        "model'test'", config=json.dumps(config), files={"file:1/model.py": b"print('model'test'')"}))
+    assert status == 400 and "Invalid stub name: contains invalid characters" in text, text
     wait_for(lambda: not any((run_dir(server) / "overrides").iterdir()), what="the failed load's overrides to be removed")
 
 

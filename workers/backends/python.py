@@ -33,9 +33,6 @@ from tritond.workers.model_errors import ModelError, describe
 log = logging.getLogger("tritond.worker")
 
 _module_ids = itertools.count()
-# Triton's python backend refuses a stub name holding a shell metacharacter (its stubs are named
-# by the model, to complete its config, and by each instance).
-_STUB_NAME_REFUSED = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
 
 
 class PythonBackend(Backend):
@@ -56,8 +53,6 @@ class PythonBackend(Backend):
         """Import model.py once, under a name unique to this load so reloads get fresh code."""
         if self._module is not None:
             return self._module
-        if _STUB_NAME_REFUSED.intersection(self.instance.model_name + self.instance.instance_name):
-            raise ValueError("Invalid stub name: contains invalid characters")
         path = self.model_path()
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Python model file not found in '{path}'")
