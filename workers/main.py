@@ -284,7 +284,7 @@ class Worker:
                 self.states.keep(w, resp, r.seq, r.flags, r.pad, [o.name for o in r.outputs])
         it = iter(responses)
         per_request = []
-        parameters = {}
+        parameters = None       # the responses' own, by result index (a Python model may set them)
         for r, slot in zip(msg.requests, slots):
             if not r.pad:
                 flow.close(r.key)
@@ -296,12 +296,14 @@ class Worker:
                 resp = next(it)
                 result = (resp.outputs, r.outputs, resp.error)
                 if resp.parameters and not r.pad:
+                    parameters = parameters or {}
                     parameters[len(per_request)] = resp.parameters
             if not r.pad:
                 per_request.append(result)
         results = write_outputs(per_request, self.maps, self.leases, self.exports, self.imports, inline_budget)
-        for i, params in parameters.items():
-            results[i].parameters = params
+        if parameters:
+            for i, params in parameters.items():
+                results[i].parameters = params
         if self.bf16_outputs:
             label_bf16(results, self.bf16_outputs)
         self.close_imports()
