@@ -12,10 +12,10 @@ from tritonclient.grpc import model_config_pb2
 
 from .advice import config_advice
 from .backends import ENSEMBLE_PLATFORM
-from .config import OVERRIDE_FILE, check_directory_name, config_path, load_model_config, validate_config
+from .config import OVERRIDE_FILE, config_path, load_model_config, validate_config
 from .validation import completes_its_config
 from .ensemble import validate_ensemble
-from .errors import ConfigError
+from .errors import ConfigError, UnpolledError
 from .layout import ModelSource, ignored_version_dirs, scan, validate_model_name, version_dirs
 from .model_metrics import model_metrics_warnings
 from .remote import RemoteError, is_remote, mirror_model
@@ -64,10 +64,11 @@ def load_spec(
             versions, version_error = [], e
         io_pending = autocomplete and bool(versions) and completes_its_config(cfg, source.path, versions[0])
         validate_config(cfg, model_path=source.path, config_file=config_file, versions=versions,
-                        io_pending=io_pending)
-        check_directory_name(cfg, source, config_file)
+                        io_pending=io_pending, directory=source.name)
         if version_error is not None:
             raise version_error
+    except UnpolledError as e:
+        return ModelSpec(source.name, source.path, None, [], str(e), unpolled=True)
     except ConfigError as e:
         return failed(str(e))
     if not versions:    # the directories it ignored say why, as Triton's warnings do

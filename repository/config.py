@@ -27,7 +27,6 @@ from .validation import check_model_filenames, validate_config
 
 __all__ = [
     "CONFIG_FILE",
-    "check_directory_name",
     "OVERRIDE_FILE",
     "config_path",
     "gpu_count",
@@ -158,18 +157,6 @@ def load_model_config(
             autocomplete_savedmodel(cfg, model_file, file, max_batch, fill=autocomplete)
     normalize_config(cfg)
     return cfg
-
-
-def check_directory_name(cfg: ModelConfig, source: ModelSource, file: str) -> None:
-    """A config names the directory it is in. Triton checks this after validating the config,
-    so a config that is also invalid is refused for that first."""
-    if cfg.name != source.name:
-        raise ConfigError(
-            source.name,
-            file,
-            "name",
-            f"unexpected directory name '{source.name}' for model '{cfg.name}', directory name must equal model name",
-        )
 
 
 def backend_default(value: int | Mapping[str, int], backend: str) -> int:

@@ -21,3 +21,9 @@ class ConfigError(Exception):
         if self.field:
             where += f", field '{self.field}'"
         return f"{where}: {self.message}"
+
+
+class UnpolledError(ConfigError):
+    """A problem Triton's repository manager finds while it polls, before a backend sees the model
+    (the config names another directory): an explicit load of it answers 'failed to poll from
+    model repository', the reason going to the log."""

@@ -99,8 +99,9 @@ def validate_model_name(name: str) -> str | None:
     """Why `name` may not be used as a path component, or None when it is safe.
 
     Mirrors Triton's check (surrounding whitespace is ignored, so " .." is "..")
-    and also refuses ".", backslashes, NUL bytes, names no file system holds and control
-    characters (a newline would split the name across log lines).
+    and also refuses ".", NUL bytes, names no file system holds and control characters (a
+    newline would split the name across log lines). A backslash is a name's own character here,
+    as in Triton (no POSIX path splits at it).
     """
     trimmed = name.strip()
     if not trimmed:
@@ -108,7 +109,7 @@ def validate_model_name(name: str) -> str | None:
     if len(trimmed.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return (f"invalid model name '{trimmed[:32]}...', model name must not contain path traversal characters "
                 f"and must not be longer than {MAX_NAME_BYTES} bytes")
-    if trimmed in (".", "..") or any(c in trimmed for c in "/\\\0"):
+    if trimmed in (".", "..") or any(c in trimmed for c in "/\0"):
         shown = trimmed.replace("\0", "\\0")
         return f"invalid model name '{shown}', model name must not contain path traversal characters"
     if any(unicodedata.category(c) == "Cc" for c in name):

@@ -15,4 +15,5 @@ class ModelSpec:
     config: model_config_pb2.ModelConfig | None
     versions: list[int]
     error: str = ""
+    unpolled: bool = False      # the error is one Triton finds while polling (errors.UnpolledError)
     advice: list[str] = field(default_factory=list)

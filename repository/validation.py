@@ -23,7 +23,7 @@ from .backends import (
     TENSORFLOW,
     TENSORRT,
 )
-from .errors import ConfigError
+from .errors import ConfigError, UnpolledError
 from .ensemble_flow import flow_error
 from .idempotent import check_idempotent
 from .layout import version_dirs
@@ -284,6 +284,12 @@ def _check_label_files(cfg: model_config_pb2.ModelConfig, model_path: str) -> No
 STUB_NAME_REFUSED = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
 
 
+def _check_directory_name(cfg: model_config_pb2.ModelConfig, directory: str, config_file: str) -> None:
+    if directory and cfg.name != directory:
+        raise UnpolledError(cfg.name, config_file, "name", f"unexpected directory name '{directory}' for model "
+                                                           f"'{cfg.name}', directory name must equal model name")
+
+
 def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versions: list[int]) -> None:
     if cfg.backend == IDENTITY:     # Triton's identity backend reads no model file
         return
@@ -338,13 +344,16 @@ def validate_config(
     config_file: str = "",
     versions: list[int] | None = None,
     io_pending: bool = False,
+    directory: str = "",
 ) -> None:
     """Raise ConfigError for the first problem in a normalized config.
 
     With `model_path`, also require the model file in each of `versions`
     (default: every version directory). `config_file` is the file errors name. With `io_pending`
     (a Python model whose auto_complete_config has yet to run) the inputs and outputs are left
-    for the completed config, as Triton checks them after the backend's auto-complete.
+    for the completed config, as Triton checks them after the backend's auto-complete. With
+    `directory`, the config must name it: Triton checks that after the config and before its backend
+    looks at the model files, and refuses it while polling (UnpolledError).
     """
 
     def fail(field: str, message: str) -> ConfigError:
@@ -374,12 +383,15 @@ def validate_config(
         check_ragged(cfg, lambda field, message: fail(field, f"{message} for {cfg.name}"))
     check_model_metrics(cfg, fail)
     check_idempotent(cfg, fail)
+    if cfg.platform == ENSEMBLE_PLATFORM:
+        _check_ensemble(cfg, fail)
+    else:
+        _check_instance_groups(cfg, fail)
+    _check_directory_name(cfg, directory, config_file)
     if model_path:
         _check_label_files(cfg, model_path)
     if cfg.platform == ENSEMBLE_PLATFORM:
-        _check_ensemble(cfg, fail)
         return
-    _check_instance_groups(cfg, fail)
     check_thread_parameters(cfg, fail)
     if model_path:
         _check_model_files(cfg, model_path, version_dirs(model_path) if versions is None else versions)

@@ -57,6 +57,20 @@ STARTUP_TEMPLATE_WAIT_S = 60.0
 PINNED = "paging_pinned"         # config parameter: paged mode never pages the model out
 
 
+def _unpolled(name: str) -> TritonError:
+    return TritonError(Code.INTERNAL, f"failed to load '{name}', failed to poll from model repository")
+
+
+class PollFailed(TritonError):
+    """A model Triton's repository manager refuses while it polls (ModelSpec.unpolled): its
+    error lines go where a load failure's go, and an explicit load of it is answered
+    'failed to poll from model repository'."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(Code.INTERNAL, "".join(lines))
+        self.lines = lines
+
+
 def _no_version(name: str) -> str:
     return f"at least one version must be available under the version policy of model '{name}'"
 
@@ -303,7 +317,7 @@ class ModelControl:
 
     def _explicit_load(self, name: str, override: Any, override_dir: str) -> Generator:
         try:
-            unpolled = TritonError(Code.INTERNAL, f"failed to load '{name}', failed to poll from model repository")
+            unpolled = _unpolled(name)
             try:
                 sources = yield Job(self._scan)
             except (OSError, RemoteError) as e:
@@ -323,7 +337,7 @@ class ModelControl:
             order, deps = yield Job(lambda: self._order(sources, [name]))
             yield Lock(frozenset(order))
             errors = yield from self._load_in_order(sources, order, deps, name, override,
-                                                     force=override is not None)
+                                                     force=override is not None, explicit=True)
         finally:
             self._drop_override(override_dir)
         if errors:
@@ -331,10 +345,13 @@ class ModelControl:
 
     def _load_in_order(self, sources: dict[str, ModelSource], order: list[str], deps: dict[str, list[str]],
                        requested: str = "", override: Any = None, force: bool = False,
-                       prefetched: dict[str, tuple] | None = None) -> Generator:
-        """Load `order` in waves: a model once every model it composes (in `order`) settled."""
+                       prefetched: dict[str, tuple] | None = None, explicit: bool = False) -> Generator:
+        """Load `order` in waves: a model once every model it composes (in `order`) settled.
+        `explicit` (a load request): a model refused while polling fails the request as Triton's
+        'failed to poll', its reason logged."""
         done: set[str] = set()
         errors: list[str] = []
+        polled = True
         pending = list(order)
         while pending:
             wave = [n for n in pending if all(d in done or d not in order for d in deps.get(n, []))] or pending
@@ -344,10 +361,15 @@ class ModelControl:
                                  for n in wave])
             done.update(wave)
             for n, r in zip(wave, results):
-                if isinstance(r, TritonError):
+                if isinstance(r, PollFailed):
+                    errors.extend(r.lines)
+                    polled = False
+                elif isinstance(r, TritonError):
                     errors.append(f"load failed for model '{n}': {r.message}\n")
                 else:
                     errors.extend(r or [])
+        if explicit and not polled:
+            raise _unpolled(requested)
         return errors
 
     def _prefetch(self, source: ModelSource) -> Generator:
@@ -384,7 +406,10 @@ class ModelControl:
             log.warning(line)
         if spec.error:
             self.threads.done(name)
-            return self._failed(spec, old)
+            lines = self._failed(spec, old)
+            if spec.unpolled:
+                raise PollFailed(lines)
+            return lines
         config = config_to_json(spec.config)
         now = LoadedFrom(source.path, config, fp, override is not None)
         if only_instances_changed(before, now, old, spec.versions):
@@ -491,7 +516,10 @@ class ModelControl:
         """A model whose spec cannot be loaded: an old version that serves keeps serving."""
         name = spec.name
         error = _no_version(name) if spec.error == NO_VERSION else spec.error
-        log.error("failed to load '%s': %s", name, error)
+        if spec.unpolled:
+            log.error("Poll failed for model directory '%s': %s", name, error)
+        else:
+            log.error("failed to load '%s': %s", name, error)
         if serving(old):
             for mv in old.values():
                 if mv.state == READY:

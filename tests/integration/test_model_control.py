@@ -280,6 +280,30 @@ def test_python_model_names_tritons_stub_refuses_fail_their_load(server, client)
     status, text = http_error(lambda: client.load_model(
         "model'test'", config=json.dumps(config), files={"file:1/model.py": b"print('model'test'')"}))
     assert status == 400 and "Invalid stub name: contains invalid characters" in text, text
+    config["name"] = "model\\test"      # a backslash is a name's own character, as in Triton
+    status, text = http_error(lambda: client.load_model(
+        "model\\test", config=json.dumps(config), files={"file:1/model.py": MODEL_SOURCE.read_bytes()}))
+    assert status == 400 and "Invalid stub name: contains invalid characters" in text, text
+    wait_for(lambda: not any((run_dir(server) / "overrides").iterdir()), what="the failed load's overrides to be removed")
+
+
+def test_a_config_naming_another_directory_fails_the_poll(server, client):
+    """As Triton's repository manager: the name is checked before the backend sees the model, and
+    a load request it refuses is answered 'failed to poll from model repository' (500), the reason
+    logged (curl's globbing loads 'model{test}' as 'modeltest': qa/L0_backend_python model_control)."""
+    config = json.loads(override_config(client))
+    config["name"] = "model{test}"
+    for load in (lambda: client.load_model("modeltest", config=json.dumps(config),
+                                           files={"file:1/model.py": MODEL_SOURCE.read_bytes()}),
+                 lambda: client.load_model("modeltest", config=json.dumps(config))):
+        assert http_error(load) == (500, "failed to load 'modeltest', failed to poll from model repository")
+    wait_for(lambda: "Poll failed for model directory 'modeltest': model 'model{test}'" in server.log,
+             what="the poll failure's reason in the log")
+    assert not client.is_model_ready("modeltest") and client.is_model_ready("echo")
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    assert grpc_error(lambda: g.load_model("modeltest", config=json.dumps(config))) == (
+        "StatusCode.INTERNAL", "failed to load 'modeltest', failed to poll from model repository")
+    g.close()
     wait_for(lambda: not any((run_dir(server) / "overrides").iterdir()), what="the failed load's overrides to be removed")
 
 

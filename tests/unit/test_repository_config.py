@@ -75,6 +75,16 @@ def test_name_must_match_directory(tmp_path):
     spec = load_spec(src)
     assert "field 'name'" in spec.error
     assert "unexpected directory name 'm' for model 'other'" in spec.error
+    assert spec.unpolled, "Triton's repository manager refuses it while polling"
+
+
+def test_the_directory_name_is_checked_before_the_model_files(tmp_path):
+    """As Triton: the repository manager checks the name before the python backend checks its stub
+    name or model.py."""
+    spec = load_spec(make_model(tmp_path, "modeltest", 'name: "model{test}"\nbackend: "python"\n'))
+    assert "unexpected directory name 'modeltest' for model 'model{test}'" in spec.error and spec.unpolled
+    spec = load_spec(make_model(tmp_path, "model{test}", 'name: "model{test}"\nbackend: "python"\n'))
+    assert "Invalid stub name" in spec.error and not spec.unpolled
 
 
 def test_an_invalid_config_is_refused_for_that_before_its_name_and_versions(tmp_path):

@@ -38,7 +38,7 @@ def test_version_dirs_keep_positive_integers_only(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["../etc", "a/../b", "..", "/etc/passwd", "model/", "model/subdir", " ..", ".. ", ".", "a\\b"]
+    "name", ["../etc", "a/../b", "..", "/etc/passwd", "model/", "model/subdir", " ..", ".. ", "."]
 )
 def test_traversal_names_are_refused(name):
     assert "must not contain path traversal characters" in validate_model_name(name)
@@ -55,7 +55,7 @@ def test_empty_names_are_refused(name):
     assert validate_model_name(name).startswith("Model name cannot be empty")
 
 
-@pytest.mark.parametrize("name", ["...", "model..1", "simple", "model.onnx", "a-b_c"])
+@pytest.mark.parametrize("name", ["...", "model..1", "simple", "model.onnx", "a-b_c", "a\\b"])
 def test_ordinary_names_are_accepted(name):
     assert validate_model_name(name) is None
 
