@@ -22,6 +22,9 @@ TENSORFLOW = "tensorflow"
 IDENTITY = "identity"           # Triton's test backend: outputs copy inputs (no model file)
 ENSEMBLE_PLATFORM = "ensemble"
 SAVEDMODEL_PLATFORM = "tensorflow_savedmodel"
+# A config's runtime naming a Python-based backend (Triton's): <backend-directory>/<backend>/model.py
+# runs the model on the Python backend (repository/python_based.py).
+PYTHON_RUNTIME = "model.py"
 GRAPHDEF_PLATFORM = "tensorflow_graphdef"
 
 _WORKERS = "tritond.workers.backends"
@@ -120,6 +123,12 @@ def backend_record(name: str) -> BackendRecord:
         raise UnknownBackend(f"unknown backend '{name}'; tritond runs {', '.join(KNOWN_BACKENDS)}") from None
 
 
-def record_for(backend: str, platform: str) -> BackendRecord | None:
-    """The record a config's `backend` names, else the one its `platform` implies, else None."""
-    return _BY_NAME.get(backend) or _BY_PLATFORM.get(platform)
+def runner(backend: str, runtime: str = "") -> str:
+    """The backend whose workers run a model: python for a Python-based backend, else its own."""
+    return PYTHON if runtime == PYTHON_RUNTIME else backend
+
+
+def record_for(backend: str, platform: str, runtime: str = "") -> BackendRecord | None:
+    """The record of the backend that runs a config (`runner`), else the one its `platform`
+    implies, else None."""
+    return _BY_NAME.get(runner(backend, runtime)) or _BY_PLATFORM.get(platform)

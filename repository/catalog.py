@@ -18,6 +18,7 @@ from .ensemble import validate_ensemble
 from .errors import ConfigError, UnpolledError
 from .layout import ModelSource, ignored_version_dirs, scan, validate_model_name, version_dirs
 from .model_metrics import model_metrics_warnings
+from .python_based import DEFAULT_BACKEND_DIRECTORY
 from .remote import RemoteError, is_remote, mirror_model
 from .spec import ModelSpec
 from .versions import select_versions
@@ -32,8 +33,10 @@ def load_spec(
     default_max_batch_size: int | Mapping[str, int] = 4,
     config_name: str = "",
     override: model_config_pb2.ModelConfig | None = None,
+    backend_directory: str = DEFAULT_BACKEND_DIRECTORY,
 ) -> ModelSpec:
-    """Load, validate and pick the versions of one model; failures land in `error`."""
+    """Load, validate and pick the versions of one model; failures land in `error`.
+    `backend_directory` holds the Python-based backends."""
 
     def failed(error: str) -> ModelSpec:
         return ModelSpec(source.name, source.path, None, [], error)
@@ -55,6 +58,7 @@ def load_spec(
             default_max_batch_size=default_max_batch_size,
             config_name=config_name,
             override=override,
+            backend_directory=backend_directory,
         )
         config_file = OVERRIDE_FILE if override is not None else config_path(source.path, config_name)
         # Triton validates the config before it looks at the directory name and the versions
@@ -62,9 +66,10 @@ def load_spec(
             versions, version_error = select_versions(cfg, version_dirs(source.path)), None
         except ConfigError as e:
             versions, version_error = [], e
-        io_pending = autocomplete and bool(versions) and completes_its_config(cfg, source.path, versions[0])
+        io_pending = (autocomplete and bool(versions)
+                      and completes_its_config(cfg, source.path, versions[0], backend_directory))
         validate_config(cfg, model_path=source.path, config_file=config_file, versions=versions,
-                        io_pending=io_pending, directory=source.name)
+                        io_pending=io_pending, directory=source.name, backend_directory=backend_directory)
         if version_error is not None:
             raise version_error
     except UnpolledError as e:
@@ -78,7 +83,8 @@ def load_spec(
 
 
 def check_repository(
-    repos: list[str], autocomplete: bool = True, *, default_max_batch_size: int | Mapping[str, int] = 4, config_name: str = ""
+    repos: list[str], autocomplete: bool = True, *, default_max_batch_size: int | Mapping[str, int] = 4,
+    config_name: str = "", backend_directory: str = DEFAULT_BACKEND_DIRECTORY,
 ) -> list[ModelSpec]:
     """Every model of the repositories, ensembles checked against their composing models, sorted by name."""
     specs = {
@@ -87,6 +93,7 @@ def check_repository(
             autocomplete=autocomplete,
             default_max_batch_size=default_max_batch_size,
             config_name=config_name,
+            backend_directory=backend_directory,
         )
         for name, source in scan([os.fspath(r) for r in repos]).items()
     }

@@ -21,6 +21,7 @@ from .errors import ConfigError
 from .layout import ModelSource, version_dirs
 from .normalize import normalize_config
 from .onnx_autocomplete import autocomplete_onnx
+from .python_based import DEFAULT_BACKEND_DIRECTORY, resolve_runtime
 from .openvino_autocomplete import autocomplete_openvino
 from .tensorflow_autocomplete import autocomplete_savedmodel
 from .validation import check_model_filenames, validate_config
@@ -113,6 +114,7 @@ def load_model_config(
     default_max_batch_size: int | Mapping[str, int] = 4,
     config_name: str = "",
     override: ModelConfig | None = None,
+    backend_directory: str = DEFAULT_BACKEND_DIRECTORY,
 ) -> ModelConfig:
     """The completed, normalized (not yet validated) config of a model directory.
 
@@ -123,8 +125,8 @@ def load_model_config(
     outputs here; their worker runs `auto_complete_config`. OpenVINO and
     SavedModel configs are checked against the model file even without
     auto-complete, as their Triton backends do at load. `default_max_batch_size`
-    may map backend names ('' for the rest) to Triton's `default-max-batch-size`.
-    Raises ConfigError.
+    may map backend names ('' for the rest) to Triton's `default-max-batch-size`. A backend
+    `backend_directory` holds as a Python-based one gets runtime model.py. Raises ConfigError.
     """
     file = config_path(source.path, config_name)
     if override is not None:
@@ -144,6 +146,7 @@ def load_model_config(
     versions = version_dirs(source.path)
     first_version = os.path.join(source.path, str(versions[0])) if versions else None
     autofill_backend(cfg, source.name, first_version, file)
+    resolve_runtime(cfg, backend_directory)
     check_model_filenames(cfg, file)
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME.get(cfg.backend, "")
     model_file = os.path.join(first_version, filename) if first_version is not None else ""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2
 
-from .backends import ENSEMBLE_PLATFORM, PYTHON
+from .backends import ENSEMBLE_PLATFORM, PYTHON, runner
 from .config import config_path, parse_config_text
 from .ensemble_flow import flow_error
 from .errors import ConfigError
@@ -70,7 +70,7 @@ class _Tensor:
 
 def _not_autocompleted(cfg: model_config_pb2.ModelConfig) -> bool:
     """A Python model whose inputs/outputs its worker has not filled in yet: nothing to compare."""
-    return cfg.backend == PYTHON and not cfg.input and not cfg.output
+    return runner(cfg.backend, cfg.runtime) == PYTHON and not cfg.input and not cfg.output
 
 
 def _composing_error(cfg: model_config_pb2.ModelConfig, specs: dict[str, ModelSpec]) -> str | None:

@@ -12,7 +12,7 @@ from typing import Callable
 
 from tritonclient.grpc import model_config_pb2
 
-from .backends import IDENTITY, ONNXRUNTIME, PYTHON, PYTORCH
+from .backends import IDENTITY, ONNXRUNTIME, PYTHON, PYTORCH, runner
 from .errors import ConfigError
 
 BatchInput = model_config_pb2.BatchInput
@@ -59,7 +59,8 @@ def check_ragged(cfg: model_config_pb2.ModelConfig, fail: Callable[[str, str], C
     batch_io = bool(cfg.batch_input or cfg.batch_output)
     if not (ragged or batch_io):
         return
-    if cfg.backend in GATHERING_BACKENDS or (cfg.backend in PER_REQUEST_BACKENDS and not batch_io):
+    backend = runner(cfg.backend, cfg.runtime)
+    if backend in GATHERING_BACKENDS or (backend in PER_REQUEST_BACKENDS and not batch_io):
         return
     what = "batch_input/batch_output" if batch_io else "allow_ragged_batch"
     raise fail("batch_input" if batch_io else "input",

@@ -25,7 +25,7 @@ from typing import Callable
 
 from tritonclient.grpc import model_config_pb2
 
-from .backends import ONNXRUNTIME, OPENVINO, PYTHON, PYTORCH, TENSORFLOW
+from .backends import ONNXRUNTIME, OPENVINO, PYTHON, PYTORCH, TENSORFLOW, runner
 from .parameters import config_parameter, parameter_text
 
 # backend -> (its intra-op / thread count parameter, its inter-op parameter or "")
@@ -145,7 +145,7 @@ def thread_parameters(backend: str) -> tuple[str, str]:
 
 def check_thread_parameters(cfg, fail) -> None:
     """Validation (a ModelConfig message): the backend's thread parameters are counts."""
-    for key in thread_parameters(cfg.backend):
+    for key in thread_parameters(runner(cfg.backend, cfg.runtime)):
         if key:
             try:
                 parse_thread_count(key, parameter_text(cfg, key))
@@ -157,7 +157,7 @@ def choose_threads(config: dict, kind: str, cores: int, cpu_instances: int, rese
     """One instance's threads: the model's parameter if it sets one, else (a CPU instance) its
     share of `cores`, less the `reserved` ones the broker and the frontends keep busy, among the
     `cpu_instances` CPU instances of the loaded models."""
-    intra_key, inter_key = thread_parameters(str(config.get("backend") or ""))
+    intra_key, inter_key = thread_parameters(runner(str(config.get("backend") or ""), str(config.get("runtime") or "")))
     intra = parse_thread_count(intra_key, config_parameter(config, intra_key)) if intra_key else None
     inter = parse_thread_count(inter_key, config_parameter(config, inter_key)) if inter_key else None
     if intra is not None:

@@ -20,14 +20,17 @@ from .backends import (
     IDENTITY,
     KNOWN_BACKENDS,
     PYTHON,
+    PYTHON_RUNTIME,
     TENSORFLOW,
     TENSORRT,
+    runner,
 )
 from .errors import ConfigError, UnpolledError
 from .ensemble_flow import flow_error
 from .idempotent import check_idempotent
 from .layout import version_dirs
 from .model_metrics import check_model_metrics
+from .python_based import DEFAULT_BACKEND_DIRECTORY, runtime_model_file
 from .ragged import check_ragged
 from .unsupported import check_supported
 from .sequence_config import check_sequence_batching
@@ -62,7 +65,7 @@ def _check_identity(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
     if cfg.platform == GRAPHDEF_PLATFORM:
         raise fail("platform", "TensorFlow GraphDef models (platform 'tensorflow_graphdef') are not supported by "
                                "tritond; save the model as a SavedModel ('tensorflow_savedmodel')")
-    if cfg.backend not in KNOWN_BACKENDS:
+    if cfg.backend not in KNOWN_BACKENDS and cfg.runtime != PYTHON_RUNTIME:
         # Triton's status text, code included, which scripts grep for
         raise fail("backend", f"Invalid argument: unable to find backend library for backend '{cfg.backend}', try "
                               f"specifying runtime on the model configuration. tritond's backends are "
@@ -72,12 +75,19 @@ def _check_identity(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
         raise fail("platform", f"unexpected 'platform' and 'backend' pair, got:{cfg.platform}, {cfg.backend}")
 
 
-def _check_runtime(cfg: model_config_pb2.ModelConfig, fail: Fail) -> None:
-    """`runtime` names the library that runs the model. tritond runs its own backends, so the one
-    name it takes is the library Triton would load for the backend anyway; any other would make
-    the model run on code it did not ask for."""
+def _check_runtime(cfg: model_config_pb2.ModelConfig, fail: Fail, backend_directory: str) -> None:
+    """`runtime` names the library that runs the model. tritond runs its own backends, so the names
+    it takes are the library Triton would load for the backend anyway, and model.py (a
+    Python-based backend, repository/python_based.py); any other would make the model run on code
+    it did not ask for."""
     runtime = cfg.runtime
     if not runtime or cfg.platform == ENSEMBLE_PLATFORM or runtime == f"libtriton_{cfg.backend}.so":
+        return
+    if runtime == PYTHON_RUNTIME:
+        path = runtime_model_file(cfg, backend_directory)
+        if not os.path.isfile(path):
+            raise fail("runtime", f"unable to find Python backend based backend library '{runtime}' for model "
+                                  f"'{cfg.name}', searched: '{path}'")
         return
     if _escapes(runtime):
         raise fail("runtime", f"backend library name '{runtime}' escapes backend directory, for model "
@@ -290,13 +300,17 @@ def _check_directory_name(cfg: model_config_pb2.ModelConfig, directory: str, con
                                                            f"'{cfg.name}', directory name must equal model name")
 
 
-def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versions: list[int]) -> None:
+def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versions: list[int],
+                       backend_directory: str) -> None:
     if cfg.backend == IDENTITY:     # Triton's identity backend reads no model file
         return
-    if cfg.backend == PYTHON and any(STUB_NAME_REFUSED.intersection(name)
-                                     for name in (cfg.name, *(g.name for g in cfg.instance_group))):
+    if runner(cfg.backend, cfg.runtime) == PYTHON and any(
+            STUB_NAME_REFUSED.intersection(name) for name in (cfg.name, *(g.name for g in cfg.instance_group))):
         raise ConfigError(cfg.name, os.path.join(model_path, "config.pbtxt"), "name",
                           "Invalid stub name: contains invalid characters")
+    if cfg.runtime == PYTHON_RUNTIME:     # the backend's model.py reads what it needs of the versions
+        _check_compiles(cfg.name, runtime_model_file(cfg, backend_directory))
+        return
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME.get(cfg.backend, "")
     for v in versions:
         path = os.path.join(model_path, str(v), filename)
@@ -311,12 +325,16 @@ def _check_model_files(cfg: model_config_pb2.ModelConfig, model_path: str, versi
             _check_compiles(cfg.name, path)
 
 
-def completes_its_config(cfg: model_config_pb2.ModelConfig, model_path: str, version: int) -> bool:
+def completes_its_config(cfg: model_config_pb2.ModelConfig, model_path: str, version: int,
+                         backend_directory: str = DEFAULT_BACKEND_DIRECTORY) -> bool:
     """Whether a Python model's model.py defines `auto_complete_config` (its worker completes the
     config before the inputs and outputs can be checked)."""
-    if cfg.backend != PYTHON:
+    if cfg.runtime == PYTHON_RUNTIME:
+        path = runtime_model_file(cfg, backend_directory)
+    elif cfg.backend == PYTHON:
+        path = os.path.join(model_path, str(version), cfg.default_model_filename or DEFAULT_MODEL_FILENAME[PYTHON])
+    else:
         return False
-    path = os.path.join(model_path, str(version), cfg.default_model_filename or DEFAULT_MODEL_FILENAME[PYTHON])
     try:
         with open(path, "rb") as f:
             tree = ast.parse(f.read(), path)
@@ -345,6 +363,7 @@ def validate_config(
     versions: list[int] | None = None,
     io_pending: bool = False,
     directory: str = "",
+    backend_directory: str = DEFAULT_BACKEND_DIRECTORY,
 ) -> None:
     """Raise ConfigError for the first problem in a normalized config.
 
@@ -353,14 +372,15 @@ def validate_config(
     (a Python model whose auto_complete_config has yet to run) the inputs and outputs are left
     for the completed config, as Triton checks them after the backend's auto-complete. With
     `directory`, the config must name it: Triton checks that after the config and before its backend
-    looks at the model files, and refuses it while polling (UnpolledError).
+    looks at the model files, and refuses it while polling (UnpolledError). `backend_directory`
+    holds the Python-based backends.
     """
 
     def fail(field: str, message: str) -> ConfigError:
         return ConfigError(cfg.name, config_file, field, message)
 
     _check_identity(cfg, fail)
-    _check_runtime(cfg, fail)
+    _check_runtime(cfg, fail, backend_directory)
     check_model_filenames(cfg, config_file)
     if cfg.max_batch_size < 0:
         raise fail("max_batch_size", f"'max_batch_size' must be non-negative value for {cfg.name}")
@@ -376,7 +396,7 @@ def validate_config(
         raise fail("response_cache", f"Response Cache does not currently support model {cfg.name} with 'decoupled' "
                                      "transaction policy. Please disable the response cache.")
     check_supported(cfg, config_file)
-    if cfg.model_transaction_policy.decoupled and cfg.backend not in (PYTHON, ""):
+    if cfg.model_transaction_policy.decoupled and runner(cfg.backend, cfg.runtime) not in (PYTHON, ""):
         raise fail("model_transaction_policy.decoupled", f"decoupled models are supported for the python backend "
                                                          f"only, not '{cfg.backend}'")
     if not io_pending:
@@ -394,4 +414,5 @@ def validate_config(
         return
     check_thread_parameters(cfg, fail)
     if model_path:
-        _check_model_files(cfg, model_path, version_dirs(model_path) if versions is None else versions)
+        _check_model_files(cfg, model_path, version_dirs(model_path) if versions is None else versions,
+                           backend_directory)

@@ -9,6 +9,7 @@ from tritond.wire.schema import (
     DynamicBatching, ModelView, QueuePolicy, SequenceBatching, SequenceControl, TensorView,
 )
 
+from .backends import runner
 from .datatypes import CONFIG_TO_WIRE
 from .idempotent import idempotent
 from .normalize import SEQUENCE_IDLE_DEFAULT_US
@@ -114,12 +115,13 @@ def _exec_timeout(config: dict[str, Any]) -> float:
 
 def model_view(config: dict[str, Any], model_dir: str = "") -> ModelView:
     """The view of a config JSON dict (as GET /config renders it); with `model_dir`, outputs
-    carry the labels of their `label_filename` (validation made sure the file is readable)."""
+    carry the labels of their `label_filename` (validation made sure the file is readable). Its
+    backend is the one whose workers run the model (python for a Python-based backend)."""
     platform = str(config.get("platform", ""))
     return ModelView(
         max_batch_size=int(config.get("max_batch_size", 0) or 0),
         platform=platform,
-        backend=str(config.get("backend", "")),
+        backend=runner(str(config.get("backend", "")), str(config.get("runtime", ""))),
         ensemble=platform == "ensemble",
         decoupled=bool((config.get("model_transaction_policy") or {}).get("decoupled", False)),
         inputs={t["name"]: _tensor(t) for t in config.get("input") or []},

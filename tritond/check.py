@@ -5,9 +5,11 @@ import sys
 
 from tritond.repository.catalog import check_repository
 from tritond.repository.layout import repository_problem
+from tritond.repository.python_based import DEFAULT_BACKEND_DIRECTORY
 
 
-def check(repositories: list[str], autocomplete: bool = True, memory: bool = False) -> int:
+def check(repositories: list[str], autocomplete: bool = True, memory: bool = False,
+          backend_directory: str = DEFAULT_BACKEND_DIRECTORY) -> int:
     """Print each model's status, errors and advice (and with `memory`, what serving the
     repository will cost); 1 when any model is invalid."""
     for repo in repositories:
@@ -15,7 +17,7 @@ def check(repositories: list[str], autocomplete: bool = True, memory: bool = Fal
         if problem:
             print(f"tritond check: {problem}", file=sys.stderr)
             return 1
-    specs = check_repository(repositories, autocomplete)
+    specs = check_repository(repositories, autocomplete, backend_directory=backend_directory)
     bad = 0
     for spec in specs:
         if spec.error:

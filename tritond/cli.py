@@ -9,6 +9,7 @@ import sys
 import msgspec
 
 from tritond.repository.layout import repository_problem
+from tritond.repository.python_based import DEFAULT_BACKEND_DIRECTORY
 
 from .options import UsageError, server_options, start_parser
 
@@ -53,8 +54,10 @@ def cmd_check(argv: list[str]) -> int:
     p.add_argument("repositories", nargs="+")
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--memory", action="store_true", help="also estimate what serving them costs in memory")
+    p.add_argument("--backend-directory", default=DEFAULT_BACKEND_DIRECTORY, metavar="DIR",
+                   help="where Python-based backends are (<DIR>/<backend>/model.py)")
     args = p.parse_args(argv)
-    return check(args.repositories, not args.disable_auto_complete_config, args.memory)
+    return check(args.repositories, not args.disable_auto_complete_config, args.memory, args.backend_directory)
 
 
 def cmd_perf(argv: list[str]) -> int:

@@ -96,7 +96,7 @@ def _files_bytes(path: str) -> int:
 
 
 def _kind(config: dict) -> str:
-    record = record_for(config.get("backend") or "", config.get("platform") or "")
+    record = record_for(config.get("backend") or "", config.get("platform") or "", config.get("runtime") or "")
     return record.memory_kind if record else ""
 
 

@@ -163,6 +163,9 @@ def start_parser() -> argparse.ArgumentParser:
                    metavar="NAME:COUNT[:DEVICE]", help="how much of a rate limiter resource there is (repeatable)")
     p.add_argument("--model-config-name", default=None, metavar="NAME",
                    help="read configs/<NAME>.pbtxt instead of config.pbtxt where it exists")
+    p.add_argument("--backend-directory", default=_D.backend_directory, metavar="DIR",
+                   help="where Python-based backends are: a config naming backend B that tritond does not build "
+                        "in runs on the Python backend with DIR/B/model.py (tritond's own backends are built in)")
     _flag(p, "--disable-auto-complete-config", _D.disable_auto_complete, "do not auto-complete model configs")
     p.add_argument("--strict-model-config", type=parse_bool, nargs="?", const=True, default=None,
                    metavar="BOOL", help="deprecated: true disables auto-complete (default: false)")
@@ -361,6 +364,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         "rate_limit": args.rate_limit,
         "rate_limit_resources": args.rate_limit_resources,
         "model_config_name": args.model_config_name or _D.model_config_name,
+        "backend_directory": args.backend_directory,
         "disable_auto_complete": disable_ac,
         "default_max_batch_size": default_mbs,
         "mps": args.mps,

@@ -18,7 +18,6 @@ from typing import Any
 
 REFUSE = "refuse"
 WARN = "warn"
-NOTE = "note"         # accepted; the log says why it has no effect
 
 FALSE = ("false", "0", "off")
 TRUE = ("true", "1", "on")
@@ -61,8 +60,6 @@ FLAGS: dict[str, Flag] = {
     "--enable-peer-access": Flag(WARN, "peer access is left as CUDA sets it"),
     "--cache-directory": Flag(WARN, "tritond loads no cache plugins"),
     "--repoagent-directory": Flag(WARN, "tritond loads no repository agents"),
-    # ---------------------------------------------------------------- accepted, with a note
-    "--backend-directory": Flag(NOTE, "tritond's backends are built in; no backend directory is read"),
 }
 
 
@@ -77,9 +74,7 @@ def help_text(flag: Flag) -> str:
     accepted = f"; accepted: {', '.join(flag.harmless)}" if flag.harmless else ""
     if flag.decision == REFUSE:
         return f"not supported: {flag.why}{accepted}"
-    if flag.decision == WARN:
-        return f"ignored with a warning: {flag.why}"
-    return f"accepted: {flag.why}"
+    return f"ignored with a warning: {flag.why}"
 
 
 def dest(name: str) -> str:
@@ -95,9 +90,7 @@ def check(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str]]]:
         values = getattr(args, dest(name), None)
         if values is None:
             continue
-        if flag.decision == NOTE:
-            notes.append(("INFO", f"'{name}' accepted: {flag.why}"))
-        elif all(v.strip().lower() in flag.harmless for v in values):
+        if all(v.strip().lower() in flag.harmless for v in values):
             continue
         elif flag.decision == REFUSE:
             refused.append(f"'{name}' is a tritonserver flag that tritond does not support yet ({flag.why})")

@@ -113,15 +113,15 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 18
-SCHEMA_FINGERPRINT = "ccc217f633f74319"
+RECORDED_VERSION = 19
+SCHEMA_FINGERPRINT = "c48bcbee532c4cbf"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
     "options.MetricsConfig": "316263254ca0",
     "options.OpenAIConfig": "e7658b91b545",
     "options.OtelConfig": "49c6ec3bfd03",
-    "options.ServerOptions": "b571dcc9c8cc",
+    "options.ServerOptions": "a1c74f9aca9c",
     "options.TlsConfig": "73eb470ed7ce",
     "options.TraceConfig": "cee912e8cf94",
     "options._O": "7157e6c72e21",
@@ -230,7 +230,7 @@ STRUCTS = {
     "schema.UnloadModel": "de5d0537b224",
     "schema.Unmap": "c458b2102b7e",
     "schema.WorkerDown": "6fcc156705c0",
-    "schema.WorkerSpec": "c317e99cb589",
+    "schema.WorkerSpec": "c8d3408cfcab",
     "schema.WorkerUp": "051d5cecb398",
     "schema.Zeros": "9cd0d19aa965",
     "schema._S": "c4554829a979",

@@ -17,6 +17,7 @@ from .schema import LogConfig
 
 
 # Triton's --metrics-config summary_quantiles: (quantile, error) pairs
+DEFAULT_BACKEND_DIRECTORY = "/opt/tritonserver/backends"     # Triton's; read for Python-based backends only
 DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
 
 
@@ -134,6 +135,7 @@ class ServerOptions(_O):
     rate_limit: Literal["off", "execution_count"] = "off"
     rate_limit_resources: list[str] = []      # NAME:COUNT[:DEVICE]
     model_config_name: str = ""
+    backend_directory: str = DEFAULT_BACKEND_DIRECTORY
     disable_auto_complete: bool = False
     default_max_batch_size: dict[str, int] = msgspec.field(default_factory=lambda: {"": 4})   # per backend ('': all)
     mps: bool = False

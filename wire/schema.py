@@ -31,7 +31,7 @@ import msgspec
 from .errors import Code, TritonError
 from .replies import ControlResult
 
-PROTOCOL_VERSION = 18
+PROTOCOL_VERSION = 19
 # Inline tensors up to this size ride inside the message; larger ones go through shm. Where
 # the two cost the same CPU per request (HTTP binary, c=16): below it a block's allocation,
 # lease and release cost more than copying the bytes through every hop; above it, less.
@@ -521,6 +521,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True):
     # `file:` overrides, and how many bytes they may hold ("": the model may not load models).
     override_run_dir: str = ""
     override_max_bytes: int = 0
+    runtime_dir: str = ""           # a Python-based backend's directory: its model.py runs the model
 
 
 class ExecRequest(_S, gc=False):

@@ -198,7 +198,7 @@ class Worker:
             model_name=s.model, model_version=s.version, model_dir=s.model_dir,
             version_dir=s.version_dir, instance_name=s.instance_name, kind=s.kind,
             device_id=s.device_id, model_repository=s.repository, index=s.index,
-            threads=s.threads, inter_op_threads=s.inter_op_threads,
+            threads=s.threads, inter_op_threads=s.inter_op_threads, runtime_dir=s.runtime_dir,
         )
         apply_threads(s.threads, s.inter_op_threads)
         backend = create(s.config, self.view, info)

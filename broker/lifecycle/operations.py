@@ -206,7 +206,8 @@ class ModelControl:
         """Runs on the job pool: the spec of one model (mirroring a remote one first)."""
         return load_spec(source, autocomplete=not self.opts.disable_auto_complete,
                          default_max_batch_size=self.opts.default_max_batch_size,
-                         config_name=self.opts.model_config_name, override=override)
+                         config_name=self.opts.model_config_name, override=override,
+                         backend_directory=self.opts.backend_directory)
 
     @staticmethod
     def _fingerprint(source: ModelSource) -> Fingerprint | None:

@@ -8,9 +8,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from tritond.repository.backends import PYTHON_RUNTIME
 from tritond.repository.errors import ConfigError
 from tritond.repository.normalize import normalize_config
 from tritond.repository.parameters import config_parameter
+from tritond.repository.python_based import runtime_dir
 from tritond.repository.render import config_from_json, config_to_json
 from tritond.repository.validation import validate_config
 from tritond.wire.addresses import Addresses
@@ -72,6 +74,8 @@ class Lifecycle:
             inter_op_threads=threads.inter_op_threads if threads else 0,
             override_run_dir=self.opts.run_dir if self.opts.model_control_mode == "explicit" else "",
             override_max_bytes=self.opts.model_file_override_max_bytes,
+            runtime_dir=(runtime_dir(self.opts.backend_directory, mv.config.get("backend", ""))
+                         if mv.config.get("runtime") == PYTHON_RUNTIME else ""),
         )
 
     def _env(self, mv: ModelVersion, inst: Instance) -> dict[str, str] | None:
@@ -130,7 +134,8 @@ class Lifecycle:
         try:
             cfg = config_from_json(config)
             normalize_config(cfg)
-            validate_config(cfg, model_path=mv.model_dir, versions=[mv.version])
+            validate_config(cfg, model_path=mv.model_dir, versions=[mv.version],
+                            backend_directory=self.opts.backend_directory)
         except ConfigError as e:
             return str(e)
         except Exception as e:  # a config dict protobuf cannot parse

@@ -43,7 +43,7 @@ def template_kind(spec: WorkerSpec) -> str | None:
         return None
     if config_parameter(config, "EXECUTION_ENV_PATH"):
         return None
-    record = record_for(config.get("backend") or "", config.get("platform") or "")
+    record = record_for(config.get("backend") or "", config.get("platform") or "", config.get("runtime") or "")
     return record.name if record is not None and record.forked else None
 
 

@@ -37,7 +37,7 @@ GPU = "needs a GPU (CUDA tensors or a KIND_GPU model)"
 CASE_TIMEOUT = 600
 SUBTESTS = ("main", "ensemble", "bls", "decoupled", "response_sender", "io", "async_execute",
             "lifecycle", "argument_validation", "logging", "custom_metrics", "parameters",
-            "model_control", "request_rescheduling", "model_readiness", "examples")
+            "model_control", "request_rescheduling", "model_readiness", "examples", "python_based_backends")
 RESTARTED = ("tritond restarts a dead worker at once (crash isolation), so the model is READY again when the test "
              "asks a second after the kill (the check below: ready and serving); Triton's python backend restarts "
              "its stub only at the next request, and reads not ready until then")
@@ -47,7 +47,6 @@ RESCHEDULING = ("its models reschedule requests (sequence_batching.iterative_seq
 NOT_RUN = {
     "variants": "builds the python backend stub with cmake and apt packages (downloads)",
     "env": "installs miniconda and conda-packs execution environments (downloads)",
-    "python_based_backends": "pip-installs torch and writes a backend into /opt/tritonserver/backends",
     "restart": "not in L0_backend_python/test.sh's SUBTESTS (disabled upstream)",
 }
 SHM_MONITOR_SHIM = '''"""Stand-in for Triton's triton_shm_monitor C extension (see suites_python_backend.py): a
@@ -683,11 +682,36 @@ def _examples(qa, d: Path) -> None:
         _stop(qa, s, f"examples {name}")
 
 
+def _python_based_backends(qa, d: Path) -> None:
+    """test.sh's repository; the add_sub backend goes to a backend directory of the suite's own
+    (test.sh writes it into Triton's, /opt/tritonserver/backends)."""
+    backends = _fresh(d / "backends")
+    (backends / "add_sub").mkdir()
+    shutil.copy(qa.qa / "python_models" / "python_based_backends" / "add_sub_backend" / "model.py",
+                backends / "add_sub")
+    models = _fresh(d / "models")
+    for name, versions in (("add", ("1", "2")), ("sub", ("1",))):
+        for version in versions:
+            (models / name / version).mkdir(parents=True)
+            (models / name / version / "model.json").write_text(f'{{ "operation": "{name}" }}\n')
+        (models / name / "config.pbtxt").write_text('backend: "add_sub"\n')
+    _model(qa, models, "add_sub", keep_name=True)
+    _copytree(models / "add_sub" / "1", models / "add_sub" / "2")
+    gen = subprocess.run([sys.executable, str(qa.qa / "common" / "gen_qa_pytorch_model.py"), "-m", str(models)],
+                         capture_output=True, text=True, timeout=300)
+    qa.check("gen_qa_pytorch_model.py", gen.returncode == 0, (gen.stdout + gen.stderr)[-600:])
+    s = qa.start(d, f"--model-repository={models} --backend-directory={backends} --model-control-mode=explicit "
+                    f"--log-verbose=1", "python_based_backends.server.log")
+    _pytest(qa, d, "python_based_backends_test.py", s)
+    _stop(qa, s, "python_based_backends")
+
+
 RUNNERS = {"main": _main, "ensemble": _ensemble, "bls": _bls, "decoupled": _decoupled,
            "response_sender": _response_sender, "io": _io, "async_execute": _async_execute, "lifecycle": _lifecycle,
            "argument_validation": _argument_validation, "logging": _logging, "custom_metrics": _custom_metrics,
            "parameters": _parameters, "model_control": _model_control, "request_rescheduling": _request_rescheduling,
-           "model_readiness": _model_readiness, "examples": _examples}
+           "model_readiness": _model_readiness, "examples": _examples,
+           "python_based_backends": _python_based_backends}
 
 
 def l0_backend_python(qa) -> None:

@@ -84,7 +84,6 @@ def test_grpc_serves_the_moment_http_says_ready(hserver):
 
 
 def test_tritonserver_flags_are_noted_in_the_log(hserver):
-    assert "'--backend-directory' accepted: tritond's backends are built in" in hserver.log
     assert "'--grpc-infer-allocation-pool-size' is a tritonserver flag that tritond ignores" in hserver.log
     assert "--log-info" not in hserver.log
 

@@ -118,3 +118,9 @@ def test_a_name_not_in_the_registry_is_a_clear_error(tmp_path):
     config = {"backend": "caffe2"}
     with pytest.raises(ValueError, match="unsupported backend 'caffe2'"):
         create(config, model_view(config), InstanceInfo("m", 1, str(tmp_path), str(tmp_path), "m_0_0"))
+
+
+def test_a_python_based_backend_runs_on_the_python_backends_workers(tmp_path):
+    config = {"backend": "vllm", "runtime": "model.py"}
+    assert record_for("vllm", "", "model.py").name == "python" and model_view(config).backend == "python"
+    assert memory._kind(config) == memory._kind({"backend": "python"})

@@ -398,3 +398,19 @@ def test_inputs_and_outputs_wait_for_a_python_models_auto_complete(tmp_path):
     plain = make_model(tmp_path, "p", config)
     (tmp_path / "p" / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
     assert "model output 'OUTPUT0' must specify 'data_type' for p" in load_spec(plain).error
+
+
+def test_a_backend_directory_holding_model_py_makes_a_python_based_backend(tmp_path):
+    """As Triton: a backend it does not have a library for runs on the Python backend when its
+    directory holds model.py; that model.py is the model's code (its versions need none)."""
+    backends = tmp_path / "backends"
+    (backends / "add_sub").mkdir(parents=True)
+    (backends / "add_sub" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    src = make_model(tmp_path, "m", 'backend: "add_sub"\ninput [{ name: "I" data_type: TYPE_FP32 dims: [1] }]\n'
+                                    'output [{ name: "O" data_type: TYPE_FP32 dims: [1] }]\n', files=("1/model.json",))
+    spec = load_spec(src, backend_directory=str(backends))
+    assert not spec.error and spec.config.runtime == "model.py", spec.error
+    assert "unable to find backend library for backend 'add_sub'" in load_spec(src, backend_directory=str(tmp_path)).error
+    torch_py = make_model(tmp_path, "t", 'backend: "pytorch"\nruntime: "model.py"\n', files=("1/model.pt",))
+    assert (f"unable to find Python backend based backend library 'model.py' for model 't', searched: "
+            f"'{backends / 'pytorch' / 'model.py'}'") in load_spec(torch_py, backend_directory=str(backends)).error

@@ -94,6 +94,7 @@ CASES = [
     (["--rate-limit=execution_count"], lambda o: o.rate_limit, "execution_count"),
     (["--rate-limit-resource=R:1"], lambda o: o.rate_limit_resources, ["R:1"]),
     (["--model-config-name=h100"], lambda o: o.model_config_name, "h100"),
+    (["--backend-directory=/opt/b"], lambda o: o.backend_directory, "/opt/b"),
     (["--disable-auto-complete-config"], lambda o: o.disable_auto_complete, True),
     (["--strict-model-config=true"], lambda o: o.disable_auto_complete, True),
     (["--backend-config=onnxruntime,default-max-batch-size=8"], lambda o: o.default_max_batch_size,

@@ -10,7 +10,7 @@ from tritond import cli
 from tritond.connection_limits import GRPC_KEEPALIVE
 from tritond.options import UsageError, server_options, start_parser
 from tritond.wire.options import ServerOptions
-from tritond.triton_flags import FLAGS, NOTE, REFUSE, WARN
+from tritond.triton_flags import FLAGS, REFUSE, WARN
 
 # Every long option of tritonserver (server:src/command_line_parser.cc at 2.73.0) but --help.
 TRITONSERVER_FLAGS = """
@@ -87,11 +87,10 @@ def test_a_value_asking_for_nothing_new_is_accepted_silently(flag, value):
     assert options(f"{flag}={value.upper()}").startup_notes == []
 
 
-def test_backend_directory_is_accepted_and_the_log_says_backends_are_built_in():
-    assert [f for f, spec in FLAGS.items() if spec.decision == NOTE] == ["--backend-directory"]
-    notes = options("--backend-directory=/opt/tritonserver/backends").startup_notes
-    assert notes == [("INFO", "'--backend-directory' accepted: tritond's backends are built in; "
-                              "no backend directory is read")]
+def test_backend_directory_is_where_python_based_backends_are():
+    assert options().backend_directory == "/opt/tritonserver/backends"
+    opts = options("--backend-directory=/b")
+    assert opts.backend_directory == "/b" and opts.startup_notes == []
 
 
 @pytest.mark.parametrize("value", ["0", "-1"])

@@ -34,6 +34,7 @@ class InstanceInfo:
     # 0: not budgeted, the backend's own defaults.
     threads: int = 0
     inter_op_threads: int = 0
+    runtime_dir: str = ""   # a Python-based backend's directory, whose model.py runs the model
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from tritond.repository.backends import PYTHON
+from tritond.repository.backends import PYTHON, PYTHON_RUNTIME
 from tritond.wire.errors import Code, TritonError, internal
 from tritond.wire.schema import ModelView
 from tritond.workers import pb_utils
@@ -49,6 +49,12 @@ class PythonBackend(Backend):
         self._all_outputs: list[str] = []
         self._bf16_inputs: frozenset[str] = frozenset()
 
+    def model_path(self) -> str:
+        """model.py: the version's, or a Python-based backend's own (as Triton's stub runs it)."""
+        if self.instance.runtime_dir:
+            return os.path.join(self.instance.runtime_dir, PYTHON_RUNTIME)
+        return super().model_path()
+
     def _import_model(self) -> ModuleType:
         """Import model.py once, under a name unique to this load so reloads get fresh code."""
         if self._module is not None:
@@ -59,7 +65,7 @@ class PythonBackend(Backend):
         sys.modules["triton_python_backend_utils"] = pb_utils
         sys.argv = [""]         # as in Triton's stub, an embedded interpreter (unittest.main() reads it)
         pb_utils.set_model_dir(self.instance.version_dir)
-        for folder in (self.instance.model_dir, self.instance.version_dir):
+        for folder in filter(None, (self.instance.model_dir, self.instance.version_dir, self.instance.runtime_dir)):
             if folder not in sys.path:
                 sys.path.insert(0, folder)
         safe_name = re.sub(r"\W", "_", self.instance.model_name)
