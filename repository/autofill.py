@@ -16,6 +16,7 @@ from .backends import (
     ENSEMBLE_PLATFORM,
     FILENAME_BACKEND,
     PLATFORM_BACKEND,
+    PYTHON_RUNTIME,
     PYTORCH,
 )
 from .errors import ConfigError
@@ -55,7 +56,8 @@ def autofill_backend(
                 return
     if not cfg.platform and cfg.backend in BACKEND_PLATFORM:
         cfg.platform = BACKEND_PLATFORM[cfg.backend]
-    if not cfg.default_model_filename and cfg.backend in DEFAULT_MODEL_FILENAME:
+    # a Python-based runtime reads the model's files itself: Triton names no model file for it
+    if not cfg.default_model_filename and cfg.backend in DEFAULT_MODEL_FILENAME and cfg.runtime != PYTHON_RUNTIME:
         cfg.default_model_filename = DEFAULT_MODEL_FILENAME[cfg.backend]
     if cfg.backend or cfg.platform or cfg.default_model_filename:
         return

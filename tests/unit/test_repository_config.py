@@ -414,3 +414,7 @@ def test_a_backend_directory_holding_model_py_makes_a_python_based_backend(tmp_p
     torch_py = make_model(tmp_path, "t", 'backend: "pytorch"\nruntime: "model.py"\n', files=("1/model.pt",))
     assert (f"unable to find Python backend based backend library 'model.py' for model 't', searched: "
             f"'{backends / 'pytorch' / 'model.py'}'") in load_spec(torch_py, backend_directory=str(backends)).error
+    (backends / "pytorch").mkdir()
+    (backends / "pytorch" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    spec = load_spec(torch_py, backend_directory=str(backends))
+    assert not spec.error and spec.config.default_model_filename == "", "the runtime reads the files itself"
