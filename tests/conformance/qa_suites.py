@@ -4,7 +4,8 @@ from __future__ import annotations
 from suites_configs import (l0_backend_config, l0_backend_onnxruntime, l0_backend_output_detail, l0_config_json,
                             l0_custom_model_config, l0_initializer_as_input, l0_libtorch_inference_mode,
                             l0_libtorch_io_names, l0_libtorch_io_types, l0_libtorch_shared_weights, l0_model_config,
-                            l0_model_namespacing, l0_passive_instance, l0_storage_s3_local, l0_warmup)
+                            l0_model_namespacing, l0_onnx_optimization, l0_passive_instance, l0_priority,
+                            l0_storage_s3_local, l0_warmup)
 from suites_decoupled import l0_client_timeout, l0_decoupled, l0_grpc_state_cleanup, l0_request_cancellation
 from suites_ensembles import l0_simple_ensemble
 from suites_http import l0_grpc, l0_http, l0_input_validation, l0_shared_memory
@@ -73,6 +74,8 @@ SUITES = {
     "L0_custom_model_config": l0_custom_model_config,
     "L0_model_namespacing": l0_model_namespacing,
     "L0_backend_onnxruntime": l0_backend_onnxruntime,
+    "L0_onnx_optimization": l0_onnx_optimization,
+    "L0_priority": l0_priority,
     "L0_initializer_as_input": l0_initializer_as_input,
     "L0_libtorch_io_names": l0_libtorch_io_names,
     "L0_libtorch_io_types": l0_libtorch_io_types,

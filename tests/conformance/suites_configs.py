@@ -460,6 +460,92 @@ def l0_backend_onnxruntime(qa) -> None:
         s.stop()
 
 
+# test.sh's models: name suffix -> what it appends to onnx_float32_float32_float32's config
+ORT_VARIANTS = {
+    "session_config": 'parameters: { key: "session.use_device_allocator_for_initializers" value: { string_value: "1" }}',
+    "cuda_config": 'parameters: { key: "cudnn_conv_algo_search" value: { string_value: "1" }}\n'
+                   'parameters: { key: "arena_extend_strategy" value: { string_value: "1" }}\n'
+                   'parameters: { key: "gpu_mem_limit" value: { string_value: "18446744073709551614" }}',
+    "cuda_param_field": 'optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "cuda" '
+                        'parameters { key: "cudnn_conv_use_max_workspace" value: "0" } '
+                        'parameters { key: "use_ep_level_unified_stream" value: "1" } }]}}',
+    "cpu_config": 'parameters: { key: "intra_op_thread_count" value: { string_value: "1" }}\n'
+                  'parameters: { key: "enable_mem_arena" value: { string_value: "1" }}\n'
+                  'parameters: { key: "enable_mem_pattern" value: { string_value: "1" }}\n'
+                  'parameters: { key: "memory.enable_memory_arena_shrinkage" value: { string_value: "cpu:0" }}',
+    "trt": 'optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt"} ] } }',
+    "trt_param": 'optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" '
+                 'parameters { key: "precision_mode" value: "FP16" } '
+                 'parameters { key: "max_workspace_size_bytes" value: "1073741824" } }]}}',
+    "trt_cache_on": 'optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" '
+                    'parameters { key: "trt_engine_cache_enable" value: "1" } }]}}',
+    "trt_unknown_param": 'optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" '
+                         'parameters { key: "precision_mode" value: "FP16" } '
+                         'parameters { key: "segment_size" value: "1" } }]}}',
+    "trt_invalid_param": 'optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" '
+                         'parameters { key: "precision_mode" value: "FP16" } '
+                         'parameters { key: "max_workspace_size_bytes" value: "abc" } }]}}',
+    "unknown_gpu": 'optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "unknown_gpu" } ] } }',
+}
+# test.sh's greps of the server log: those that need the models' instances on a GPU (CUDA and
+# TensorRT execution providers; on a CPU instance Triton's backend reads no GPU accelerator either)
+ORT_GPU_CHECKS = (
+    "TensorRT Execution Accelerator is set for '{m}_trt'", "TensorRT Execution Accelerator is set for '{m}_trt_param'",
+    "TensorRT Execution Accelerator is set for '{m}_trt_cache_on'",
+    "failed to load '{m}_trt_unknown_param' version 1: Invalid argument: unknown parameter 'segment_size' is "
+    "provided for TensorRT Execution Accelerator",
+    "failed to load '{m}_trt_invalid_param' version 1: Invalid argument: failed to convert 'abc' to unsigned long "
+    "long integral number",
+    "failed to load '{m}_unknown_gpu' version 1: Invalid argument: unknown Execution Accelerator 'unknown_gpu' is "
+    "requested",
+    "memory limit: 18446744073709551614 arena_extend_strategy: 1",
+    "CUDA Execution Accelerator is set for '{m}_cpu_config'",
+    "CUDA Execution Accelerator is set for '{m}_cuda_param_field' (use_ep_level_unified_stream=1, "
+    "cudnn_conv_use_max_workspace=0)",
+)
+ORT_CPU_CHECKS = ("Configuring 'session.use_device_allocator_for_initializers' to '1'", "Configuring enable_mem_arena to 1",
+                  "Configuring enable_mem_pattern to 1", "Configuring memory.enable_memory_arena_shrinkage to cpu:0")
+
+
+def l0_onnx_optimization(qa) -> None:
+    """test.sh's ten variants of one ONNX model (five instances each), then its greps of the log."""
+    d = qa.qa / "L0_onnx_optimization"
+    models = _fresh(d / "models")
+    m = "onnx_float32_float32_float32"
+    base = models / f"{m}_test"
+    _copytree(qa.data / "qa_model_repository" / m, base)
+    for v in ("2", "3"):
+        shutil.rmtree(base / v, ignore_errors=True)
+    _sed(base / "config.pbtxt", "_float32_float32_float32", "_float32_float32_float32_test")
+    with open(base / "config.pbtxt", "a") as f:
+        f.write("\ninstance_group { count: 5 }\n")
+    for suffix, extra in ORT_VARIANTS.items():
+        variant = models / f"{m}_{suffix}"
+        _copytree(base, variant)
+        _sed(variant / "config.pbtxt", "_float32_test", f"_float32_{suffix}")
+        with open(variant / "config.pbtxt", "a") as f:
+            f.write(extra + "\n")
+    s = qa.start(d, f"--model-repository={models} --log-verbose=1 --exit-on-error=false", "inference_server.log",
+                 timeout=600)
+    qa.check("server starts", s is not None, qa.last_start_error)
+    if s is None:
+        return
+    text = s.text()
+    s.stop()
+    for line in ORT_CPU_CHECKS:
+        qa.check(f"grep {line}", line in text, "not in the server log")
+    for line in ORT_GPU_CHECKS:
+        qa.record("test.sh", f"grep {line.format(m=m)}", "skip",
+                  "needs the model's instances on a GPU (CUDA and TensorRT execution providers)")
+
+
+def l0_priority(qa) -> None:
+    for level in ("MIN", "MAX", "DEFAULT"):
+        qa.record("test.sh", f"{level} stream priority", "skip",
+                  "TensorRT plan models (plan_float32_float32_float32, not generated here) and their CUDA stream "
+                  "priority (a GPU)")
+
+
 def l0_backend_output_detail(qa) -> None:
     qa.record("test.sh", "backend_output_detail_test", "skip",
               "a C++ program over Triton's in-process API (backend_output_detail_test), no client to run here")

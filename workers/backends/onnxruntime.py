@@ -5,6 +5,9 @@ there (output binding), when the model's output shapes are known before it runs:
 or named dims (dim_param) that an input has too, read from that input's shape."""
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import numpy as np
 
 from tritond.repository.backends import ONNXRUNTIME
@@ -12,8 +15,11 @@ from tritond.repository.backends import ONNXRUNTIME
 from ..gpu_env import check_mps_share
 from .base import Backend, WorkerRequest, WorkerResponse
 from .batching import Reshapes, execute_batch
+from .onnxruntime_options import OPENVINO, OrtSettings, ort_settings
 from .ragged import RaggedPlan
 
+
+log = logging.getLogger("tritond.worker")
 
 # ONNX Runtime's element types that numpy holds as they are (strings and bfloat16 are not bound).
 _ORT_DTYPES = {
@@ -22,6 +28,27 @@ _ORT_DTYPES = {
     "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32,
     "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
 }
+
+
+def _configure(ort: Any, opts: Any, settings: OrtSettings) -> Any:
+    """Apply `settings` to the session options; the RunOptions every run takes (None: defaults)."""
+    for line in settings.log_lines:
+        log.debug("%s", line)
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, settings.graph_level)
+    if settings.parallel:
+        opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    for key, value in settings.session_entries:
+        opts.add_session_config_entry(key, value)
+    if settings.mem_arena is not None:
+        opts.enable_cpu_mem_arena = settings.mem_arena
+    if settings.mem_pattern is not None:
+        opts.enable_mem_pattern = settings.mem_pattern
+    if not settings.run_entries:
+        return None
+    run = ort.RunOptions()
+    for key, value in settings.run_entries:
+        run.add_run_config_entry(key, value)
+    return run
 
 
 class OnnxBackend(Backend):
@@ -39,6 +66,8 @@ class OnnxBackend(Backend):
         if self.instance.inter_op_threads:
             opts.inter_op_num_threads = self.instance.inter_op_threads
         opts.log_severity_level = 3
+        settings = ort_settings(self.config, self.instance.model_name)
+        self.run_options = _configure(ort, opts, settings)
         if self.instance.kind == "GPU":
             check_mps_share()
             available = ort.get_available_providers()
@@ -51,6 +80,12 @@ class OnnxBackend(Backend):
                 providers.insert(0, "TensorrtExecutionProvider")
         else:
             providers = ["CPUExecutionProvider"]
+            if OPENVINO in settings.cpu_accelerators:
+                if "OpenVINOExecutionProvider" not in ort.get_available_providers():
+                    raise RuntimeError("the 'openvino' CPU execution accelerator needs onnxruntime's "
+                                       "OpenVINOExecutionProvider, which this onnxruntime does not have")
+                providers.insert(0, "OpenVINOExecutionProvider")
+                log.debug("OpenVINO Execution Accelerator is set for '%s' on CPU", self.instance.model_name)
         self.session = ort.InferenceSession(path, sess_options=opts, providers=providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.reshapes = Reshapes(self.view, self.config)
@@ -133,7 +168,7 @@ class OnnxBackend(Backend):
             else:
                 binding.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
         try:
-            self.session.run_with_iobinding(binding)
+            self.session.run_with_iobinding(binding, self.run_options)
         except Exception:       # the graph's output shape was not what it declares: run as usual
             return None
         values = binding.get_outputs()
@@ -142,7 +177,7 @@ class OnnxBackend(Backend):
         return self._client_outputs(results)
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        results = self.session.run(self.output_names, self._feed(inputs))
+        results = self.session.run(self.output_names, self._feed(inputs), self.run_options)
         return self._client_outputs(dict(zip(self.output_names, results)))
 
     def _client_outputs(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
