@@ -38,6 +38,36 @@ log = logging.getLogger("tritond.grpc")
 SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requests."
 DECOUPLED_INFER = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 STREAM_OUTSTANDING = 64     # requests of one ModelStreamInfer stream in flight at once
+
+Send = Callable[[bytes], Awaitable[None]]
+
+
+class _InTurn:
+    """The writer of a stream request answered in turn: its response is written once the
+    previous such request's is (`after`); its window slot is given back when its response is
+    ready, so responses waiting for their turn do not keep the stream from being read."""
+
+    __slots__ = ("after", "write", "release", "done")
+
+    def __init__(self, after: asyncio.Future | None, write: Send, release: Callable[[], None]) -> None:
+        self.after, self.write, self.release = after, write, release
+        self.done = asyncio.get_running_loop().create_future()     # set once this request answered
+
+    def give_back(self) -> None:
+        if self.release is not None:
+            self.release, release = None, self.release
+            release()
+
+    def finish(self) -> None:
+        self.give_back()
+        if not self.done.done():
+            self.done.set_result(None)
+
+    async def __call__(self, message: bytes) -> None:
+        self.give_back()
+        if self.after is not None:
+            await asyncio.shield(self.after)
+        await self.write(message)
 RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
 BROKER_LATE = "the server's broker did not answer in time"
 INTERNAL = "internal error while handling the request"
@@ -264,10 +294,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext) -> None:
-        """Requests reach the broker in arrival order; each one's responses are written as they
-        come (a decoupled model's 0..N, each with `triton_final_response`). At most
-        STREAM_OUTSTANDING requests of a stream are in flight: beyond that the stream is not
-        read. With metadata `triton_grpc_error: true` the first error ends the stream."""
+        """Requests reach the broker in arrival order. As in Triton, the response to a request
+        for a model that is not decoupled is written once those of the stream's earlier such
+        requests are; a decoupled model's responses (0..N, each with `triton_final_response`) are
+        written as they come. At most STREAM_OUTSTANDING requests of a stream are in flight:
+        beyond that the stream is not read. With metadata `triton_grpc_error: true` the first
+        error ends the stream."""
         await self.admit(context, "inference")
         abort_on_error = any(k == "triton_grpc_error" and v.lower() == "true"
                              for k, v in context.invocation_metadata() or ())
@@ -289,39 +321,53 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if not fatal:
                     await context.write(message)
 
-        async def failed(request: pb.ModelInferRequest, e: TritonError) -> None:
+        async def failed(request: pb.ModelInferRequest, e: TritonError, send: Send) -> None:
             if abort_on_error:
                 fatal.append(e)
                 ended.set()
                 return
-            await write(cv.stream_error(request, e).SerializeToString())
+            await send(cv.stream_error(request, e).SerializeToString())
 
-        async def answer(request: pb.ModelInferRequest) -> None:
-            self.inflight += 1
-            try:
-                await self._stream_answer(request, write, forwarded, parent, abort_on_error)
-            except TritonError as e:
-                await failed(request, e)
-            except Exception:  # a bug must not take the stream down
-                log.exception("stream request failed")
-                await failed(request, TritonError(Code.INTERNAL, "internal error while handling the request"))
-            finally:
-                self.inflight -= 1
+        def settle(send: Send) -> None:
+            """A request answered: its window slot back, the next in-turn response free to go."""
+            if isinstance(send, _InTurn):
+                send.finish()
+            else:
                 slots.release()
 
+        async def answer(request: pb.ModelInferRequest, send: Send) -> None:
+            self.inflight += 1
+            try:
+                await self._stream_answer(request, send, forwarded, parent, abort_on_error)
+            except TritonError as e:
+                await failed(request, e, send)
+            except Exception:  # a bug must not take the stream down
+                log.exception("stream request failed")
+                await failed(request, TritonError(Code.INTERNAL, "internal error while handling the request"), send)
+            finally:
+                self.inflight -= 1
+                settle(send)
+
         async def read() -> None:
+            last: asyncio.Future | None = None      # the latest in-turn request's, done once it answered
             try:
                 async for request in request_iterator:
                     if fatal:
                         break
-                    if self.stopping:
-                        await failed(request, unavailable(SHUTTING_DOWN))
-                        continue
-                    if request is UNPARSED:
-                        await failed(request, invalid(UNPARSABLE))
-                        continue
+                    error = (unavailable(SHUTTING_DOWN) if self.stopping
+                             else invalid(UNPARSABLE) if request is UNPARSED else None)
                     await slots.acquire()
-                    task = asyncio.create_task(answer(request))
+                    send: Send = write
+                    if request is UNPARSED or not self._decoupled(request):
+                        send = _InTurn(last, write, slots.release)
+                        last = send.done
+                    if error is not None:
+                        try:
+                            await failed(request, error, send)
+                        finally:
+                            settle(send)
+                        continue
+                    task = asyncio.create_task(answer(request, send))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 while tasks:
@@ -339,7 +385,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in list(tasks):
                 task.cancel()
 
-    async def _stream_answer(self, request: pb.ModelInferRequest, write: Callable[[bytes], Awaitable[None]],
+    def _decoupled(self, request: pb.ModelInferRequest) -> bool:
+        """Whether a stream request goes to a decoupled model (one it cannot resolve: no)."""
+        try:
+            view = self._entry(request.model_name, request.model_version).view
+        except TritonError:
+            return False
+        return view is not None and view.decoupled
+
+    async def _stream_answer(self, request: pb.ModelInferRequest, write: Send,
                              forwarded: dict[str, str] | TritonError | None = None, parent: str = "",
                              abort_on_error: bool = False) -> None:
         """Answer one request of a stream: every response of a decoupled model as it comes,
