@@ -89,9 +89,9 @@ def _states(cfg: model_config_pb2.ModelConfig, fail: Fail, model_path: str) -> N
         if state.use_same_buffer_for_input_output or state.use_growable_memory:
             raise fail(where, "'use_same_buffer_for_input_output' and 'use_growable_memory' are not supported by "
                               "tritond (state is kept in the worker's shared memory and copied once per step)")
-        if _element_size(state.data_type) == 0:
-            raise fail(f"{where}.data_type", f"implicit state '{state.input_name}' must have a fixed-size data type, "
-                                             f"not {DataType.Name(state.data_type)}")
+        if _element_size(state.data_type) == 0 and state.data_type != DataType.TYPE_STRING:
+            raise fail(f"{where}.data_type", f"implicit state '{state.input_name}' must have a data type, not "
+                                             f"{DataType.Name(state.data_type)}")
         if len(state.initial_state) > 1:
             raise fail(f"{where}.initial_state", f"initial_state field for state input '{state.input_name}' must "
                                                  f"contain exactly one or zero element. Found "

@@ -8,7 +8,9 @@ or the broker's EndSequences (idle, cancelled), frees it. Clients see a state ou
 Triton shows it: when the config also declares it as a model output and the request asks for
 it (by name, or by naming no outputs).
 A padding request of a direct batch gets zeros shaped like its batch's first real request's
-state, and its state output is dropped.
+state, and its state output is dropped. A BYTES (TYPE_STRING) state is held as the object array
+it is, in this process: its zeros are empty strings, its initial_state file Triton's serialized
+BYTES.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tritond.repository.datatypes import CONFIG_TO_WIRE, WIRE_TO_NUMPY
+from tritond.repository.datatypes import CONFIG_TO_WIRE, WIRE_TO_NUMPY, deserialize_bytes
 from tritond.shm.arena import Arena, Block
 from tritond.wire.schema import ModelView
 
@@ -35,7 +37,12 @@ class StateSpec:
     output_name: str
     dtype: np.dtype
     shape: list[int]                # with the batch dimension for a batching model
-    initial: bytes | None = None    # initial_state data (None: zeros)
+    initial: bytes | np.ndarray | None = None    # initial_state data (None: zeros); BYTES: its array
+
+    def zeros(self, shape: list[int]) -> np.ndarray:
+        if self.dtype == np.object_:
+            return np.full(shape, b"", dtype=object)
+        return np.zeros(shape, self.dtype)
 
 
 def state_specs(view: ModelView, config: dict, model_dir: str) -> list[StateSpec]:
@@ -48,15 +55,18 @@ def state_specs(view: ModelView, config: dict, model_dir: str) -> list[StateSpec
         dtype = np.dtype(WIRE_TO_NUMPY[CONFIG_TO_WIRE[s["data_type"]]])
         dims = [int(d) for d in s.get("dims") or []]
         shape = ([1] if batched else []) + [1 if d == -1 else d for d in dims]
-        initial = None
+        initial: bytes | np.ndarray | None = None
         for init in (s.get("initial_state") or [])[:1]:
             shape = ([1] if batched else []) + [int(d) for d in init.get("dims") or []]
-            nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-            if init.get("data_file"):
-                with open(os.path.join(model_dir, INITIAL_STATE_FOLDER, init["data_file"]), "rb") as f:
-                    initial = f.read(nbytes)
-            else:
-                initial = bytes(nbytes)
+            count = int(np.prod(shape, dtype=np.int64))
+            if not init.get("data_file"):
+                initial = None if dtype == np.object_ else bytes(dtype.itemsize * count)
+                continue
+            with open(os.path.join(model_dir, INITIAL_STATE_FOLDER, init["data_file"]), "rb") as f:
+                if dtype == np.object_:
+                    initial = deserialize_bytes(f.read(), count).reshape(shape)
+                else:
+                    initial = f.read(dtype.itemsize * count)
         out.append(StateSpec(s["input_name"], s["output_name"], dtype, shape, initial))
     return out
 
@@ -66,14 +76,19 @@ class SequenceStates:
         self.specs = specs
         self.arena = arena
         self.config_outputs = config_outputs
-        self.held: dict[int, dict[str, tuple[Block, np.ndarray]]] = {}
+        self.held: dict[int, dict[str, tuple[Block | None, np.ndarray]]] = {}     # block None: BYTES
 
     def __bool__(self) -> bool:
         return bool(self.specs)
 
     def _store(self, seq: int, spec: StateSpec, data: np.ndarray | bytes, shape: list[int]) -> np.ndarray:
-        """Put `data` in the sequence's block for `spec` (a new one when the size changed)."""
+        """Put `data` in the sequence's block for `spec` (a new one when the size changed); a
+        BYTES state is kept as its own array."""
         states = self.held.setdefault(seq, {})
+        if spec.dtype == np.object_:
+            value = np.array(data, dtype=object).reshape(shape)
+            states[spec.input_name] = (None, value)
+            return value
         raw = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else memoryview(data)
         current = states.get(spec.input_name)
         if current is not None and current[0].nbytes != raw.nbytes:
@@ -91,12 +106,11 @@ class SequenceStates:
         for spec in self.specs:
             if pad:
                 shape = list(like.inputs[spec.input_name].shape) if like is not None else spec.shape
-                req.inputs[spec.input_name] = np.zeros(shape, spec.dtype)
+                req.inputs[spec.input_name] = spec.zeros(shape)
                 continue
             held = self.held.get(seq, {}).get(spec.input_name)
             if held is None or flags & FLAG_START:
-                data = spec.initial if spec.initial is not None else bytes(
-                    spec.dtype.itemsize * int(np.prod(spec.shape, dtype=np.int64)))
+                data = spec.initial if spec.initial is not None else spec.zeros(spec.shape)
                 req.inputs[spec.input_name] = self._store(seq, spec, data, spec.shape)
             else:
                 req.inputs[spec.input_name] = held[1]
@@ -121,4 +135,5 @@ class SequenceStates:
     def end(self, seqs: list[int]) -> None:
         for seq in seqs:
             for block, _ in (self.held.pop(seq, None) or {}).values():
-                self.arena.free(block.seg, block.offset)
+                if block is not None:
+                    self.arena.free(block.seg, block.offset)
