@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 
 from conftest import TritondServer, serving
@@ -24,6 +25,7 @@ sequence_batching {{
 
 MODEL = """
 import numpy as np
+import pytest
 import triton_python_backend_utils as pb_utils
 
 
@@ -66,3 +68,38 @@ def test_a_string_state_carries_each_sequences_text(tmp_path):
         assert _step(client, "words", 1, b"z", start=True, end=True) == b"z", "a new sequence starts empty"
         assert _step(client, "greeting", 3, b"there", start=True, end=True) == b"hi there"
         client.close()
+
+
+TORCH_CONFIG = """
+platform: "pytorch_libtorch"
+max_batch_size: 0
+input [{ name: "INPUT__0" data_type: TYPE_STRING dims: [1] }]
+output [{ name: "OUTPUT__0" data_type: TYPE_STRING dims: [1] }]
+sequence_batching {
+  state [{ input_name: "INPUT_STATE__1" output_name: "OUTPUT_STATE__1" data_type: TYPE_STRING dims: [1] }]
+}
+"""
+
+
+def test_a_torchscript_model_gets_and_returns_its_string_state_as_lists(tmp_path):
+    torch = pytest.importorskip("torch")
+    from typing import List, Tuple
+
+    class Join(torch.nn.Module):
+        def forward(self, words: List[str], text: List[str]) -> Tuple[List[str], List[str]]:
+            joined = [text[0] + words[0]]
+            return joined, joined
+
+    (tmp_path / "join" / "1").mkdir(parents=True)
+    (tmp_path / "join" / "config.pbtxt").write_text(TORCH_CONFIG)
+    torch.jit.save(torch.jit.script(Join()), str(tmp_path / "join" / "1" / "model.pt"))
+    with serving(TritondServer(tmp_path)) as s:
+        client = grpcclient.InferenceServerClient(s.grpc_url)
+        outs = []
+        for i, word in enumerate([b"a", b"b", b"c"]):
+            inp = grpcclient.InferInput("INPUT__0", [1], "BYTES")
+            inp.set_data_from_numpy(np.array([word], dtype=object))
+            result = client.infer("join", [inp], sequence_id=5, sequence_start=i == 0, sequence_end=i == 2)
+            outs.append(result.as_numpy("OUTPUT__0")[0])
+        client.close()
+    assert outs == [b"a", b"ab", b"abc"]

@@ -148,6 +148,8 @@ class TorchBackend(Backend):
         self.output_types = {n: t.datatype for n, t in view.outputs.items()} | states
         self.input_types = {n: t.datatype for n, t in view.inputs.items()}
         self.input_types.update({target: CONFIG_TO_WIRE[dtype] for target, dtype in batch_inputs})
+        self.input_types.update({st["input_name"]: CONFIG_TO_WIRE[st.get("data_type", "TYPE_INVALID")]
+                                 for st in seq.get("state") or []})
         self.ragged = RaggedPlan.from_config(view, cfg)
         self.reshapes = Reshapes(view, cfg)
 
