@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import zmq
 
-from tritond.repository.datatypes import array_to_bytes, numpy_to_wire
+from tritond.repository.datatypes import array_to_bytes
 from tritond.repository.layout import validate_model_name
 from tritond.repository.overrides import write_overrides
 from tritond.shm.arena import Arena
@@ -42,7 +42,7 @@ from .tensors import desc_to_array
 log = logging.getLogger("tritond.worker")
 
 # A call's answer: outputs, or the error; the response's parameters.
-Answer = tuple[dict[str, np.ndarray], TritonError | None, dict]
+Answer = tuple[dict[str, tuple[np.ndarray, str]], TritonError | None, dict]   # outputs: (array, datatype)
 
 
 class Caller(Protocol):
@@ -137,7 +137,7 @@ class BlsClient:
                 self.replies[msg.rid] = msg
             self.cond.notify_all()
 
-    def _request(self, model_name: str, model_version: int, inputs: dict[str, np.ndarray],
+    def _request(self, model_name: str, model_version: int, inputs: dict[str, tuple[np.ndarray, str]],
                  requested_output_names: list[str], request_id: str, parameters: dict,
                  correlation_id: Any, flags: int, timeout_us: int, trace_id: int = 0) -> tuple[int, bytes, list]:
         """(rid, the Infer frame, arena blocks holding its inputs until the call is over)."""
@@ -145,8 +145,8 @@ class BlsClient:
         descs = []
         try:
             inline = [0]
-            for name, arr in inputs.items():
-                descs.append(self._place(name, np.asarray(arr), blocks, inline))
+            for name, (arr, datatype) in inputs.items():
+                descs.append(self._place(name, np.asarray(arr), datatype, blocks, inline))
         except BaseException:
             self._free(blocks)
             raise
@@ -226,8 +226,8 @@ class BlsClient:
         if reply.error is not None:
             return {}, reply.error, {}
         try:
-            return ({d.name: np.array(desc_to_array(d, self.w.maps), copy=True) for d in reply.outputs}, None,
-                    reply.parameters)
+            return ({d.name: (np.array(desc_to_array(d, self.w.maps), copy=True), d.datatype) for d in reply.outputs},
+                    None, reply.parameters)
         finally:
             self._release(reply)
 
@@ -236,10 +236,9 @@ class BlsClient:
         if leases:
             self.send(P.encode(P.Release(reply.owner, leases)))
 
-    def _place(self, name: str, arr: np.ndarray, blocks: list, inline: list[int]) -> P.TensorDesc:
+    def _place(self, name: str, arr: np.ndarray, datatype: str, blocks: list, inline: list[int]) -> P.TensorDesc:
         """Inline when small (within the message's inline budget, counted in inline[0]), else one
         copy into this worker's arena (freed after the reply)."""
-        datatype = numpy_to_wire(arr.dtype)
         payload = array_to_bytes(arr, datatype)
         size = len(payload) if isinstance(payload, bytes) else payload.nbytes
         if size <= P.INLINE_MAX and inline[0] + size <= P.INLINE_BUDGET:

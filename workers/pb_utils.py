@@ -214,6 +214,10 @@ class Tensor:
     def shape(self) -> list[int]:
         return list(self._array.shape)
 
+    def _wire(self) -> tuple[np.ndarray, str]:
+        """The array and wire datatype a BLS request carries (a BF16 tensor: its bits)."""
+        return self._array, "BF16" if self._bf16 else numpy_to_wire(self._array.dtype)
+
     def triton_dtype(self) -> int:
         """TRITONSERVER_DataType code, e.g. 11 for FP32 and 13 for BYTES."""
         return _WIRE_TO_CODE["BF16"] if self._bf16 else numpy_to_triton_type(self._array.dtype)
@@ -451,6 +455,8 @@ def set_bls_handler(handler: BlsHandler | None, stream_handler: BlsHandler | Non
     handler(model_name, model_version, inputs, requested_output_names, request_id,
     parameters, correlation_id, flags, timeout_us, trace_id)
       -> (outputs, tritond.wire.errors.TritonError | None, the response's parameters)
+    where inputs and outputs map each tensor's name to (its array, its wire datatype): a BF16
+    tensor is its bits (uint16) labelled BF16.
     stream_handler(same arguments) -> (iterator of (outputs, error, parameters), cancel callable)
     """
     global _bls_handler, _bls_stream_handler
@@ -666,7 +672,7 @@ class InferenceRequest:
         return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
 
     def _bls_arguments(self) -> tuple:
-        return (self.model_name, self._model_version, {t.name(): t.as_numpy() for t in self._inputs},
+        return (self.model_name, self._model_version, {t.name(): t._wire() for t in self._inputs},
                 list(self._requested_output_names), self._request_id, json.loads(self._parameters),
                 self._correlation_id, self._flags, self._timeout, self._trace._id)
 
@@ -687,8 +693,8 @@ def _bls_response(outputs: dict[str, np.ndarray] | None, error: Any, parameters:
     """A BLS reply as the model sees it (`error`: a tritond.wire.errors.TritonError)."""
     if error is not None:
         return InferenceResponse(error=TritonError(error.message, ErrorCode[error.code.name]))
-    return InferenceResponse([Tensor(name, array) for name, array in (outputs or {}).items()],
-                             parameters=parameters)
+    return InferenceResponse([Tensor.bf16(name, array) if datatype == "BF16" else Tensor(name, array)
+                              for name, (array, datatype) in (outputs or {}).items()], parameters=parameters)
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

@@ -56,3 +56,39 @@ def test_a_bf16_tensor_goes_through_torch_and_back_to_the_client(tmp_path):
         result = httpclient.InferenceServerClient(s.http_url).infer("bf16", [inp])
     assert result.get_response()["outputs"][0]["datatype"] == "BF16"
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), (x.astype(np.float32) * 2).astype(ml_dtypes.bfloat16))
+
+
+CALLER = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    \"\"\"Sends its BF16 input to 'bf16' by BLS and answers with what comes back.\"\"\"
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            reply = pb_utils.InferenceRequest(model_name="bf16", requested_output_names=["OUTPUT0"],
+                                              inputs=[pb_utils.Tensor.from_dlpack("INPUT0", x.to_dlpack())]).exec()
+            if reply.has_error():
+                raise pb_utils.TritonModelException(reply.error().message())
+            y = pb_utils.get_output_tensor_by_name(reply, "OUTPUT0")
+            assert y.triton_dtype() == 14, y.triton_dtype()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUTPUT0", y.to_dlpack())]))
+        return out
+"""
+
+
+def test_a_bf16_tensor_goes_to_another_model_by_bls_and_back_as_bf16(tmp_path):
+    for name, source in (("bf16", MODEL), ("bf16_caller", CALLER)):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(CONFIG)
+        (tmp_path / name / "1" / "model.py").write_text(source)
+    x = np.array([1.5, -2, 3.25], dtype=ml_dtypes.bfloat16)
+    with serving(TritondServer(tmp_path, grpc=False)) as s:
+        inp = httpclient.InferInput("INPUT0", list(x.shape), "BF16")
+        inp.set_data_from_numpy(x)
+        result = httpclient.InferenceServerClient(s.http_url).infer("bf16_caller", [inp])
+    assert result.get_response()["outputs"][0]["datatype"] == "BF16"
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), (x.astype(np.float32) * 2).astype(ml_dtypes.bfloat16))

@@ -247,7 +247,8 @@ def test_bls_exec_calls_handler():
 
     def handler(*args):
         calls.append(args)
-        return {"OUT": args[2]["IN"] * 2}, None, {}
+        array, datatype = args[2]["IN"]
+        return {"OUT": (array * 2, datatype)}, None, {}
 
     cancelled = []
 
@@ -277,7 +278,7 @@ def test_a_decoupled_bls_call_returns_once_its_first_response_arrived():
     def responses(args):
         for i in range(3):
             fetched.append(i)
-            yield {"OUT": args[2]["IN"] + i}, None, {}
+            yield {"OUT": (args[2]["IN"][0] + i, "INT32")}, None, {}
 
     pb_utils.set_bls_handler(None, lambda *args: (responses(args), None))
     got = _bls_request().exec(decoupled=True)
@@ -323,7 +324,7 @@ def test_bls_error_propagation():
 
 
 def test_bls_async_exec():
-    pb_utils.set_bls_handler(lambda m, v, inputs, *rest: ({"OUT": inputs["IN"] + 1}, None, {"p": 1}))
+    pb_utils.set_bls_handler(lambda m, v, inputs, *rest: ({"OUT": (inputs["IN"][0] + 1, "INT32")}, None, {"p": 1}))
 
     async def run():
         return await asyncio.gather(_bls_request().async_exec(), _bls_request().async_exec())
