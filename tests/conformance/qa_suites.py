@@ -18,8 +18,8 @@ from suites_protocols import (l0_backend_bls, l0_data_compression, l0_http_fuzz,
 from suites_openai import l0_openai
 from suites_python_backend import l0_backend_python
 from suites_queue import l0_model_queue
-from suites_sequence import (l0_dyna_sequence_batcher, l0_http_generate, l0_implicit_state, l0_sequence_batcher,
-                             l0_sequence_batcher_implicit, l0_sequence_corrid_batcher)
+from suites_sequence import (l0_dyna_implicit_state, l0_dyna_sequence_batcher, l0_http_generate, l0_implicit_state,
+                             l0_sequence_batcher, l0_sequence_batcher_implicit, l0_sequence_corrid_batcher)
 from suites_tensors import (l0_client_nobatch, l0_infer_reshape, l0_infer_variable, l0_infer_zero, l0_nan_inf,
                             l0_nullchar_string, l0_optional_input, l0_output_name, l0_parameters, l0_scalar_io,
                             l0_server_status, l0_string_io)
@@ -58,6 +58,7 @@ SUITES = {
     "L0_client_timeout": l0_client_timeout,
     "L0_implicit_state": l0_implicit_state,
     "L0_dyna_sequence_batcher": l0_dyna_sequence_batcher,
+    "L0_dyna_implicit_state": l0_dyna_implicit_state,
     "L0_sequence_corrid_batcher": l0_sequence_corrid_batcher,
     "L0_grpc": l0_grpc,
     "L0_model_update": l0_model_update,

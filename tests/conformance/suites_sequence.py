@@ -19,6 +19,7 @@ from suites_http import BACKEND_DIR, _append, _copytree, _fresh, _note, _sed
 from suites_models import _gpu_count
 
 SEQUENCE_BACKENDS = "onnx libtorch python"
+IMPLICIT_BACKENDS = "onnx libtorch"
 NO_DELAY_TESTS = ("test_simple_sequence", "test_length1_sequence", "test_batch_size", "test_no_sequence_start",
                   "test_no_sequence_start2", "test_no_sequence_end", "test_no_correlation_id")
 # test.sh's TRITONSERVER_DELAY_SCHEDULER and TRITONSERVER_BACKLOG_DELAY_SCHEDULER per case
@@ -62,11 +63,10 @@ def _shape(cfg: Path, batch: int | None, count: int, cpu_only: bool) -> None:
         _sed(cfg, "KIND_GPU", "KIND_CPU")
 
 
-def _repositories(qa, d: Path, implicit: bool, trials: list[str]) -> None:
+def _repositories(qa, d: Path, implicit: bool, trials: list[str], backends: list[str]) -> None:
     fixed = qa.data / ("qa_sequence_implicit_model_repository" if implicit else "qa_sequence_model_repository")
     var = qa.data / ("qa_variable_sequence_implicit_model_repository" if implicit
                      else "qa_variable_sequence_model_repository")
-    backends = SEQUENCE_BACKENDS.split()
     cpu_only = _gpu_count() == 0
     if cpu_only:
         print("  (deviation: the sequence models' KIND_GPU instance groups run on KIND_CPU, no GPU on this host)",
@@ -111,8 +111,9 @@ def _sequence_batcher(qa, implicit: bool) -> None:
     d = qa.qa / "L0_sequence_batcher"
     _note(qa, "custom (C++ test backend) and plan models: ragged batch and request timeout cases; ensembles")
     trials = os.environ.get("QA_SEQUENCE_TRIALS", "0 1 2 4 v").split()
-    _repositories(qa, d, implicit, trials)
-    base = {"BACKENDS": SEQUENCE_BACKENDS, "ENSEMBLES": "0", "IMPLICIT_STATE": "1" if implicit else "0",
+    backends = IMPLICIT_BACKENDS if implicit else SEQUENCE_BACKENDS
+    _repositories(qa, d, implicit, trials, backends.split())
+    base = {"BACKENDS": backends, "ENSEMBLES": "0", "IMPLICIT_STATE": "1" if implicit else "0",
             "INITIAL_STATE_FILE": "0", "INITIAL_STATE_ZERO": "0", "USE_SINGLE_BUFFER": "0"}
     for trial in trials:
         repo = TRIALS[trial][0]
@@ -129,7 +130,11 @@ def _sequence_batcher(qa, implicit: bool) -> None:
                TRITONSERVER_DELAY_SCHEDULER="2", TRITONSERVER_BACKLOG_DELAY_SCHEDULER="0")
     for test in QUEUE_DELAY_TESTS:
         _case(qa, d, "queue_delay_models", f"SequenceBatcherTest.{test}", "queue_delay_models", env)
+    if "python" in backends:        # test.sh's python-only subtests
+        _preserve_ordering(qa, d, base)
 
+
+def _preserve_ordering(qa, d: Path, base: dict[str, str]) -> None:
     repo = _fresh(d / "preserve_ordering_models")
     src = qa.qa / "python_models" / "sequence_py"
     for mode in ("decoupled", "nondecoupled"):
@@ -150,7 +155,10 @@ def l0_sequence_batcher(qa) -> None:
 
 
 def l0_sequence_batcher_implicit(qa) -> None:
-    """test.sh with IMPLICIT_STATE=1 (as Triton's CI job L0_sequence_batcher_implicit_state)."""
+    """test.sh with IMPLICIT_STATE=1 (as Triton's CI job L0_sequence_batcher_implicit_state), for
+    onnx and libtorch: the python sequence model keeps one accumulator in the model, not implicit
+    state, so its batched trials cannot give the implicit variant's results (under Triton either;
+    L0_dyna_implicit_state leaves python out too)."""
     _sequence_batcher(qa, implicit=True)
 
 
@@ -173,15 +181,24 @@ DYNA_TESTS = ("test_multi_sequence_different_shape", "test_multi_sequence", "tes
 def l0_dyna_sequence_batcher(qa) -> None:
     """The oldest-first sequence batcher with CONTROL_SEQUENCE_CORRID, onnx and libtorch models
     (test.sh's IMPLICIT_STATE=0)."""
-    d = qa.qa / "L0_dyna_sequence_batcher"
     _note(qa, "plan models; custom_dyna_sequence_int32 and custom_string_dyna_sequence_int32 (the C++ "
               "dyna_sequence test backend) with the ragged-batch case that needs them")
+    _dyna_sequence_batcher(qa, "qa_dyna_sequence_model_repository", {"IMPLICIT_STATE": "0", "BACKENDS": "libtorch onnx"})
+
+
+def l0_dyna_implicit_state(qa) -> None:
+    """L0_dyna_sequence_batcher's test.sh with IMPLICIT_STATE=1 and its BACKENDS "onnx plan"."""
+    _note(qa, "plan models (TensorRT)")
+    _dyna_sequence_batcher(qa, "qa_dyna_sequence_implicit_model_repository", {"IMPLICIT_STATE": "1", "BACKENDS": "onnx"})
+
+
+def _dyna_sequence_batcher(qa, repository: str, env: dict[str, str]) -> None:
+    d = qa.qa / "L0_dyna_sequence_batcher"
     models = _fresh(d / "models")
-    for src in sorted((qa.data / "qa_dyna_sequence_model_repository").iterdir()):
+    for src in sorted((qa.data / repository).iterdir()):
         if src.is_dir():
             _copytree(src, models / src.name)
             _sed(models / src.name / "config.pbtxt", "kind: KIND_CPU", "kind: KIND_CPU\ncount: 1")
-    env = {"IMPLICIT_STATE": "0", "BACKENDS": "libtorch onnx"}
     for test in DYNA_NO_BATCHING_TESTS:
         s = qa.start(d, f"--model-repository={models}", f"{test}.server.log", env=env)
         qa.unittest(d, "dyna_sequence_batcher_test.py", [f"DynaSequenceBatcherTest.{test}"],
