@@ -143,9 +143,6 @@ def check_sequence_batching(cfg: model_config_pb2.ModelConfig, fail: Fail, model
     if cfg.response_cache.enable:
         raise fail("response_cache", f"Response Cache does not currently support model {cfg.name} with sequence "
                                      f"batching scheduler. Please disable the response cache.")
-    if seq.iterative_sequence:
-        raise fail("sequence_batching.iterative_sequence", "iterative sequences (request rescheduling) are not "
-                                                           "supported by tritond")
     _controls(cfg, fail)
     for i, size in enumerate(seq.oldest.preferred_batch_size):
         if size <= 0:

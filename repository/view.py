@@ -102,6 +102,7 @@ def _sequence_batching(seq: dict[str, Any] | None) -> SequenceBatching | None:
         preserve_ordering=bool(strategy.get("preserve_ordering", False)),
         controls=controls,
         states=[s["input_name"] for s in seq.get("state") or []],
+        iterative=bool(seq.get("iterative_sequence", False)),
     )
 
 

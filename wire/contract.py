@@ -113,8 +113,8 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 19
-SCHEMA_FINGERPRINT = "c48bcbee532c4cbf"
+RECORDED_VERSION = 20
+SCHEMA_FINGERPRINT = "bf88d3c92230d2dc"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
@@ -159,7 +159,7 @@ STRUCTS = {
     "replies.TraceSettingsReply": "853e9ed110d6",
     "replies.WorkerProcess": "5ae384a67478",
     "replies._Reply": "2eb1ac50ac76",
-    "schema.BatchDone": "4a5e0033d3a8",
+    "schema.BatchDone": "657595b8e8f4",
     "schema.Block": "0edf3c5fc80e",
     "schema.Cancel": "50244795d415",
     "schema.CancelKeys": "9756f858b74c",
@@ -209,7 +209,7 @@ STRUCTS = {
     "schema.RepositoryIndex": "3fbf08cb0846",
     "schema.Respond": "09889cd8122e",
     "schema.RunTimes": "c6b95bc2a49b",
-    "schema.SequenceBatching": "4b44910761c2",
+    "schema.SequenceBatching": "f817b93d482c",
     "schema.SequenceControl": "104bf64d4f95",
     "schema.ShmRegister": "f432e118c9a0",
     "schema.ShmStatus": "abb388cb136f",

@@ -31,7 +31,7 @@ import msgspec
 from .errors import Code, TritonError
 from .replies import ControlResult
 
-PROTOCOL_VERSION = 19
+PROTOCOL_VERSION = 20
 # Inline tensors up to this size ride inside the message; larger ones go through shm. Where
 # the two cost the same CPU per request (HTTP binary, c=16): below it a block's allocation,
 # lease and release cost more than copying the bytes through every hop; above it, less.
@@ -422,6 +422,7 @@ class SequenceBatching(_S):
     preserve_ordering: bool = False                 # oldest
     controls: dict[str, SequenceControl] = {}       # START | END | READY | CORRID -> control
     states: list[str] = []                          # implicit state inputs (kept by the worker)
+    iterative: bool = False                         # iterative_sequence: the model may reschedule requests
 
 
 class ModelView(_S):
@@ -574,6 +575,9 @@ class BatchDone(_S, tag="done"):
     # A serial Exec's results so far, for its first requests not yet answered; the instance
     # is still busy with the rest (workers/runs.py).
     more: bool = False
+    # An iterative sequence model's requests the model released to run again (their places in
+    # the batch, padding left out): no answer yet, the sequence goes on.
+    rescheduled: list[int] = []
 
 
 class WorkerUp(_S, tag="up"):

@@ -138,6 +138,7 @@ class Worker:
         self.stream_lock = threading.Lock()
         self.states = SequenceStates(state_specs(view, spec.config, spec.model_dir), self.arena, list(view.outputs))
         self.stateful = bool(self.states)      # decided once: a model without states skips their steps
+        self.iterative = view.sequence is not None and view.sequence.iterative     # may reschedule requests
 
     def send(self, msg) -> None:
         self.sock.send(P.encode(msg))
@@ -272,13 +273,14 @@ class Worker:
                       self.spec.instance_name, len(requests), exc_info=e)
             responses, batch_error = [], internal(str(e) or type(e).__name__)
         t2 = time.monotonic_ns()
+        again = self._rescheduled(backend, msg, slots) if self.iterative and batch_error is None else []
         if decoupled:
             if batch_error is not None:     # the backend could not run the batch at all
                 for w in requests:
                     if isinstance(w.responder, Responder) and self.flow.is_open(w.responder.key):
                         w.responder.send(None, batch_error, True)
             self.close_imports()
-            return P.BatchDone(msg.bid, [], t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+            return P.BatchDone(msg.bid, [], t1 - t0, t2 - t1, time.monotonic_ns() - t2, rescheduled=again)
         if self.stateful and batch_error is None:
             for w, r, resp in zip(requests, runs, responses):
                 self.states.keep(w, resp, r.seq, r.flags, r.pad, [o.name for o in r.outputs])
@@ -310,7 +312,22 @@ class Worker:
         t3 = time.monotonic_ns()
         if log.isEnabledFor(logging.DEBUG):
             log_device_traffic(msg, results, on_device)
-        return P.BatchDone(msg.bid, results, t1 - t0, t2 - t1, t3 - t2, t0)
+        return P.BatchDone(msg.bid, results, t1 - t0, t2 - t1, t3 - t2, t0, rescheduled=again)
+
+    @staticmethod
+    def _rescheduled(backend, msg: P.Exec, slots: list) -> list[int]:
+        """The places (padding left out, as the broker counts them) of the requests the model
+        released to run again; `backend.rescheduled` counts the requests it was given."""
+        marked = set(backend.rescheduled)
+        out, given, place = [], 0, 0
+        for r, slot in zip(msg.requests, slots):
+            if slot is None:
+                if given in marked and not r.pad:
+                    out.append(place)
+                given += 1
+            if not r.pad:
+                place += 1
+        return out
 
     def close_imports(self) -> None:
         """Unmap the producers' device memory this batch opened; its outputs are written."""

@@ -212,11 +212,16 @@ class RequestPath:
             if self.limiter is not None:
                 self.limiter.release(msg.bid)
             return
+        executed = reqs
+        if mv.scheduler.iterative:
+            reqs, results = self._iterate(mv, reqs, msg)
+        else:
+            results = msg.results
         inst.served = True
         if inst.state is InstanceState.BUSY:    # a worker being killed or stopped gets no more work
             inst.move_to(InstanceState.READY)
         inst.idle_since = self.clock.now()
-        mv.scheduler.note_busy(inst.name, int((inst.idle_since - inst.batch_started) * 1e9), len(reqs),
+        mv.scheduler.note_busy(inst.name, int((inst.idle_since - inst.batch_started) * 1e9), len(executed),
                                msg.input_ns + msg.infer_ns + msg.output_ns)
         if msg.runs:
             self._serial_done(inst, mv, msg, reqs)
@@ -226,11 +231,10 @@ class RequestPath:
         # its Python backend reports every execution.
         if mv.view.backend == "python" or any(res.error is None for res in msg.results):
             # as Triton's, a sequence batch's size counts its padding slots
-            mv.stats.record_execution(sum(r.pending.batch_size for r in reqs) + inst.batch_padding, *times)
+            mv.stats.record_execution(sum(r.pending.batch_size for r in executed) + inst.batch_padding, *times)
         if mv.view.decoupled:       # answered by the worker's Respond messages
             self.released(msg.bid, mv)
             return
-        results = msg.results
         owner = inst.identity
         for i, req in enumerate(reqs):
             res = results[i] if i < len(results) else ExecResult(
@@ -240,6 +244,29 @@ class RequestPath:
             self.finish(req, InferReply(req.msg.rid, mv.version, res.outputs, res.error, owner,
                                         parameters=res.parameters), res.error is None, times, "BACKEND")
         self.released(msg.bid, mv)
+
+    def _iterate(self, mv: ModelVersion, reqs: list[Req], msg: BatchDone) -> tuple[list[Req], list[ExecResult]]:
+        """An iterative sequence model's batch: the requests it released to run again go back
+        to their sequences; the others end theirs. Returns the requests to answer now, with
+        their results (a decoupled model's are answered by its Respond messages)."""
+        sched = mv.scheduler
+        again = set(msg.rescheduled)
+        now = self.clock.now_ns()
+        answer, results = [], []
+        for i, req in enumerate(reqs):
+            if i in again:
+                try:
+                    sched.reschedule(req, now)
+                except TritonError as e:
+                    self.fail(req, e)
+                continue
+            sched.release(mv, req)
+            answer.append(req)
+            if i < len(msg.results):
+                results.append(msg.results[i])
+        if again:
+            sched.dispatch(mv)
+        return answer, results
 
     def _run_part(self, inst: Instance, mv: ModelVersion, msg: BatchDone) -> None:
         """A serial run's first results while the instance runs the rest: answered now, and

@@ -47,6 +47,7 @@ class Scheduling(Protocol):
     """One per READY model version (`ModelVersion.scheduler`)."""
     preserve_ordering: bool         # answers leave in dispatch order
     may_retry: bool                 # a lost batch's requests may run again (idempotent models)
+    iterative: bool                 # the model may release requests to run again (iterative sequences)
 
     def __len__(self) -> int:
         """Requests queued and not yet dispatched."""

@@ -35,6 +35,7 @@ class QueuedScheduling:
         self.preserve_ordering = self.queue.policy.preserve_ordering and not mv.view.decoupled
         # A decoupled request's sent responses cannot be redone.
         self.may_retry = mv.view.idempotent and not mv.view.decoupled
+        self.iterative = False
         self._batched = mv.max_batch_size > 0
         policy = self.queue.policy
         # Only a dynamic batcher over variable-shape, shape-tensor or optional inputs keys

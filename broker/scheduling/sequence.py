@@ -9,6 +9,7 @@ the state of a sequence that ended without an END request reaching it (idle, can
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
 from collections.abc import Callable
@@ -74,12 +75,15 @@ class Controls:
 
 def check_corrid(msg: Infer, model: str, view: ModelView) -> None:
     """Triton's checks before the sequence batcher (batch size, a correlation id of the type the
-    model's CORRID control takes), with its texts; raises INVALID_ARG."""
+    model's CORRID control takes), with its texts; raises INVALID_ARG. An iterative sequence
+    model takes a request without one (it starts a sequence of its own)."""
     if view.max_batch_size > 0 and msg.inputs and msg.inputs[0].shape and msg.inputs[0].shape[0] > 1:
         raise invalid(f"inference request to model '{model}' must specify batch-size 1 due to requirements of "
                       f"sequence batcher")
     corrid = msg.correlation_id
     if corrid == 0 or corrid == "":
+        if view.sequence.iterative:
+            return
         raise invalid(f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID")
     control = view.sequence.controls.get("CORRID")
     if control is not None:
@@ -102,6 +106,11 @@ class SequenceScheduling:
         self.view = mv.view
         self.preserve_ordering = self.batcher.policy.preserve_ordering and not mv.view.decoupled
         self.may_retry = False          # a sequence's state cannot be redone
+        # iterative_sequence: a request without a correlation id starts a sequence of its own (ids
+        # from the top of the range, away from clients'), and a request the model releases to
+        # run again goes back to its sequence; one it releases for good ends the sequence.
+        self.iterative = mv.view.sequence.iterative
+        self.own_ids = itertools.count((1 << 64) - 1, -1)
 
     def __len__(self) -> int:
         return len(self.batcher)
@@ -112,6 +121,9 @@ class SequenceScheduling:
         check_corrid(msg, self.name, self.view)
 
     def admit(self, req: Req, msg: Infer, now_ns: int) -> None:
+        if self.iterative and (msg.correlation_id == 0 or msg.correlation_id == ""):
+            msg.correlation_id = next(self.own_ids)
+            msg.flags |= FLAG_START
         req.pending = Pending(req, now_ns, 1, _shape_key(self.view, msg))
         req.seq = self.batcher.enqueue(req.pending, msg.correlation_id, msg.flags, msg.timeout_us, now_ns)
         self.path.reap_by(self.batcher.reap_at)
@@ -165,6 +177,26 @@ class SequenceScheduling:
     def finished(self, req: Req, now_ns: int) -> None:
         if req.seq is not None:
             self.batcher.done(req.pending, now_ns)
+
+    def reschedule(self, req: Req, now_ns: int) -> None:
+        """Iterative: the model released `req` to run again, as the next request of its sequence
+        (neither START nor END); raises Triton's error when the sequence is gone (idle)."""
+        self.batcher.done(req.pending, now_ns)
+        msg = req.msg
+        msg.flags = 0
+        req.pending = Pending(req, now_ns, 1, req.pending.shape_key)
+        req.seq = self.batcher.enqueue(req.pending, msg.correlation_id, 0, 0, now_ns)
+        self.path.reap_by(self.batcher.reap_at)
+
+    def release(self, mv: ModelVersion, req: Req) -> None:
+        """Iterative: the model released `req` for good, which ends its sequence (requests of it
+        still queued are answered CANCELLED, as Triton's sequence end by cancellation)."""
+        seq = req.seq
+        if seq is None or seq.ended:
+            return
+        for p in self.batcher.end(seq, self.path.clock.now_ns()):
+            self.path.fail(p.key, TritonError(Code.CANCELLED, REQUEST_CANCELLED), "CANCELED")
+        self._end_state(mv, [seq])
 
     # ---------------------------------------------------------------- timers
 

@@ -41,9 +41,6 @@ SUBTESTS = ("main", "ensemble", "bls", "decoupled", "response_sender", "io", "as
 RESTARTED = ("tritond restarts a dead worker at once (crash isolation), so the model is READY again when the test "
              "asks a second after the kill (the check below: ready and serving); Triton's python backend restarts "
              "its stub only at the next request, and reads not ready until then")
-RESCHEDULING_REFUSED = "iterative sequences (request rescheduling) are not supported by tritond"
-RESCHEDULING = ("its models reschedule requests (sequence_batching.iterative_sequence with "
-                f"set_release_flags(RESCHEDULE)), which tritond refuses at load ('{RESCHEDULING_REFUSED}')")
 NOT_RUN = {
     "variants": "builds the python backend stub with cmake and apt packages (downloads)",
     "env": "installs miniconda and conda-packs execution environments (downloads)",
@@ -596,11 +593,6 @@ def _request_rescheduling(qa, d: Path) -> None:
     for n in ("bls_request_rescheduling", "request_rescheduling_addsub", "iterative_sequence", "wrong_return_type"):
         _model(qa, models, n)
     s = qa.start(d, _args(models, "--model-control-mode=explicit --load-model=*"), "request_rescheduling.server.log")
-    if s is None and RESCHEDULING_REFUSED in qa.current.text():
-        _skip(qa, "../test_infer_shm_leak.py", "TestInferShmLeak.test_shm_leak[bls_request_rescheduling]", RESCHEDULING)
-        for case in _tests_of(d / "grpc_endpoint_test.py"):
-            _skip(qa, "grpc_endpoint_test.py", case, RESCHEDULING)
-        return
     _pytest(qa, d, "../test_infer_shm_leak.py", s, env={"MODEL_NAME": "bls_request_rescheduling"},
             variant="bls_request_rescheduling")
     _pytest(qa, d, "grpc_endpoint_test.py", s)

@@ -277,6 +277,7 @@ def worker(maps) -> Worker:
     w.leases, w.exports, w.imports = Leases(w.arena, ids), Exports(ids), Imports()
     w.decoupled, w.flow, w.states = False, Flow(), SequenceStates([], w.arena, [])
     w.stateful = False
+    w.iterative = False
     return w
 
 

@@ -345,7 +345,8 @@ def test_bls_from_execute(loaded):
         seen.append((model_name, request_id))
         if model_name == "missing":
             return {}, TritonError(Code.NOT_FOUND, "Request for unknown model: 'missing' is not found"), {}
-        return {"OUT": inputs["IN"] * 10}, None, {}
+        array, datatype = inputs["IN"]
+        return {"OUT": (array * 10, datatype)}, None, {}
 
     pb_utils.set_bls_handler(handler)
     try:

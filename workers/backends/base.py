@@ -81,6 +81,10 @@ class Backend:
     # the regions up only for such backends.
     writes_into_regions: bool = False
 
+    # After execute(): the requests (indices into its list) an iterative sequence model released
+    # to run again (a Python model's set_release_flags(RESCHEDULE)); no answer goes for them yet.
+    rescheduled: tuple[int, ...] = ()
+
     def __init__(self, config: dict, view: ModelView, instance: InstanceInfo) -> None:
         self.view = view              # the parsed config: batching, tensors, decoupling
         self.config = config          # Triton config JSON, for what the view does not carry

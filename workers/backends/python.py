@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from tritond.repository.backends import PYTHON, PYTHON_RUNTIME
-from tritond.wire.errors import Code, TritonError, internal
+from tritond.wire.errors import Code, TritonError, internal, invalid
 from tritond.wire.schema import ModelView
 from tritond.workers import pb_utils
 from tritond.workers.backends.base import Backend, InstanceInfo, WorkerRequest, WorkerResponse
@@ -48,6 +48,7 @@ class PythonBackend(Backend):
         self._loop_thread: threading.Thread | None = None
         self._all_outputs: list[str] = []
         self._bf16_inputs: frozenset[str] = frozenset()
+        self._iterative = False
 
     def model_path(self) -> str:
         """model.py: the version's, or a Python-based backend's own (as Triton's stub runs it)."""
@@ -103,6 +104,7 @@ class PythonBackend(Backend):
     def load(self) -> None:
         self._decoupled = self.view.decoupled
         self._all_outputs = list(self.view.outputs)
+        self._iterative = self.view.sequence is not None and self.view.sequence.iterative
         self._bf16_inputs = frozenset(n for n, t in self.view.inputs.items() if t.datatype == "BF16")
         self._model = self._run_model_code(self._import_model().TritonPythonModel)
         if hasattr(self._model, "initialize"):
@@ -140,20 +142,28 @@ class PythonBackend(Backend):
             return []
         sent = _Sent(len(requests))
         pb_requests = [self._to_pb_request(r, functools.partial(sent.keep, i)) for i, r in enumerate(requests)]
+        again: set[int] = set()
         try:
             returned = self._call(self._model.execute, pb_requests)
             problem = _check_responses(returned, len(pb_requests))
+            again = _released_to_run_again(pb_requests)
+            if problem is None and again:
+                problem = _check_rescheduled(returned, again)
         except MemoryError:
             raise
         except Exception as e:
             returned, problem = None, describe(e)
         if problem is None:
-            problem = sent.settle(pb_requests, returned or [None] * len(pb_requests))
+            problem = sent.settle(pb_requests, returned or [None] * len(pb_requests), again)
         for r in pb_requests:
             r._response_sender.close()
+        self.rescheduled = tuple(sorted(again)) if self._iterative and problem is None else ()
         message = self._failed(problem) if problem is not None else ""
-        return [_to_worker_response(resp, req) if resp is not None else WorkerResponse(error=internal(message))
-                for resp, req in zip(sent.responses, pb_requests)]
+        out = [_to_worker_response(resp, req) if resp is not None else WorkerResponse(error=internal(message))
+               for resp, req in zip(sent.responses, pb_requests)]
+        for i in again if problem is None else ():
+            out[i] = WorkerResponse() if self._iterative else WorkerResponse(error=invalid(RESCHEDULE_REFUSED))
+        return out
 
     def _failed(self, problem: str) -> str:
         """Triton's text for requests the model failed, logged as an error as Triton logs it."""
@@ -185,8 +195,18 @@ class PythonBackend(Backend):
                     except pb_utils.TritonModelException:
                         pass        # closed meanwhile by the model's own thread
 
+        self.rescheduled = ()
         try:
             result = self._model.execute(pb_requests)
+            again = _released_to_run_again(pb_requests)
+            if again and self._iterative:
+                self.rescheduled = tuple(sorted(again))
+            for i in again if not self._iterative else ():
+                sender = pb_requests[i].get_response_sender()
+                if not sender.is_closed():
+                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                        RESCHEDULE_REFUSED, pb_utils.TritonError.INVALID_ARG)),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             if inspect.iscoroutine(result):
                 future = asyncio.run_coroutine_threadsafe(result, self._event_loop())
                 future.add_done_callback(
@@ -300,20 +320,40 @@ class _Sent:
                 self.responses[index] = response
                 self._cond.notify_all()
 
-    def settle(self, requests: list[pb_utils.InferenceRequest], returned: list) -> str | None:
+    def settle(self, requests: list[pb_utils.InferenceRequest], returned: list, again: set[int]) -> str | None:
         """Take the returned responses, then wait for those the model still owes through a sender
-        it took (until the request is cancelled); a request nobody can answer is an error."""
+        it took (until the request is cancelled); a request nobody can answer is an error (one
+        released to run again is answered later)."""
         with self._cond:
             for i, response in enumerate(returned):
                 if self.responses[i] is None:
                     self.responses[i] = response
             for i, request in enumerate(requests):
-                while self.responses[i] is None and request._sender_taken and not request.is_cancelled():
+                while (self.responses[i] is None and i not in again and request._sender_taken
+                       and not request.is_cancelled()):
                     self._cond.wait(0.1)
-        if any(r is None for r in self.responses):
+        if any(r is None for i, r in enumerate(self.responses) if i not in again):
             return ("Expected an 'InferenceResponse' object in the execute function return list, "
                     f"found type '{type(None)}'.")
         return None
+
+
+RESCHEDULE_REFUSED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+                      "configured to handle such a flag.")
+
+
+def _released_to_run_again(requests: list[pb_utils.InferenceRequest]) -> set[int]:
+    """The requests the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
+    return {i for i, r in enumerate(requests) if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE}
+
+
+def _check_rescheduled(responses: list | None, again: set[int]) -> str | None:
+    """Triton's stub's check: a rescheduled request's place in execute()'s list holds None."""
+    for i in sorted(again):
+        if responses is not None and responses[i] is not None:
+            return ("Expected a None object in the execute function return list for reschduled request, found "
+                    f"type '{type(responses[i])}'.")
+    return None
 
 
 def _check_responses(responses: Any, count: int) -> str | None:
