@@ -318,6 +318,8 @@ def l0_iterative_sequence(qa) -> None:
     backends = _fresh(d / "backends")
     (backends / "iterative_sequence").mkdir()
     shutil.copy(STANDIN / "iterative_sequence.py", backends / "iterative_sequence" / "model.py")
+    # Dockerfile.QA makes version 1 (and puts the C++ backend's library in it)
+    (d / "models" / "iterative_sequence" / "1").mkdir(exist_ok=True)
     s = qa.start(d, f"--model-repository={d / 'models'} --model-control-mode=EXPLICIT --backend-directory={backends}",
                  "inference_server.log")
     qa.unittest(d, "iterative_sequence_e2e.py", server=s)
