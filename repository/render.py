@@ -7,6 +7,7 @@ so the same fix-up happens here.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, Callable
 
 from google.protobuf import json_format
@@ -105,6 +106,51 @@ def config_to_json(cfg: ModelConfig) -> dict:
     out = _message_to_dict(cfg)
     _walk(out, ModelConfig.DESCRIPTOR, _int64_as_number)
     return _in_declaration_order(out, ModelConfig.DESCRIPTOR)
+
+
+def load_config_json(text: str) -> Any:
+    """A load request's `config` text as Triton reads it: JSON, whose object keys protobuf's JSON
+    parser (Triton's) also takes unquoted when they are identifiers (`{direct: {}}`). Raises
+    ValueError (the strict parser's, when quoting does not help)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as strict:
+        try:
+            return json.loads(_quote_bare_keys(text))
+        except json.JSONDecodeError:
+            raise strict from None
+
+
+def _quote_bare_keys(text: str) -> str:
+    """Quote identifier keys outside strings: those after '{' or ',' and before ':'."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    last = ""           # the last character outside strings and whitespace
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i, last = j + 1, '"'
+            continue
+        if (c.isalpha() or c == "_") and last in ("{", ","):
+            j = i
+            while j < n and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            k = j
+            while k < n and text[k].isspace():
+                k += 1
+            if k < n and text[k] == ":":
+                out.append(f'"{text[i:j]}"')
+                i, last = j, '"'
+                continue
+        out.append(c)
+        if not c.isspace():
+            last = c
+        i += 1
+    return "".join(out)
 
 
 def config_from_json(d: dict) -> ModelConfig:

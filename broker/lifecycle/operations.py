@@ -10,7 +10,6 @@ what stayed the same for one interval (repository/poll.py).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Generator
@@ -25,7 +24,7 @@ from tritond.repository.parameters import parameter_text
 from tritond.repository.partition import partition
 from tritond.repository.poll import REMOVE, Change, PollState
 from tritond.repository.remote import RemoteError, is_remote, mirror_model
-from tritond.repository.render import config_from_json, config_to_json
+from tritond.repository.render import config_from_json, config_to_json, load_config_json
 from tritond.repository.spec import ModelSpec
 from tritond.wire.errors import Code, TritonError, invalid
 from tritond.wire.options import ServerOptions
@@ -136,7 +135,7 @@ class ModelControl:
             override = None
             if op.config is not None:
                 try:
-                    override = config_from_json(json.loads(op.config))
+                    override = config_from_json(load_config_json(op.config))
                 except (ValueError, TypeError) as e:
                     # Triton's words (tests and clients match "failed to load" / "Invalid config override")
                     message = f"failed to load '{op.name}', Invalid config override: {e}"

@@ -6,7 +6,7 @@ from tritonclient.grpc import model_config_pb2
 
 from tritond.repository import devices
 from tritond.repository.normalize import normalize_config
-from tritond.repository.render import config_from_json, config_to_json, platform_name, tensor_metadata
+from tritond.repository.render import config_from_json, config_to_json, load_config_json, platform_name, tensor_metadata
 
 
 @pytest.fixture(autouse=True)
@@ -140,3 +140,12 @@ def test_tensor_metadata_uses_wire_types_and_batch_dim():
 )
 def test_platform_name(text, name):
     assert platform_name(parse(text)) == name
+
+
+def test_a_load_config_takes_unquoted_identifier_keys_as_tritons_protobuf_parser_does():
+    """qa/L0_iterative_sequence loads `..., direct: { ... }` as a config override."""
+    text = '{"name": "m", direct: {"max_queue_delay_microseconds": 5}, b_2 :[1], "s": "k: v, {z: 1}"}'
+    assert load_config_json(text) == {"name": "m", "direct": {"max_queue_delay_microseconds": 5}, "b_2": [1],
+                                      "s": "k: v, {z: 1}"}
+    with pytest.raises(ValueError, match="Expecting property name enclosed in double quotes"):
+        load_config_json('{"a": 1,')
