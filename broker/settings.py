@@ -15,13 +15,15 @@ from tritond.wire.options import OtelConfig, TraceConfig
 from tritond.wire.replies import LogSettingValues
 from tritond.wire.schema import LOG_FORMATS, LogConfig
 
-TRACE_LEVELS = ("OFF", "TIMESTAMPS")
+TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 
 
 def trace_values(cfg: TraceConfig) -> dict[str, Any]:
     """The API's view (strings, as Triton answers) of the `--trace-config` options."""
     return {
-        "trace_file": cfg.file, "trace_level": [cfg.level], "trace_rate": str(cfg.rate),
+        "trace_file": cfg.file,
+        "trace_level": ([cfg.level] if cfg.level != "OFF" or not cfg.tensors else []) + (["TENSORS"] if cfg.tensors else []),
+        "trace_rate": str(cfg.rate),
         "trace_count": str(cfg.count), "log_frequency": str(cfg.log_frequency), "trace_mode": cfg.mode,
     }
 
@@ -119,6 +121,8 @@ class Settings:
             if k not in base:
                 raise invalid(f"unknown trace setting '{k}'")
             checked[k] = None if v is None else self._check(k, v)
+        if "TENSORS" in (checked.get("trace_level") or ()) and base["trace_mode"] == "opentelemetry":
+            raise TritonError(Code.UNSUPPORTED, "trace level 'TENSORS' is not supported in opentelemetry mode")
         target = self.model_trace.setdefault(model, {}) if model else base
         for k, v in checked.items():
             if k == "trace_file":
@@ -138,10 +142,8 @@ class Settings:
         if key == "trace_level":
             levels = value if isinstance(value, list) else [value]
             for level in levels:
-                if level == "TENSORS":
-                    raise TritonError(Code.UNSUPPORTED, "trace level 'TENSORS' is not supported by tritond")
                 if level not in TRACE_LEVELS:
-                    raise invalid(f"invalid value for 'trace_level': '{level}' (OFF or TIMESTAMPS)")
+                    raise invalid(f"invalid value for 'trace_level': '{level}' (OFF, TIMESTAMPS or TENSORS)")
             return list(levels)
         if key in ("trace_rate", "log_frequency"):
             return _uint_setting(key, value)

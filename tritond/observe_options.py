@@ -131,9 +131,9 @@ DEPRECATED_TRACE_FLAGS = (
     ("--trace-log-frequency", "triton,log-frequency", "triton,log-frequency=<log frequency value>"),
 )
 BSP_SETTINGS = ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size")
-# tritonserver's words for the trace levels tritond has (TENSORS is refused below).
+# tritonserver's words for the trace levels
 TRACE_LEVELS = {"off": "OFF", "false": "OFF", "timestamps": "TIMESTAMPS", "true": "TIMESTAMPS",
-                "on": "TIMESTAMPS", "min": "TIMESTAMPS", "max": "TIMESTAMPS"}
+                "on": "TIMESTAMPS", "min": "TIMESTAMPS", "max": "TIMESTAMPS", "tensors": "TENSORS"}
 
 
 def deprecated_trace_entries(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -186,10 +186,8 @@ def trace_settings(entries: list[str]) -> dict[str, Any]:
             raise FlagError(f"--trace-config: unknown trace mode '{mode}' (expected triton or opentelemetry)")
         if not comma:
             if setting == "level":
-                if value.lower() == "tensors":
-                    raise FlagError("--trace-config level=TENSORS is not supported by tritond (TIMESTAMPS is)")
                 if value.lower() not in TRACE_LEVELS:
-                    raise FlagError(f"--trace-config level: invalid value '{value}' (OFF or TIMESTAMPS)")
+                    raise FlagError(f"--trace-config level: invalid value '{value}' (OFF, TIMESTAMPS or TENSORS)")
                 levels.append(TRACE_LEVELS[value.lower()])
             elif setting == "rate":
                 cfg["rate"] = _uint(value, "rate")
@@ -225,6 +223,10 @@ def trace_settings(entries: list[str]) -> dict[str, Any]:
                                 f"bsp_max_queue_size, bsp_schedule_delay, bsp_max_export_batch_size)")
     if levels:
         cfg["level"] = "TIMESTAMPS" if "TIMESTAMPS" in levels else "OFF"
+        cfg["tensors"] = "TENSORS" in levels
+    if cfg["tensors"] and cfg["mode"] == "opentelemetry":
+        raise FlagError("--trace-config level=TENSORS is not supported in opentelemetry mode (as in tritonserver, "
+                        "which traces tensors in mode triton only)")
     if cfg["mode"] == "opentelemetry" or any(e.startswith("opentelemetry,") for e in entries):
         import importlib.util
         if importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is None:

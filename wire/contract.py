@@ -113,17 +113,17 @@ def record() -> str:
 
 # ---------------------------------------------------------------- recorded by `python -m tritond.wire.contract`
 
-RECORDED_VERSION = 20
-SCHEMA_FINGERPRINT = "bf88d3c92230d2dc"
+RECORDED_VERSION = 21
+SCHEMA_FINGERPRINT = "a6cc14c721462b1a"
 STRUCTS = {
     "errors.Code": "6e686da91e90",
     "options.HttpLimitsConfig": "95894af5226a",
     "options.MetricsConfig": "316263254ca0",
     "options.OpenAIConfig": "e7658b91b545",
     "options.OtelConfig": "49c6ec3bfd03",
-    "options.ServerOptions": "a1c74f9aca9c",
+    "options.ServerOptions": "1feef84906ff",
     "options.TlsConfig": "73eb470ed7ce",
-    "options.TraceConfig": "cee912e8cf94",
+    "options.TraceConfig": "061be6043fab",
     "options._O": "7157e6c72e21",
     "replies.CacheUsage": "f093277b05fb",
     "replies.CudaRegionStatus": "0580eec181ff",

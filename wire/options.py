@@ -54,6 +54,7 @@ class OtelConfig(_O):
 class TraceConfig(_O):
     """`--trace-config [<mode>,]<setting>=<value>`, Triton's keys and defaults."""
     level: Literal["OFF", "TIMESTAMPS"] = "OFF"
+    tensors: bool = False            # level TENSORS too: traces hold the input and output tensors
     rate: int = 1000
     count: int = -1                  # -1: no limit
     mode: Literal["triton", "opentelemetry"] = "triton"

@@ -31,7 +31,7 @@ import msgspec
 from .errors import Code, TritonError
 from .replies import ControlResult
 
-PROTOCOL_VERSION = 20
+PROTOCOL_VERSION = 21
 # Inline tensors up to this size ride inside the message; larger ones go through shm. Where
 # the two cost the same CPU per request (HTTP binary, c=16): below it a block's allocation,
 # lease and release cost more than copying the bytes through every hop; above it, less.

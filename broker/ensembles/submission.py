@@ -139,6 +139,8 @@ class Ensembles:
         `trace`: the request's (broker/observe/tracing.py), when it is traced."""
         if isinstance(mv, EnsembleVersion):
             return self.run(reply, msg, mv, trace)
+        if trace is not None and trace.setting.tensors:
+            reply = self.tracer.trace_outputs(trace, reply)
         return self._admit(reply, msg, mv, trace)
 
     def run(self, reply: ReplyTo, msg: Infer, mv: "EnsembleVersion", trace: Any = None) -> EnsembleRun | None:
@@ -149,6 +151,8 @@ class Ensembles:
         except TritonError as e:
             reply(InferReply(msg.rid, error=e))
             return None
+        if trace is not None and trace.setting.tensors:
+            trace.queued(msg)
         run = EnsembleRun(self, reply, msg, mv, regions, self.clock.now_ns(), trace)
         run.start()
         return None if run.done else run

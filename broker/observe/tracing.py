@@ -30,6 +30,7 @@ from tritond.wire.schema import (TRACE_SHARD_SHIFT, BatchDone, Infer, InferReply
                                  TraceInfo, TraceRef)
 
 from tritond.broker.clock import Clock
+from tritond.broker.observe.tensor_traces import tensor_record
 from tritond.broker.tables.inflight import ReplyTo
 from tritond.broker.tables.model_version import ModelVersion
 
@@ -46,7 +47,8 @@ class Setting:
         self.values = dict(values)
         self.scope = scope                 # the dict the API shows: the remaining count is kept there
         levels = values.get("trace_level") or ["OFF"]
-        self.level = "TIMESTAMPS" if "TIMESTAMPS" in levels else "OFF"
+        self.timestamps = "TIMESTAMPS" in levels
+        self.tensors = "TENSORS" in levels            # broker/observe/tensor_traces.py
         self.rate = int(values.get("trace_rate", 1000))
         self.count = int(values.get("trace_count", -1))
         self.log_frequency = int(values.get("log_frequency", 0))
@@ -60,7 +62,7 @@ class Setting:
 
     def mode_if_active(self) -> str:
         """The mode requests are stamped for ('' when nothing can be traced)."""
-        if self.level == "OFF" or (self.mode == "triton" and not self.file):
+        if not (self.timestamps or self.tensors) or (self.mode == "triton" and not self.file):
             return ""
         if self.mode == "triton" and (self.count == 0 or self.rate == 0):
             return ""
@@ -81,7 +83,7 @@ class Setting:
 
 class Trace:
     __slots__ = ("id", "setting", "model", "version", "request_id", "stamps", "born_ns", "parent_id", "root",
-                 "children", "ref")
+                 "children", "ref", "tensors")
 
     def __init__(self, tid: int, setting: Setting, mv: ModelVersion, request_id: str, now_ns: int,
                  parent_id: int = 0, context: str = "") -> None:
@@ -96,6 +98,12 @@ class Trace:
         self.parent_id = parent_id          # an ensemble step's request: the ensemble request's trace
         self.root = self                    # the client's request's trace, which the frontend exports
         self.children: list[TraceChild] = []    # OpenTelemetry mode: the root's descendants, as they end
+        self.tensors: list[dict] = []           # level TENSORS: its tensor records
+
+    def queued(self, msg: Infer) -> None:
+        """Level TENSORS: the request's inputs as it enters its model's queue (its client regions
+        resolved)."""
+        self.tensors += [tensor_record(self.id, "TENSOR_QUEUE_INPUT", d) for d in msg.inputs]
 
     def compute(self, dispatch_ns: int, done: BatchDone) -> None:
         """The batch this request ran in: when it was formed, and the worker's times."""
@@ -202,6 +210,16 @@ class Tracer:
             reply(r)
         return trace, end
 
+    @staticmethod
+    def trace_outputs(trace: Trace, reply: ReplyTo) -> ReplyTo:
+        """Level TENSORS: the outputs of each response of a model (not an ensemble), through the
+        returned reply."""
+        def outputs(r: InferReply) -> None:
+            if r.error is None:
+                trace.tensors += [tensor_record(trace.id, "TENSOR_BACKEND_OUTPUT", d) for d in r.outputs]
+            reply(r)
+        return outputs
+
     def end_child(self, trace: Trace) -> None:
         """A step's request answered: its trace goes with its parent's into the file, or (in
         OpenTelemetry mode) with the client's request's reply to the frontend."""
@@ -234,7 +252,8 @@ class Tracer:
             head["request_id"] = trace.request_id
         if trace.parent_id:
             head["parent_id"] = trace.parent_id
-        return [head] + [{"id": trace.id, "timestamps": [{"name": s.name, "ns": s.ns}]} for s in trace.stamps]
+        stamps = trace.stamps if trace.setting.timestamps else ()
+        return [head] + [{"id": trace.id, "timestamps": [{"name": s.name, "ns": s.ns}]} for s in stamps] + trace.tensors
 
     def _collect(self, trace: Trace) -> None:
         s = trace.setting

@@ -95,6 +95,8 @@ class RequestPath:
             reply(InferReply(msg.rid, error=err))
             return None
         now = self.clock.now_ns()
+        if trace is not None and trace.setting.tensors:
+            trace.queued(msg)
         req = Req(reply, msg, mv, now, None, regions=regions, trace=trace, key=next(self.keys))
         try:
             sched.admit(req, msg, now)

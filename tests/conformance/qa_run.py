@@ -51,11 +51,7 @@ TRT_FIRST = ("checks a plan (TensorRT) model, not generated here, before its onn
              "Request for unknown model: 'plan_")
 NO_GPU = ("loads KIND_GPU instances, which tritond refuses on a host without GPUs (as it must)",
           "but no GPUs are available")
-TENSOR_TRACES = ("sets trace_level TENSORS, which tritond refuses (it has no tensor traces), as it must",
-                 "trace level 'TENSORS' is not supported by tritond")
 KNOWN = {
-    "TraceEndpointTest.test_http_update_settings": TENSOR_TRACES,
-    "TraceEndpointTest.test_grpc_update_settings": TENSOR_TRACES,
     **{f"TestInstanceUpdate.{n}": NO_GPU
        for n in ("test_gpu_instance_update", "test_gpu_cpu_instance_update", "test_instance_name_update",
                  "test_instance_signature", "test_direct_scheduler_update_with_ongoing_sequences",

@@ -789,8 +789,25 @@ def l0_cmdline_trace(qa) -> None:
         line = (f'{{"id":{i},"model_name":"{model}","model_version":1,"request_id":"1"'
                 + (f',"parent_id":{parent}' if parent else "") + "}")
         qa.check(f"trace {line}", text.count(line) == 1, f"{text.count(line)} found")
-    qa.record("test.sh", "ensemble traces with --trace-level=TENSORS", "skip",
-              "tritond refuses --trace-config level=TENSORS (tensor traces are not supported)")
+
+    # the same with --trace-level=TENSORS too: each trace's inputs and each model's outputs
+    _traced(qa, d, f"--http-thread-count=1 --trace-file=trace_ensemble_tensor.log --trace-level=TIMESTAMPS "
+                   f"--trace-level=TENSORS --trace-rate=1 {repo}", "ensemble_tensor", "trace_ensemble_tensor.log",
+            {"trace_ensemble_tensor.log": (7, 1)}, rounds=1, protocols=("http",))
+    text = (d / "trace_ensemble_tensor.log").read_text() if (d / "trace_ensemble_tensor.log").exists() else ""
+    for i, model, parent in expect:
+        line = (f'{{"id":{i},"model_name":"{model}","model_version":1,"request_id":"1"'
+                + (f',"parent_id":{parent}' if parent else "") + "}")
+        qa.check(f"tensor trace {line}", text.count(line) == 1, f"{text.count(line)} found")
+    for activity, count in (("TENSOR_QUEUE_INPUT", 18), ("TENSOR_BACKEND_OUTPUT", 14)):
+        qa.check(f"{count} {activity}s", text.count(activity) == count, f"{text.count(activity)} found")
+    seq = ",".join(map(str, range(16)))
+    for activity, name, data in (("TENSOR_QUEUE_INPUT", "INPUT0", seq), ("TENSOR_QUEUE_INPUT", "INPUT1", ",".join(["1"] * 16)),
+                                 ("TENSOR_BACKEND_OUTPUT", "OUTPUT0", ",".join(map(str, range(1, 17)))),
+                                 ("TENSOR_BACKEND_OUTPUT", "OUTPUT1", ",".join(map(str, range(-1, 15))))):
+        line = (f'{{"id":1,"activity":"{activity}","tensor":{{"name":"{name}","data":"{data}","shape":"1,16",'
+                f'"dtype":"INT32"}}}}')
+        qa.check(f"tensor trace {line}", text.count(line) == 1, f"{text.count(line)} found")
 
     # the deprecated flags, and bad batch span processor settings
     server = qa.start(d, f"--trace-file=/tmp/trace.json --trace-rate=100 --trace-level=TIMESTAMPS "

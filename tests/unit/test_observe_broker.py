@@ -312,8 +312,10 @@ def test_trace_settings_of_a_model_that_is_not_ready_are_refused_in_tritons_word
 
 def test_settings_api_rejects_what_tritond_does_not_do(harness):
     h = harness()
-    reply = h.control(S.TraceSettings("", {"trace_level": ["TENSORS"]}))
-    assert reply.error is not None and reply.error.code.name == "UNSUPPORTED"
+    reply = h.control(S.TraceSettings("", {"trace_level": ["TIMESTAMPS", "TENSORS"]}))
+    assert reply.error is None and reply.result.settings["trace_level"] == ["TIMESTAMPS", "TENSORS"]
+    reply = h.control(S.TraceSettings("", {"trace_level": ["ALL"]}))
+    assert reply.error is not None and reply.error.code.name == "INVALID_ARG"
     reply = h.control(S.TraceSettings("", {"trace_rate": "often"}))
     assert reply.error is not None and reply.error.code.name == "INVALID_ARG"
     reply = h.control(S.LogSettings({"log_format": "json"}))
@@ -340,7 +342,7 @@ def test_flags_parse_with_triton_syntax():
 
 @pytest.mark.parametrize("flag", [
     "--cache-config=local,size=-5", "--cache-config=redis,size=10", "--cache-config=size=10",
-    "--cache-config=local,bytes=10", "--trace-config=level=TENSORS", "--trace-config=rate=x",
+    "--cache-config=local,bytes=10", "--trace-config=level=ALL", "--trace-config=rate=x",
     "--trace-config=jaeger,url=x", "--metrics-config=model_metrics_mode=x", "--metrics-config=a,b=c",
     "--metrics-config=counter_latencies=maybe", "--metrics-interval-ms=0", "--log-format=xml",
 ])

@@ -145,8 +145,10 @@ def test_tritonservers_deprecated_trace_flags_are_aliases_of_trace_config():
     # --trace-config wins over the deprecated flag, as in tritonserver
     assert options("--trace-rate=1", "--trace-config=rate=7").trace.rate == 7
     assert options("--trace-level=OFF").trace.level == "OFF"
-    with pytest.raises(UsageError, match="level=TENSORS is not supported"):
-        options("--trace-level=TENSORS")
+    tensors = options("--trace-level=TIMESTAMPS", "--trace-level=TENSORS").trace
+    assert (tensors.level, tensors.tensors) == ("TIMESTAMPS", True)
+    with pytest.raises(UsageError, match="level=TENSORS is not supported in opentelemetry mode"):
+        options("--trace-level=TENSORS", "--trace-config=mode=opentelemetry")
 
 
 @pytest.mark.parametrize("flag, message", [
