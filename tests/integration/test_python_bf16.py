@@ -1,6 +1,6 @@
 """BF16 in a Python model, as Triton's python backend has it (L0_backend_python test_bf16): the
 input's as_numpy() is refused, DLPack carries it to torch and back, and the output reaches the
-client as BF16."""
+client as BF16; a BLS call carries it to another model and back as BF16."""
 from __future__ import annotations
 
 import ml_dtypes
@@ -45,19 +45,6 @@ class TritonPythonModel:
 """
 
 
-def test_a_bf16_tensor_goes_through_torch_and_back_to_the_client(tmp_path):
-    (tmp_path / "bf16" / "1").mkdir(parents=True)
-    (tmp_path / "bf16" / "config.pbtxt").write_text(CONFIG)
-    (tmp_path / "bf16" / "1" / "model.py").write_text(MODEL)
-    x = np.array([1.5, -2, 3.25], dtype=ml_dtypes.bfloat16)
-    with serving(TritondServer(tmp_path, grpc=False)) as s:
-        inp = httpclient.InferInput("INPUT0", list(x.shape), "BF16")
-        inp.set_data_from_numpy(x)
-        result = httpclient.InferenceServerClient(s.http_url).infer("bf16", [inp])
-    assert result.get_response()["outputs"][0]["datatype"] == "BF16"
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), (x.astype(np.float32) * 2).astype(ml_dtypes.bfloat16))
-
-
 CALLER = """
 import triton_python_backend_utils as pb_utils
 
@@ -80,7 +67,9 @@ class TritonPythonModel:
 """
 
 
-def test_a_bf16_tensor_goes_to_another_model_by_bls_and_back_as_bf16(tmp_path):
+@pytest.mark.parametrize("model", ["bf16", "bf16_caller"])
+def test_a_bf16_tensor_goes_through_torch_and_back_to_the_client(tmp_path, model):
+    """Straight to the doubling model, or through a caller that sends it there by BLS."""
     for name, source in (("bf16", MODEL), ("bf16_caller", CALLER)):
         (tmp_path / name / "1").mkdir(parents=True)
         (tmp_path / name / "config.pbtxt").write_text(CONFIG)
@@ -89,6 +78,6 @@ def test_a_bf16_tensor_goes_to_another_model_by_bls_and_back_as_bf16(tmp_path):
     with serving(TritondServer(tmp_path, grpc=False)) as s:
         inp = httpclient.InferInput("INPUT0", list(x.shape), "BF16")
         inp.set_data_from_numpy(x)
-        result = httpclient.InferenceServerClient(s.http_url).infer("bf16_caller", [inp])
+        result = httpclient.InferenceServerClient(s.http_url).infer(model, [inp])
     assert result.get_response()["outputs"][0]["datatype"] == "BF16"
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), (x.astype(np.float32) * 2).astype(ml_dtypes.bfloat16))
