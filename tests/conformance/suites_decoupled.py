@@ -37,6 +37,22 @@ def _standin(qa, models: Path, name: str) -> bool:
     return True
 
 
+STANDINS = Path(__file__).resolve().parent / "standins"
+
+
+def repeat_non_decoupled(qa, models: Path, name: str, policy: str) -> bool:
+    """models/<name>: repeat_int32's config with `policy` in place of its decoupled one, run by
+    standins/repeat.py (the C++ repeat backend without decoupled responses)."""
+    if not _standin(qa, models, "repeat_int32"):
+        return False
+    if name != "repeat_int32":
+        _copytree(models / "repeat_int32", models / name)
+        _sed(models / name / "config.pbtxt", "repeat_int32", name)
+    _sed(models / name / "config.pbtxt", r"model_transaction_policy \{\s*decoupled: True\s*\}\n?", policy)
+    shutil.copy(STANDINS / "repeat.py", models / name / "1" / "model.py")
+    return True
+
+
 def _skip_all(qa, module: str, cases, why: str) -> None:
     for case in cases:
         qa.record(module, case, "skip", why)
@@ -84,11 +100,13 @@ def l0_decoupled(qa) -> None:
                         env={"TRITONSERVER_DELAY_GRPC_RESPONSE": "2000"}, server=s)
         if s:
             s.stop()
-    # test.sh's non_decoupled_models/repeat_int32 is the C++ repeat backend with decoupled: False; the
-    # python stand-in's initialize refuses that policy (under Triton too), so NonDecoupledTest cannot run.
-    _skip_all(qa, "decoupled_test.py", ["NonDecoupledTest"],
-              "repeat_int32 with decoupled: False is Triton's C++ repeat backend; the python stand-in "
-              "(examples/decoupled/repeat_model.py) refuses to load non-decoupled, as under Triton")
+    # test.sh's non_decoupled_models/repeat_int32: the C++ repeat backend with decoupled: False
+    non_decoupled = _fresh(d / "non_decoupled_models")
+    repeat_non_decoupled(qa, non_decoupled, "repeat_int32", "model_transaction_policy {\n  decoupled: False\n}\n")
+    s = qa.start(d, f"--model-repository={non_decoupled}", "non_decoupled_inference_server.log")
+    qa.unittest(d, "decoupled_test.py", ["NonDecoupledTest"], variant="non_decoupled", server=s)
+    if s:
+        s.stop()
 
 
 # ====================================================================== L0_request_cancellation
@@ -167,7 +185,8 @@ def l0_request_cancellation(qa) -> None:
 # ====================================================================== L0_grpc_state_cleanup
 CLEANUP_TESTS = ("test_simple_infer", "test_simple_infer_cancellation", "test_simple_infer_timeout",
                  "test_streaming_infer", "test_streaming_timeout", "test_streaming_cancellation",
-                 "test_decoupled_infer", "test_decoupled_cancellation", "test_decoupled_timeout")
+                 "test_decoupled_infer", "test_decoupled_cancellation", "test_decoupled_timeout",
+                 "test_non_decoupled_streaming_multi_response")
 ERROR_STATUS_TESTS = ("test_simple_infer_error_status", "test_streaming_error_status", "test_decoupled_error_status")
 SHUTDOWN_TESTS = ("test_simple_infer_shutdownserver", "test_streaming_infer_shutdownserver",
                   "test_decoupled_infer_shutdownserver", "test_decoupled_infer_with_params_shutdownserver")
@@ -176,8 +195,7 @@ SHUTDOWN_TESTS = ("test_simple_infer_shutdownserver", "test_streaming_infer_shut
 def l0_grpc_state_cleanup(qa) -> None:
     d = qa.qa / "L0_grpc_state_cleanup"
     every = [f"CleanUpTest.{t}" for t in (*CLEANUP_TESTS, *ERROR_STATUS_TESTS, *SHUTDOWN_TESTS,
-                                          "test_decoupled_infer_complete",
-                                          "test_non_decoupled_streaming_multi_response")]
+                                          "test_decoupled_infer_complete")]
     models = _fresh(d / "models")
     if not _standin(qa, models, "repeat_int32"):
         _skip_all(qa, "cleanup_test.py", every, "needs QA_PYTHON_BACKEND (repeat_int32 is its decoupled example)")
@@ -188,13 +206,8 @@ def l0_grpc_state_cleanup(qa) -> None:
     _copytree(qa.qa / "custom_models" / "custom_zero_1_float32", custom)
     (custom / "1").mkdir(exist_ok=True)
     _append(custom / "config.pbtxt", 'parameters [\n{ key: "execute_delay_ms"; value: { string_value: "1000" }}\n]')
-    # test.sh's repeat_int32_non_decoupled is the C++ repeat backend without its decoupled policy;
-    # the python stand-in refuses to load that (as under Triton), so it is left out, and its case.
-    print("  (deviation: repeat_int32_non_decoupled left out: the python stand-in for the C++ repeat backend "
-          "refuses to load non-decoupled)", flush=True)
-    qa.record("cleanup_test.py", "CleanUpTest.test_non_decoupled_streaming_multi_response", "skip",
-              "repeat_int32_non_decoupled is Triton's C++ repeat backend without decoupled; the python stand-in "
-              "(examples/decoupled/repeat_model.py) refuses to load non-decoupled, as under Triton")
+    # test.sh's repeat_int32_non_decoupled: the C++ repeat backend without its decoupled policy
+    repeat_non_decoupled(qa, models, "repeat_int32_non_decoupled", "")
     args = f"--model-repository={models} --log-verbose=2"
     for case in CLEANUP_TESTS:
         s = qa.start(d, args, f"{case}.server.log")

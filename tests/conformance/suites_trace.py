@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from suites_decoupled import repeat_non_decoupled
 from suites_http import _copytree, _fresh, _sed
 from suites_observe import _http, _tests_of, _trace_summary
 
@@ -32,22 +33,20 @@ STRESS_S = 120.0
 CUSTOM_TRACING = ("the C++ identity backend's custom trace activities (TRITONSERVER_InferenceTraceReportActivity); "
                   "tritond's built-in identity backend refuses 'enable_custom_tracing'")
 NO_SAGEMAKER = "tritond has no SageMaker endpoint (it refuses --allow-sagemaker=true)"
-NO_REPEAT = ("repeat_int32 with decoupled: False runs on the C++ repeat test backend; its python stand-in "
-             "refuses to load non-decoupled, as under Triton")
 # opentelemetry_unittest.py's cases recorded skipped here, with why
 OTEL_SKIP = {
     "OpenTelemetryTest.test_sagemaker_invocation_trace_simple_model_context_propagation": NO_SAGEMAKER,
     "OpenTelemetryTest.test_sagemaker_invoke_trace_simple_model_context_propagation": NO_SAGEMAKER,
     "OpenTelemetryTest.test_custom_backend_tracing": CUSTOM_TRACING,
     "OpenTelemetryTest.test_custom_backend_tracing_context_propagation": CUSTOM_TRACING,
-    "OpenTelemetryTest.test_non_decoupled": NO_REPEAT,
 }
 SDK_QUEUE_FULL = "Queue full, dropping"
 
 
 # ---------------------------------------------------------------------- repository
 def _trace_models(qa, d: Path) -> Path:
-    """test.sh's trace_models, less repeat_int32 and custom_identity_int32 (printed)."""
+    """test.sh's trace_models, less custom_identity_int32 (printed); repeat_int32 (decoupled: False)
+    is the C++ repeat backend's stand-in, standins/repeat.py."""
     models = _fresh(d / "trace_models")
     (models / "dynamic_batch" / "1").mkdir(parents=True)
     (models / "dynamic_batch" / "config.pbtxt").write_text(
@@ -77,8 +76,9 @@ def _trace_models(qa, d: Path) -> Path:
     (models / "identity_fp32" / "1").mkdir(parents=True)
     shutil.copy(qa.qa / "python_models" / "identity_fp32" / "model.py", models / "identity_fp32" / "1")
     shutil.copy(qa.qa / "python_models" / "identity_fp32" / "config.pbtxt", models / "identity_fp32")
-    print(f"  (left out of trace_models: repeat_int32 ({NO_REPEAT}); custom_identity_int32 except for its own "
-          f"server ({CUSTOM_TRACING}): either would stop a server that loads every model)", flush=True)
+    repeat_non_decoupled(qa, models, "repeat_int32", "model_transaction_policy {\n  decoupled: False\n}\n")
+    print(f"  (left out of trace_models: custom_identity_int32 except for its own server ({CUSTOM_TRACING}): it "
+          f"would stop a server that loads every model)", flush=True)
     return models
 
 
@@ -352,9 +352,9 @@ def _otel_unittest(qa, d: Path, models: Path) -> None:
     for name, why in OTEL_SKIP.items():
         qa.record("opentelemetry_unittest.py", name, "skip", why)
     print("  (deviation: the OpenTelemetry server starts without --allow-sagemaker=true and without loading "
-          "repeat_int32 and custom_identity_int32; their cases are recorded skipped)", flush=True)
+          "custom_identity_int32; their cases are recorded skipped)", flush=True)
     loads = " ".join(f"--load-model={m}" for m in ("simple", ENSEMBLE, "input_all_required", "dynamic_batch",
-                                                    "bls_simple", "trace_context"))
+                                                    "bls_simple", "trace_context", "repeat_int32"))
     s = qa.start(d, f"--model-control-mode=explicit {loads} --trace-config=level=TIMESTAMPS --trace-config=rate=1 "
                     f"--trace-config=count=-1 --trace-config=mode=opentelemetry "
                     f"--trace-config=opentelemetry,resource=test.key=test.value "
