@@ -137,10 +137,10 @@ class Ensembles:
     def submit(self, reply: ReplyTo, msg: Infer, mv: ModelVersion, trace: Any = None) -> "Req | EnsembleRun | None":
         """Queue a request for `mv`, an ensemble or not; returns its handle while in flight.
         `trace`: the request's (broker/observe/tracing.py), when it is traced."""
-        if isinstance(mv, EnsembleVersion):
-            return self.run(reply, msg, mv, trace)
         if trace is not None and trace.setting.tensors:
             reply = self.tracer.trace_outputs(trace, reply)
+        if isinstance(mv, EnsembleVersion):
+            return self.run(reply, msg, mv, trace)
         return self._admit(reply, msg, mv, trace)
 
     def run(self, reply: ReplyTo, msg: Infer, mv: "EnsembleVersion", trace: Any = None) -> EnsembleRun | None:

@@ -1,5 +1,6 @@
 """Triton's TENSORS trace level: a traced request's input tensors as they enter its model's queue
-(TENSOR_QUEUE_INPUT) and its model's output tensors in each response (TENSOR_BACKEND_OUTPUT),
+(TENSOR_QUEUE_INPUT) and the output tensors of each of its responses, an ensemble's included
+(TENSOR_BACKEND_OUTPUT),
 written beside the trace's timestamps in Triton's layout and value formatting.
 
 The broker reads the tensors where the request and the reply leave them: inline, or in the

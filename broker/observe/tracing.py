@@ -212,8 +212,8 @@ class Tracer:
 
     @staticmethod
     def trace_outputs(trace: Trace, reply: ReplyTo) -> ReplyTo:
-        """Level TENSORS: the outputs of each response of a model (not an ensemble), through the
-        returned reply."""
+        """Level TENSORS: the outputs of each response, through the returned reply (an ensemble's
+        too: Triton traces every response it sends as TENSOR_BACKEND_OUTPUT)."""
         def outputs(r: InferReply) -> None:
             if r.error is None:
                 trace.tensors += [tensor_record(trace.id, "TENSOR_BACKEND_OUTPUT", d) for d in r.outputs]

@@ -1,6 +1,7 @@
 """Trace level TENSORS, as Triton writes it (qa/L0_cmdline_trace's ensemble trace with
 --trace-level=TENSORS): each traced request's inputs as it is queued (TENSOR_QUEUE_INPUT), an
-ensemble's and each of its steps', and each step model's outputs (TENSOR_BACKEND_OUTPUT), with
+ensemble's and each of its steps', and the outputs of each response (TENSOR_BACKEND_OUTPUT), the
+ensemble's too, with
 Triton's value formatting; a client's shared-memory input is read from its region."""
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_traces_hold_the_tensors_of_an_ensemble_and_its_steps(tmp_path):
     for step in ("first", "second"):
         assert (ids[step], "TENSOR_QUEUE_INPUT", {"name": "INPUT0", **floats}) in tensors
         assert (ids[step], "TENSOR_BACKEND_OUTPUT", {"name": "OUTPUT0", **floats}) in tensors
-    assert not [t for t in tensors if t[0] == ids["pipe"] and t[1] == "TENSOR_BACKEND_OUTPUT"], "an ensemble has no backend"
+    assert (ids["pipe"], "TENSOR_BACKEND_OUTPUT", {"name": "OUT", **floats}) in tensors, "an ensemble's response too"
     word_id = next(r["id"] for r in records if r.get("request_id") == "w")
     assert (word_id, "TENSOR_QUEUE_INPUT", {"name": "INPUT0", "data": '"a","bc"', "shape": "2", "dtype": "BYTES"}) in tensors
     region_id = next(r["id"] for r in records if r.get("request_id") == "r")
