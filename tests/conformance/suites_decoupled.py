@@ -14,6 +14,7 @@ TRITONSERVER_DELAY_RESPONSE_* hooks that stall Triton's gRPC state machine at na
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -78,8 +79,14 @@ def _decoupled_models(qa, d: Path) -> Path:
     return models
 
 
+DECOUPLED_TRIALS = "python python.grpc_max_response_pool_size_1 non_decoupled"
+
+
 def l0_decoupled(qa) -> None:
+    """test.sh's python trials (the second with --grpc-max-response-pool-size=1), then its
+    non-decoupled one; `QA_DECOUPLED_TRIALS` picks some of them (default: all, as test.sh)."""
     d = qa.qa / "L0_decoupled"
+    trials = os.environ.get("QA_DECOUPLED_TRIALS", DECOUPLED_TRIALS).split()
     names = [f"DecoupledTest.{t}" for t in DECOUPLED_TESTS] + ["DecoupledTest.test_one_to_multi_many"]
     if _python_backend(qa) is None:
         _skip_all(qa, "decoupled_test.py", names + ["NonDecoupledTest"],
@@ -89,6 +96,8 @@ def l0_decoupled(qa) -> None:
               "backends, whose python stand-ins are the python trial's models")
     models = _decoupled_models(qa, d)
     for label, extra in (("python", ""), ("python.grpc_max_response_pool_size_1", " --grpc-max-response-pool-size=1")):
+        if label not in trials:
+            continue
         s = qa.start(d, f"--model-repository={models}{extra}", f"{label}.server.log")
         # every trial streams through the four ensembles too (thousands of responses, each a second
         # apart in places): over the runner's usual 30 minutes on two cores
@@ -100,6 +109,8 @@ def l0_decoupled(qa) -> None:
                         env={"TRITONSERVER_DELAY_GRPC_RESPONSE": "2000"}, server=s)
         if s:
             s.stop()
+    if "non_decoupled" not in trials:
+        return
     # test.sh's non_decoupled_models/repeat_int32: the C++ repeat backend with decoupled: False
     non_decoupled = _fresh(d / "non_decoupled_models")
     repeat_non_decoupled(qa, non_decoupled, "repeat_int32", "model_transaction_policy {\n  decoupled: False\n}\n")
