@@ -447,6 +447,8 @@ BlsHandler = Callable[..., tuple]
 _bls_handler: BlsHandler | None = None
 _bls_stream_handler: BlsHandler | None = None
 _model_dir = ""
+# Whether a model called set_release_flags() since the worker last looked (it looks only then).
+release_flags_set = False
 
 
 def set_bls_handler(handler: BlsHandler | None, stream_handler: BlsHandler | None = None) -> None:
@@ -641,7 +643,9 @@ class InferenceRequest:
         return self._cancelled is not None and self._cancelled()
 
     def set_release_flags(self, flags: int) -> None:
+        global release_flags_set
         self._release_flags = int(flags)
+        release_flags_set = True
 
     _sender_taken = False       # whether the model took the response sender (it may answer later)
 

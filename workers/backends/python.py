@@ -343,7 +343,11 @@ RESCHEDULE_REFUSED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RES
 
 
 def _released_to_run_again(requests: list[pb_utils.InferenceRequest]) -> set[int]:
-    """The requests the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
+    """The requests the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (looked for
+    only when it set release flags at all)."""
+    if not pb_utils.release_flags_set:
+        return set()
+    pb_utils.release_flags_set = False
     return {i for i, r in enumerate(requests) if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE}
 
 
