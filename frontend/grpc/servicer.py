@@ -335,10 +335,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             else:
                 slots.release()
 
-        async def answer(request: pb.ModelInferRequest, send: Send) -> None:
+        async def answer(request: pb.ModelInferRequest, entry: S.ModelEntry | TritonError, send: Send) -> None:
             self.inflight += 1
             try:
-                await self._stream_answer(request, send, forwarded, parent, abort_on_error)
+                if isinstance(entry, TritonError):
+                    raise entry
+                await self._stream_answer(request, entry, send, forwarded, parent, abort_on_error)
             except TritonError as e:
                 await failed(request, e, send)
             except Exception:  # a bug must not take the stream down
@@ -358,7 +360,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                              else invalid(UNPARSABLE) if request is UNPARSED else None)
                     await slots.acquire()
                     send: Send = write
-                    if request is UNPARSED or not self._decoupled(request):
+                    entry = self._resolve(request) if error is None else error
+                    if isinstance(entry, TritonError) or entry.view is None or not entry.view.decoupled:
                         send = _InTurn(last, write, slots.release)
                         last = send.done
                     if error is not None:
@@ -367,7 +370,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                         finally:
                             settle(send)
                         continue
-                    task = asyncio.create_task(answer(request, send))
+                    task = asyncio.create_task(answer(request, entry, send))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 while tasks:
@@ -385,15 +388,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in list(tasks):
                 task.cancel()
 
-    def _decoupled(self, request: pb.ModelInferRequest) -> bool:
-        """Whether a stream request goes to a decoupled model (one it cannot resolve: no)."""
+    def _resolve(self, request: pb.ModelInferRequest) -> S.ModelEntry | TritonError:
+        """The model version a stream request goes to, or why there is none (its answer)."""
         try:
-            view = self._entry(request.model_name, request.model_version).view
-        except TritonError:
-            return False
-        return view is not None and view.decoupled
+            return self._entry(request.model_name, request.model_version)
+        except TritonError as e:
+            return e
 
-    async def _stream_answer(self, request: pb.ModelInferRequest, write: Send,
+    async def _stream_answer(self, request: pb.ModelInferRequest, entry: S.ModelEntry, write: Send,
                              forwarded: dict[str, str] | TritonError | None = None, parent: str = "",
                              abort_on_error: bool = False) -> None:
         """Answer one request of a stream: every response of a decoupled model as it comes,
@@ -403,7 +405,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         stream's W3C trace context)."""
         client = self.client
         mode = client.trace_mode(request.model_name) if client.tracing else ""
-        entry = self._entry(request.model_name, request.model_version)
         opts = cv.request_options(request.parameters)
         if forwarded is not None:
             if isinstance(forwarded, TritonError):
