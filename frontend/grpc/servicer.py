@@ -42,32 +42,67 @@ STREAM_OUTSTANDING = 64     # requests of one ModelStreamInfer stream in flight 
 Send = Callable[[bytes], Awaitable[None]]
 
 
+class _Turns:
+    """One stream's in-turn writes: each request answered in turn takes the next number, and its
+    message is written once every number before it is written or settled without one; a message
+    that is early waits here (no task waits for it)."""
+
+    __slots__ = ("write", "issued", "next", "held")
+
+    def __init__(self, write: Send) -> None:
+        self.write = write
+        self.issued = 0
+        self.next = 0
+        self.held: dict[int, bytes | None] = {}
+
+    def take(self) -> int:
+        n = self.issued
+        self.issued += 1
+        return n
+
+    async def put(self, n: int, message: bytes | None) -> None:
+        """Request `n`'s message (None: it settled without one)."""
+        if n != self.next:
+            self.held[n] = message
+            return
+        self.next += 1
+        if message is not None:
+            await self.write(message)
+        while self.next in self.held:
+            message = self.held.pop(self.next)
+            self.next += 1
+            if message is not None:
+                await self.write(message)
+
+
 class _InTurn:
-    """The writer of a stream request answered in turn: its response is written once the
-    previous such request's is (`after`); its window slot is given back when its response is
-    ready, so responses waiting for their turn do not keep the stream from being read."""
+    """The writer of a stream request answered in turn (`_Turns`); its window slot is given back
+    when its response is ready, so responses waiting for their turn do not keep the stream from
+    being read."""
 
-    __slots__ = ("after", "write", "release", "done")
+    __slots__ = ("turns", "n", "release", "sent")
 
-    def __init__(self, after: asyncio.Future | None, write: Send, release: Callable[[], None]) -> None:
-        self.after, self.write, self.release = after, write, release
-        self.done = asyncio.get_running_loop().create_future()     # set once this request answered
+    def __init__(self, turns: _Turns, release: Callable[[], None]) -> None:
+        self.turns, self.n, self.release = turns, turns.take(), release
+        self.sent = False
 
     def give_back(self) -> None:
         if self.release is not None:
             self.release, release = None, self.release
             release()
 
-    def finish(self) -> None:
+    async def finish(self) -> None:
         self.give_back()
-        if not self.done.done():
-            self.done.set_result(None)
+        if not self.sent:
+            self.sent = True
+            await self.turns.put(self.n, None)
 
     async def __call__(self, message: bytes) -> None:
         self.give_back()
-        if self.after is not None:
-            await asyncio.shield(self.after)
-        await self.write(message)
+        self.sent = True
+        await self.turns.put(self.n, message)
+
+
 RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
 BROKER_LATE = "the server's broker did not answer in time"
 INTERNAL = "internal error while handling the request"
@@ -328,10 +363,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 return
             await send(cv.stream_error(request, e).SerializeToString())
 
-        def settle(send: Send) -> None:
+        async def settle(send: Send) -> None:
             """A request answered: its window slot back, the next in-turn response free to go."""
             if isinstance(send, _InTurn):
-                send.finish()
+                await send.finish()
             else:
                 slots.release()
 
@@ -348,10 +383,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 await failed(request, TritonError(Code.INTERNAL, "internal error while handling the request"), send)
             finally:
                 self.inflight -= 1
-                settle(send)
+                await settle(send)
 
         async def read() -> None:
-            last: asyncio.Future | None = None      # the latest in-turn request's, done once it answered
+            turns = _Turns(write)
             try:
                 async for request in request_iterator:
                     if fatal:
@@ -362,13 +397,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     send: Send = write
                     entry = self._resolve(request) if error is None else error
                     if isinstance(entry, TritonError) or entry.view is None or not entry.view.decoupled:
-                        send = _InTurn(last, write, slots.release)
-                        last = send.done
+                        send = _InTurn(turns, slots.release)
                     if error is not None:
                         try:
                             await failed(request, error, send)
                         finally:
-                            settle(send)
+                            await settle(send)
                         continue
                     task = asyncio.create_task(answer(request, entry, send))
                     tasks.add(task)
