@@ -91,7 +91,7 @@ def main() -> int:
         roles[role] = roles.get(role, 0.0) + seconds
     print("| streams | in flight each | req/s | CPU us/request (all) | by process |")
     print("|---:|---:|---:|---:|---|")
-    shown = ", ".join(f"{r} {s / n * 1e6:.0f}" for r, s in sorted(roles.items(), key=lambda kv: -kv[1]) if s > 0)
+    shown = ", ".join(f"{r} {s / n * 1e6:.0f}" for r, s in sorted(roles.items(), key=lambda kv: -kv[1]) if s / n * 1e6 >= 0.5)
     print(f"| {args.streams} | {args.depth} | {n / elapsed:,.0f} | {sum(cpu.values()) / n * 1e6:.0f} | {shown} |")
     return 0
 
