@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from anchors import Triton, anchors_ready
 from bench_core import READY_TIMEOUT_S, Server, build_repository
 from bench_cpu import sample
 
@@ -59,7 +61,7 @@ async def _stream(stub: service_pb2_grpc.GRPCInferenceServiceStub, depth: int, u
     call.cancel()
 
 
-async def _window(server: Server, streams: int, depth: int, seconds: float) -> tuple[int, float, dict]:
+async def _window(server: Server | Triton, streams: int, depth: int, seconds: float) -> tuple[int, float, dict]:
     async with grpc.aio.insecure_channel(server.grpc) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         counts = [0]
@@ -76,23 +78,44 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=16)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--anchors-dir", type=Path, help="a Triton folder run_anchors.sh prepared: Triton beside tritond")
     args = p.parse_args()
+    if args.anchors_dir is not None and not anchors_ready(args.anchors_dir):
+        p.error(f"{args.anchors_dir} holds no prepared Triton (ANCHORS_DIR={args.anchors_dir} SKIP_PA=1 "
+                f"SKIP_LOADGEN=1 bash ../shared/bench-anchors/run_anchors.sh)")
+    rows: dict[str, list[tuple[int, float, dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-grpc-stream-") as tmp:
         repository = Path(tmp) / "models"
         build_repository(repository, [MODEL])
-        server = Server(repository, Path(tmp) / "tritond.log")
-        server.wait_ready(READY_TIMEOUT_S)
+        servers: dict[str, Server | Triton] = {"tritond": Server(repository, Path(tmp) / "tritond.log")}
+        if args.anchors_dir is not None:
+            servers["Triton"] = Triton(args.anchors_dir, repository, Path(tmp) / "triton.log")
         try:
-            n, elapsed, cpu = asyncio.run(_window(server, args.streams, args.depth, args.duration))
+            for server in servers.values():
+                server.wait_ready(READY_TIMEOUT_S)
+            for _ in range(args.rounds):
+                for name, server in servers.items():
+                    rows.setdefault(name, []).append(
+                        asyncio.run(_window(server, args.streams, args.depth, args.duration)))
         finally:
-            server.stop()
-    roles: dict[str, float] = {}
-    for (role, _), seconds in cpu.items():
-        roles[role] = roles.get(role, 0.0) + seconds
-    print("| streams | in flight each | req/s | CPU us/request (all) | by process |")
-    print("|---:|---:|---:|---:|---|")
-    shown = ", ".join(f"{r} {s / n * 1e6:.0f}" for r, s in sorted(roles.items(), key=lambda kv: -kv[1]) if s / n * 1e6 >= 0.5)
-    print(f"| {args.streams} | {args.depth} | {n / elapsed:,.0f} | {sum(cpu.values()) / n * 1e6:.0f} | {shown} |")
+            for server in servers.values():
+                server.stop()
+    print("| server | streams | in flight each | req/s | CPU us/request (all) | by process |")
+    print("|---|---:|---:|---:|---:|---|")
+    per_request = {name: [sum(cpu.values()) / n * 1e6 for n, _, cpu in windows] for name, windows in rows.items()}
+    for name, windows in rows.items():
+        n, elapsed, cpu = windows[-1]
+        roles: dict[str, float] = {}
+        for (role, _), seconds in cpu.items():
+            roles[role] = roles.get(role, 0.0) + seconds
+        shown = ", ".join(f"{r} {v / n * 1e6:.0f}" for r, v in sorted(roles.items(), key=lambda kv: -kv[1])
+                          if v / n * 1e6 >= 0.5)
+        cpus = " / ".join(f"{v:.0f}" for v in per_request[name])
+        print(f"| {name} | {args.streams} | {args.depth} | {n / elapsed:,.0f} | {cpus} | {shown} (last round) |")
+    if "Triton" in rows:
+        ratio = statistics.median(a / b for a, b in zip(per_request["tritond"], per_request["Triton"]))
+        print(f"\ntritond / Triton, CPU per request: {ratio:.2f} (median of {args.rounds} rounds' ratios)")
     return 0
 
 
