@@ -96,8 +96,11 @@ def main() -> int:
                 server.wait_ready(READY_TIMEOUT_S)
             for _ in range(args.rounds):
                 for name, server in servers.items():
-                    rows.setdefault(name, []).append(
-                        asyncio.run(_window(server, args.streams, args.depth, args.duration)))
+                    try:
+                        window = asyncio.run(_window(server, args.streams, args.depth, args.duration))
+                    except grpc.RpcError as e:
+                        raise SystemExit(f"{name}: a stream failed: {e.code()} {e.details()}") from None
+                    rows.setdefault(name, []).append(window)
         finally:
             for server in servers.values():
                 server.stop()
